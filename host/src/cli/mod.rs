@@ -1,0 +1,109 @@
+//! The `toolguard` command line: argument parsing, logging set-up and
+//! dispatch. Each subcommand lives in its own module.
+
+mod call;
+mod demo;
+mod tools;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Exit status when the tool call failed (a JSON error is on stdout).
+pub const EXIT_CALL_FAILED: u8 = 1;
+/// Exit status when the config is bad or a plugin was refused.
+pub const EXIT_CONFIG: u8 = 3;
+
+/// Runs third-party AI-agent tools as WebAssembly components; no side effect
+/// happens twice or outside the guard.
+#[derive(Debug, Parser)]
+#[command(name = "toolguard", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show the host at work on embedded defaults (no config, no network).
+    Demo,
+    /// List the tools of the configured plugins, with their schemas.
+    Tools {
+        /// The config file.
+        #[arg(long, default_value = "toolguard.toml")]
+        config: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one tool call and print its result as JSON (or a JSON error with a `kind`).
+    Call {
+        /// The config file.
+        #[arg(long, default_value = "toolguard.toml")]
+        config: PathBuf,
+        /// The agent session (conversation) the call belongs to.
+        #[arg(long)]
+        session: String,
+        /// The model's tool-call id.
+        #[arg(long = "call-id")]
+        call_id: String,
+        /// The tool to run.
+        tool: String,
+        /// The arguments as a JSON object; `-` reads them from stdin.
+        args: String,
+    },
+}
+
+/// Parses the command line, runs the subcommand, returns the exit status.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("toolguard: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Demo => demo::run().await,
+            Command::Tools { config, json } => tools::run(&config, json).await,
+            Command::Call { config, session, call_id, tool, args } => {
+                call::run(&config, session, call_id, tool, args).await
+            }
+        }
+    });
+    ExitCode::from(code)
+}
+
+/// Logs go to stderr (stdout carries results). `TOOLGUARD_LOG` takes an
+/// `EnvFilter` directive; the default shows plugin output and warnings.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGUARD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
+}
+
+/// Loads the config and its plugins, or prints a JSON `config-error` and
+/// returns the exit status to use.
+async fn load(path: &std::path::Path) -> Result<crate::Runtime, u8> {
+    let fail = |message: String| {
+        print_json(&serde_json::json!({ "kind": "config-error", "message": message }));
+        Err(EXIT_CONFIG)
+    };
+    let config = match crate::Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return fail(e.to_string()),
+    };
+    match crate::Runtime::from_config(&config).await {
+        Ok(rt) => Ok(rt),
+        Err(e) => fail(e.to_string()),
+    }
+}
+
+/// Prints pretty JSON to stdout.
+fn print_json(value: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()));
+}

@@ -1,0 +1,133 @@
+//! The errors a caller of toolguard sees: why a tool call failed
+//! ([`CallError`], with a stable [`ErrorKind`]) and why a plugin was refused
+//! at load ([`LoadError`]).
+
+use serde::Serialize;
+use std::fmt;
+
+/// Why a tool call failed, as a stable, machine-readable kind.
+///
+/// Serialised in kebab-case (`unknown-tool`, `invalid-args`, …); these names
+/// are part of the CLI's and the MCP server's contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    /// No loaded plugin offers a tool of that name.
+    UnknownTool,
+    /// The arguments are not JSON, too large, or violate the tool's schema.
+    InvalidArgs,
+    /// The plugin trapped (panicked, executed `unreachable`, faulted).
+    PluginTrap,
+    /// The invocation hit one of its limits (CPU, wall clock, memory, stack,
+    /// outbound calls, result size).
+    LimitExceeded,
+    /// The plugin returned a result that is not JSON or breaks its output schema.
+    InvalidResult,
+    /// The tool ran and reported a failure of its own.
+    ToolFailed,
+    /// An outbound request fell outside the plugin's grants; nothing was sent.
+    Denied,
+    /// The same tool call came with other arguments; nothing was sent.
+    Conflict,
+    /// A request may have taken effect; its outcome is unknown.
+    OutcomeUnknown,
+    /// An identical earlier call is unresolved; this one was not executed.
+    Held,
+    /// A downstream could not be reached and nothing was committed.
+    Transport,
+    /// The plugin built a malformed or forbidden request; nothing was sent.
+    InvalidRequest,
+    /// A fault inside the host itself; please report it.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The kebab-case name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownTool => "unknown-tool",
+            Self::InvalidArgs => "invalid-args",
+            Self::PluginTrap => "plugin-trap",
+            Self::LimitExceeded => "limit-exceeded",
+            Self::InvalidResult => "invalid-result",
+            Self::ToolFailed => "tool-failed",
+            Self::Denied => "denied",
+            Self::Conflict => "conflict",
+            Self::OutcomeUnknown => "outcome-unknown",
+            Self::Held => "held",
+            Self::Transport => "transport",
+            Self::InvalidRequest => "invalid-request",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed tool call: a kind, a message a human (or model) can act on, and
+/// optional structured detail (e.g. the attempt of an unknown outcome).
+#[derive(Debug, Clone, PartialEq, Serialize, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct CallError {
+    /// What class of failure this is.
+    pub kind: ErrorKind,
+    /// What happened and, where there is one, what to do next.
+    pub message: String,
+    /// Structured facts behind the message, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
+}
+
+impl CallError {
+    /// A new error of `kind` with `message` and no detail.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), detail: None }
+    }
+
+    /// The same error with structured `detail` attached.
+    pub fn with_detail(mut self, detail: serde_json::Value) -> Self {
+        self.detail = Some(detail);
+        self
+    }
+}
+
+/// Why a plugin was refused at load. Every variant names the plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The component file could not be read.
+    #[error("plugin `{plugin}`: cannot read component {path}: {reason}")]
+    Read { plugin: String, path: String, reason: String },
+    /// The component's sha256 differs from the pin in the config.
+    #[error(
+        "plugin `{plugin}`: component sha256 is {actual} but the config pins {expected}; \
+         if this build is the one you reviewed, update the pin"
+    )]
+    DigestMismatch { plugin: String, expected: String, actual: String },
+    /// The bytes are not a valid WebAssembly component.
+    #[error("plugin `{plugin}` is not a valid WebAssembly component: {reason}")]
+    NotAComponent { plugin: String, reason: String },
+    /// The component imports interfaces the host never links.
+    #[error(
+        "plugin `{plugin}` is refused: it imports {} interface(s) the host never grants: {}. \
+         Plugins may import only wasi:io, wasi:cli, wasi:clocks, wasi:random and \
+         toolguard:plugin/outbound; reach the network through outbound.send/fetch",
+        imports.len(), imports.join(", ")
+    )]
+    ForbiddenImports { plugin: String, imports: Vec<String> },
+    /// Compiling or linking the component failed.
+    #[error("plugin `{plugin}`: cannot compile or link the component: {reason}")]
+    Link { plugin: String, reason: String },
+    /// `describe` trapped, hit a limit or returned nothing usable.
+    #[error("plugin `{plugin}`: describe failed: {reason}")]
+    Describe { plugin: String, reason: String },
+    /// A tool spec is unusable (bad name, schema that does not compile, …).
+    #[error("plugin `{plugin}`, tool `{tool}`: {reason}")]
+    BadTool { plugin: String, tool: String, reason: String },
+    /// Two plugins offer a tool of the same name.
+    #[error("tool `{tool}` is offered by both `{first}` and `{second}`; tool names must be unique")]
+    DuplicateTool { tool: String, first: String, second: String },
+}

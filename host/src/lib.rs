@@ -1,0 +1,25 @@
+//! toolguard runs third-party tools for AI agents as WebAssembly components
+//! and guarantees that no side effect happens twice or outside the guard.
+//!
+//! The pieces, one module per concept:
+//! - [`config`]: `toolguard.toml`, the operator's file.
+//! - [`imports`]: what a component imports, classified against the allowlist.
+//! - [`runtime`]: the engine, plugin loading and one sandboxed invocation.
+//! - [`outbound`]: the host side of the plugin's only way out.
+//! - [`schema`]: JSON Schema validation of tool arguments and results.
+//! - [`error`]: the error kinds a caller sees.
+//! - [`builtin`]: the example plugins embedded in the binary.
+//! - [`cli`]: the `toolguard` command line.
+
+pub mod builtin;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod imports;
+pub mod outbound;
+pub mod runtime;
+pub mod schema;
+
+pub use config::Config;
+pub use error::{CallError, ErrorKind, LoadError};
+pub use runtime::{CallRequest, Runtime, ToolInfo};

@@ -1,0 +1,74 @@
+//! The one wasmtime [`Engine`] per process: trimmed features, epoch
+//! interruption driven by a ticker thread, and the pooling allocator with a
+//! logged fallback to on-demand allocation.
+
+use super::limits::EPOCH_TICK_MS;
+use crate::config::EngineConfig;
+use std::time::Duration;
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// Core instances a Rust component creates (main module, shims, fix-ups), with headroom.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 6;
+/// Tables per component (main module and indirect-call shim), with headroom.
+const TABLES_PER_COMPONENT: u32 = 4;
+
+/// How the engine allocates instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// Pre-reserved slots: a fresh instance costs tens of microseconds.
+    Pooling,
+    /// Allocate per instance (pooling disabled or unavailable here).
+    OnDemand,
+}
+
+/// Builds the engine for `cfg` and starts its epoch ticker.
+///
+/// # Errors
+/// wasmtime rejects the configuration even with on-demand allocation.
+pub fn build(cfg: &EngineConfig) -> anyhow::Result<(Engine, Allocator)> {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    let (engine, allocator) = if cfg.pooling {
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool(cfg)));
+        match Engine::new(&config) {
+            Ok(engine) => (engine, Allocator::Pooling),
+            Err(e) => {
+                tracing::warn!(error = %e, "pooling allocator unavailable; falling back to on-demand allocation");
+                config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+                (Engine::new(&config)?, Allocator::OnDemand)
+            }
+        }
+    } else {
+        (Engine::new(&config)?, Allocator::OnDemand)
+    };
+    start_ticker(&engine);
+    Ok((engine, allocator))
+}
+
+fn pool(cfg: &EngineConfig) -> PoolingAllocationConfig {
+    let n = cfg.pool_instances;
+    let mut p = PoolingAllocationConfig::new();
+    p.total_component_instances(n)
+        .total_core_instances(n * CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(n)
+        .total_tables(n * TABLES_PER_COMPONENT)
+        .total_stacks(n)
+        .max_memories_per_component(1)
+        .max_memory_size(usize::try_from(cfg.memory_ceiling_mb << 20).unwrap_or(usize::MAX));
+    p
+}
+
+/// Advances the epoch every tick until the engine is dropped.
+fn start_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("toolguard-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(Duration::from_millis(EPOCH_TICK_MS));
+            }
+        })
+        .expect("spawning the epoch ticker thread");
+}

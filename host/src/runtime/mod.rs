@@ -1,0 +1,203 @@
+//! The component runtime: one engine per process, each plugin compiled once
+//! (and cached across runs), linked once into an `InstancePre`, and run in a
+//! fresh store per invocation under its limits.
+//!
+//! Loading a plugin, in order: read the bytes; check the sha256 pin; list the
+//! imports and refuse any outside the allowlist (all of them, by name);
+//! compile (or load the cached artifact); link; call `describe` in a sandbox;
+//! check every tool spec and compile its schemas.
+
+pub mod bindings;
+pub mod compile;
+pub mod engine;
+mod invoke;
+pub mod limits;
+mod plugin;
+pub mod state;
+pub mod wasi;
+
+pub use engine::Allocator;
+pub use plugin::{Effect, ToolInfo};
+
+use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
+use crate::error::{CallError, LoadError};
+use bindings::{Plugin, PluginPre};
+use plugin::LoadedPlugin;
+use sha2::{Digest, Sha256};
+use state::{CallContext, HostState, PluginContext};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use wasmtime::Engine;
+use wasmtime::component::{HasSelf, Linker};
+
+/// One tool call as a caller makes it.
+#[derive(Debug, Clone)]
+pub struct CallRequest {
+    /// The agent session (conversation) the call belongs to.
+    pub session: String,
+    /// The model's tool-call id.
+    pub call_id: String,
+    /// The tool to run.
+    pub tool: String,
+    /// The arguments, as JSON text.
+    pub args_json: String,
+}
+
+/// Loaded plugins and the means to run their tools.
+pub struct Runtime {
+    engine: Engine,
+    allocator: Allocator,
+    linker: Linker<HostState>,
+    compile_cache: PathBuf,
+    plugins: Vec<LoadedPlugin>,
+    /// Tool name → (index into `plugins`, tool).
+    tools: BTreeMap<String, (usize, ToolInfo)>,
+    /// Bounds concurrent invocations to what the instance pool holds.
+    slots: tokio::sync::Semaphore,
+    /// Stores (sandboxes) created so far.
+    sandboxes: AtomicU64,
+}
+
+/// Why a runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// wasmtime refused the engine configuration.
+    #[error("cannot set up the WebAssembly engine: {0}")]
+    Engine(String),
+    /// One or more plugins were refused; every refusal is listed.
+    #[error("{} plugin(s) refused:\n{}", .0.len(), .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+    Plugins(Vec<LoadError>),
+}
+
+impl Runtime {
+    /// An empty runtime: the engine, its least-privilege linker, no plugins.
+    ///
+    /// # Errors
+    /// wasmtime refuses the engine configuration.
+    pub fn new(engine_config: &EngineConfig, compile_cache: PathBuf) -> Result<Self, StartError> {
+        let (engine, allocator) = engine::build(engine_config).map_err(|e| StartError::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        wasi::add_to_linker(&mut linker).map_err(|e| StartError::Engine(format!("{e:#}")))?;
+        Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| StartError::Engine(format!("{e:#}")))?;
+        Ok(Self {
+            engine,
+            allocator,
+            linker,
+            compile_cache,
+            plugins: Vec::new(),
+            tools: BTreeMap::new(),
+            slots: tokio::sync::Semaphore::new(engine_config.pool_instances as usize),
+            sandboxes: AtomicU64::new(0),
+        })
+    }
+
+    /// A runtime with every plugin of `config` loaded.
+    ///
+    /// # Errors
+    /// The engine cannot be set up, or any plugin is refused (all refusals are listed).
+    pub async fn from_config(config: &Config) -> Result<Self, StartError> {
+        let mut runtime = Self::new(&config.engine, config.compile_cache.clone())?;
+        let mut refused = Vec::new();
+        for plugin in &config.plugins {
+            if let Err(e) = runtime.add_plugin(plugin).await {
+                refused.push(e);
+            }
+        }
+        if refused.is_empty() { Ok(runtime) } else { Err(StartError::Plugins(refused)) }
+    }
+
+    /// Loads one plugin. A refused plugin leaves the runtime as it was.
+    ///
+    /// # Errors
+    /// Why the plugin was refused; see [`LoadError`].
+    pub async fn add_plugin(&mut self, config: &PluginConfig) -> Result<(), LoadError> {
+        let name = config.name.clone();
+        let bytes = read_component(config)?;
+        let digest = hex::encode(Sha256::digest(&bytes));
+        if let Some(expected) = &config.sha256
+            && *expected != digest
+        {
+            return Err(LoadError::DigestMismatch { plugin: name, expected: expected.clone(), actual: digest });
+        }
+        match crate::imports::forbidden_imports(&bytes) {
+            Err(reason) => return Err(LoadError::NotAComponent { plugin: name, reason }),
+            Ok(imports) if !imports.is_empty() => return Err(LoadError::ForbiddenImports { plugin: name, imports }),
+            Ok(_) => {}
+        }
+        let link_error = |e: String| LoadError::Link { plugin: config.name.clone(), reason: e };
+        let (engine, cache, hash) = (self.engine.clone(), self.compile_cache.clone(), digest.clone());
+        let component = tokio::task::spawn_blocking(move || compile::load(&engine, &bytes, &hash, &cache))
+            .await
+            .map_err(|e| link_error(e.to_string()))?
+            .map_err(|e| link_error(format!("{e:#}")))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| link_error(format!("{e:#}")))?;
+        let pre = PluginPre::new(pre).map_err(|e| link_error(format!("{e:#}")))?;
+        let ctx = Arc::new(PluginContext { name: name.as_str().into(), settings: config.settings.clone(), limits: config.limits });
+        let loaded = LoadedPlugin { ctx, digest, pre };
+
+        let specs = self
+            .sandboxed(&loaded, CallContext::default(), |store, p| {
+                Box::pin(async move { p.toolguard_plugin_tool().call_describe(store).await })
+            })
+            .await
+            .map_err(|f| LoadError::Describe { plugin: name.clone(), reason: f.to_string() })?;
+        let tools = plugin::check_specs(&name, specs)?;
+        for tool in &tools {
+            if let Some((other, _)) = self.tools.get(&tool.name) {
+                let first = self.plugins[*other].ctx.name.to_string();
+                return Err(LoadError::DuplicateTool { tool: tool.name.clone(), first, second: name });
+            }
+        }
+        let index = self.plugins.len();
+        self.plugins.push(loaded);
+        self.tools.extend(tools.into_iter().map(|t| (t.name.clone(), (index, t))));
+        tracing::debug!(plugin = %name, "loaded");
+        Ok(())
+    }
+
+    /// Runs one tool call. Arguments are checked before any instance exists.
+    ///
+    /// # Errors
+    /// Why the call failed, as a [`CallError`] with a stable kind.
+    pub async fn call(&self, request: &CallRequest) -> Result<serde_json::Value, CallError> {
+        self.invoke(request).await
+    }
+
+    /// Every tool, in name order.
+    pub fn tools(&self) -> impl Iterator<Item = &ToolInfo> {
+        self.tools.values().map(|(_, t)| t)
+    }
+
+    /// The sha256 (hex) of each loaded plugin's component, by plugin name.
+    pub fn plugin_digests(&self) -> BTreeMap<String, String> {
+        self.plugins.iter().map(|p| (p.ctx.name.to_string(), p.digest.clone())).collect()
+    }
+
+    /// How many sandboxes (stores) have been created, `describe` included.
+    pub fn sandboxes_created(&self) -> u64 {
+        self.sandboxes.load(Ordering::Relaxed)
+    }
+
+    /// How the engine allocates instances.
+    pub fn allocator(&self) -> Allocator {
+        self.allocator
+    }
+}
+
+fn read_component(config: &PluginConfig) -> Result<Vec<u8>, LoadError> {
+    match &config.component {
+        ComponentSource::Builtin(b) => crate::builtin::component(b).map(<[u8]>::to_vec).ok_or_else(|| LoadError::Read {
+            plugin: config.name.clone(),
+            path: format!("builtin:{b}"),
+            reason: "no such builtin plugin".into(),
+        }),
+        ComponentSource::File(path) => std::fs::read(path).map_err(|e| LoadError::Read {
+            plugin: config.name.clone(),
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,113 @@
+//! A loaded plugin and the tools it offers, checked once at load.
+
+use super::bindings::{PluginPre, types};
+use super::state::{HostState, PluginContext};
+use crate::error::LoadError;
+use crate::schema::Schema;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Most tools one plugin may offer.
+const MAX_TOOLS: usize = 256;
+/// Longest tool description accepted, in bytes.
+const MAX_DESCRIPTION: usize = 8 << 10;
+
+/// The side effect a tool has on the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Effect {
+    /// Reads only.
+    ReadOnly,
+    /// Repeating it with the same arguments leaves the world as one call would.
+    Idempotent,
+    /// Every execution is a new effect in the world.
+    Irreversible,
+}
+
+impl From<types::Effect> for Effect {
+    fn from(e: types::Effect) -> Self {
+        match e {
+            types::Effect::ReadOnly => Self::ReadOnly,
+            types::Effect::Idempotent => Self::Idempotent,
+            types::Effect::Irreversible => Self::Irreversible,
+        }
+    }
+}
+
+/// One tool as the host serves it.
+#[derive(Debug)]
+pub struct ToolInfo {
+    /// Unique name across the host.
+    pub name: String,
+    /// The plugin that offers it.
+    pub plugin: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The effect class the plugin claims.
+    pub effect: Effect,
+    /// Schema the arguments must satisfy.
+    pub input_schema: Schema,
+    /// Schema the result must satisfy, if the plugin promised one.
+    pub output_schema: Option<Schema>,
+}
+
+/// A compiled, linked plugin ready to instantiate.
+pub(crate) struct LoadedPlugin {
+    /// Name, settings and limits shared by its invocations.
+    pub ctx: Arc<PluginContext>,
+    /// sha256 of the component, lower-case hex.
+    pub digest: String,
+    /// Type-checked and linked once; instantiated per invocation.
+    pub pre: PluginPre<HostState>,
+}
+
+/// Checks what `describe` returned and turns it into tools.
+///
+/// # Errors
+/// No tools, too many, a bad or repeated name, or a schema that does not
+/// compile or does not describe an object.
+pub(crate) fn check_specs(plugin: &str, specs: Vec<types::ToolSpec>) -> Result<Vec<ToolInfo>, LoadError> {
+    let bad = |tool: &str, reason: String| LoadError::BadTool { plugin: plugin.into(), tool: tool.into(), reason };
+    if specs.is_empty() || specs.len() > MAX_TOOLS {
+        let reason = format!("describe returned {} tools; a plugin offers 1 to {MAX_TOOLS}", specs.len());
+        return Err(LoadError::Describe { plugin: plugin.into(), reason });
+    }
+    let mut tools: Vec<ToolInfo> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let name = spec.name;
+        let name_ok = (1..=64).contains(&name.len())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !name_ok {
+            return Err(bad(&name, "a tool name is 1–64 of A-Z a-z 0-9 _ -".into()));
+        }
+        if tools.iter().any(|t| t.name == name) {
+            return Err(bad(&name, "the plugin describes this tool twice".into()));
+        }
+        if spec.description.trim().is_empty() || spec.description.len() > MAX_DESCRIPTION {
+            return Err(bad(&name, format!("the description must be 1 to {MAX_DESCRIPTION} bytes")));
+        }
+        let input_schema = object_schema(&spec.input_schema).map_err(|e| bad(&name, format!("input-schema: {e}")))?;
+        let output_schema = match &spec.output_schema {
+            Some(text) => Some(object_schema(text).map_err(|e| bad(&name, format!("output-schema: {e}")))?),
+            None => None,
+        };
+        tools.push(ToolInfo {
+            name,
+            plugin: plugin.into(),
+            description: spec.description,
+            effect: spec.effect.into(),
+            input_schema,
+            output_schema,
+        });
+    }
+    Ok(tools)
+}
+
+/// Compiles a schema that must describe a JSON object (as MCP requires).
+fn object_schema(text: &str) -> Result<Schema, String> {
+    let schema = Schema::compile(text)?;
+    if schema.json().get("type").and_then(|t| t.as_str()) != Some("object") {
+        return Err("the schema must have \"type\": \"object\" at its root".into());
+    }
+    Ok(schema)
+}

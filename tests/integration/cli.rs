@@ -1,0 +1,156 @@
+//! The real `toolguard` binary: `tools` and `call` round trips, exit
+//! statuses, JSON errors, plugin output in the logs, config errors.
+
+use crate::common::{shared_cache, wasm};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
+
+/// The repository's example config, moved into `dir` with its own data dir
+/// and the shared compile cache, plus the misbehave fixture.
+fn example_config(dir: &Path) -> PathBuf {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../toolguard.toml");
+    let text = std::fs::read_to_string(example).unwrap();
+    let text = text.replacen(
+        "data_dir = \".toolguard\"",
+        &format!("data_dir = \"data\"\ncompile_cache = {:?}", shared_cache().display().to_string()),
+        1,
+    );
+    assert!(text.contains("compile_cache"), "the example config must set data_dir");
+    let fixture = format!(
+        "\n[plugins.misbehave]\ncomponent = {:?}\n[plugins.misbehave.config]\ngreeting = \"hi\"\n",
+        wasm("misbehave").display().to_string()
+    );
+    let path = dir.join("toolguard.toml");
+    std::fs::write(&path, text + &fixture).unwrap();
+    path
+}
+
+fn toolguard(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("TOOLGUARD_HOST_SECRET", "s3cr3t-value")
+        .env_remove("TOOLGUARD_LOG")
+        .output()
+        .expect("run toolguard")
+}
+
+fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn call(config: &Path, tool: &str, args: &str) -> Output {
+    toolguard(&["call", "--config", config.to_str().unwrap(), "--session", "s1", "--call-id", "c1", tool, args])
+}
+
+#[test]
+fn call_round_trip_prints_the_result_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = example_config(dir.path());
+    let out = call(&config, "text_stats", r#"{"text":"the cat and the hat","top":1}"#);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let result = stdout_json(&out);
+    assert_eq!(result["words"], 5);
+    assert_eq!(result["characters"], 19);
+    assert_eq!(result["top_words"], serde_json::json!([{ "word": "the", "count": 2 }]));
+}
+
+#[test]
+fn failed_calls_print_a_json_error_with_a_kind_and_exit_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = example_config(dir.path());
+    for (tool, args, kind) in [
+        ("nope", "{}", "unknown-tool"),
+        ("text_stats", "{\"text\":", "invalid-args"),
+        ("text_stats", r#"{"text":1}"#, "invalid-args"),
+        ("trap", "{}", "plugin-trap"),
+    ] {
+        let out = call(&config, tool, args);
+        assert_eq!(out.status.code(), Some(1), "{tool} {args}");
+        let error = stdout_json(&out);
+        assert_eq!(error["kind"], kind, "{error}");
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{error}");
+    }
+}
+
+#[test]
+fn tools_lists_every_tool_with_its_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = example_config(dir.path());
+    let out = toolguard(&["tools", "--config", config.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let tools = stdout_json(&out);
+    let names: Vec<&str> = tools.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(names.starts_with(&["bad_json", "big_result", "bomb"]), "sorted: {names:?}");
+    let stats = tools.as_array().unwrap().iter().find(|t| t["name"] == "text_stats").unwrap();
+    assert_eq!(stats["plugin"], "text-stats");
+    assert_eq!(stats["effect"], "read-only");
+    assert_eq!(stats["input_schema"]["properties"]["text"]["type"], "string");
+    assert_eq!(stats["output_schema"]["required"][0], "characters");
+
+    let text = toolguard(&["tools", "--config", config.to_str().unwrap()]);
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("text_stats  (plugin text-stats, read-only)"), "{text}");
+    assert!(text.contains("input schema:"), "{text}");
+    assert!(text.contains("greet"), "{text}");
+}
+
+#[test]
+fn plugin_output_becomes_tagged_log_lines_and_the_environment_stays_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = example_config(dir.path());
+    let out = call(&config, "print", r#"{"n":2}"#);
+    assert!(out.status.success());
+    let logs = String::from_utf8_lossy(&out.stderr);
+    for line in ["line 0 from misbehave", "line 1 from misbehave", "a warning from misbehave"] {
+        let tagged = logs.lines().find(|l| l.contains(line)).unwrap_or_else(|| panic!("`{line}` not logged: {logs}"));
+        assert!(tagged.contains("plugin=misbehave"), "not tagged with the plugin: {tagged}");
+    }
+    assert_eq!(stdout_json(&out), serde_json::json!({ "printed": 2 }), "stdout carries only the result");
+
+    let out = call(&config, "env", "{}");
+    assert!(out.status.success());
+    let seen = stdout_json(&out);
+    assert_eq!(seen["vars"], serde_json::json!([]));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cr3t-value"));
+    assert_eq!(seen["config_greeting"], "hi");
+}
+
+#[test]
+fn a_bad_config_names_the_file_and_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.toml");
+    std::fs::write(&path, "[plugins.x]\ncomponent = \"builtin:text-stats\"\n[plugins.x.limits]\nwall_ms = -5\n").unwrap();
+    let out = toolguard(&["tools", "--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(3));
+    let error = stdout_json(&out);
+    assert_eq!(error["kind"], "config-error");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("broken.toml") && message.contains("plugins.x.limits.wall_ms"), "{message}");
+
+    let out = toolguard(&["tools", "--config", dir.path().join("missing.toml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stdout_json(&out)["message"].as_str().unwrap().contains("missing.toml"));
+}
+
+#[test]
+fn a_refused_plugin_fails_start_up_with_every_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hostile.toml");
+    let text = format!(
+        "data_dir = \"d\"\ncompile_cache = {:?}\n[plugins.sockets]\ncomponent = {:?}\n[plugins.files]\ncomponent = {:?}\n",
+        shared_cache().display().to_string(),
+        wasm("import-sockets").display().to_string(),
+        wasm("import-filesystem").display().to_string()
+    );
+    std::fs::write(&path, text).unwrap();
+    let out = toolguard(&["tools", "--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(3));
+    let message = stdout_json(&out)["message"].as_str().unwrap().to_string();
+    assert!(message.contains("2 plugin(s) refused"), "{message}");
+    assert!(message.contains("wasi:sockets/tcp") && message.contains("wasi:filesystem/preopens"), "{message}");
+}

@@ -1,0 +1,57 @@
+//! Helpers shared by the integration tests.
+
+use std::path::{Path, PathBuf};
+use toolguard::config::{ComponentSource, EngineConfig, PluginConfig};
+use toolguard::runtime::limits::Limits;
+use toolguard::{CallError, CallRequest, Runtime};
+
+/// Where the build script put the plugin components.
+pub const WASM_DIR: &str = env!("TOOLGUARD_WASM_DIR");
+
+/// The component built from plugin crate `crate_name` (dashes become underscores).
+pub fn wasm(crate_name: &str) -> PathBuf {
+    Path::new(WASM_DIR).join(format!("{}.wasm", crate_name.replace('-', "_")))
+}
+
+/// A compiled-component cache shared by all tests, so each component compiles once.
+pub fn shared_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("toolguard-compiled")
+}
+
+/// A plugin named `name` from the fixture/example crate `crate_name`.
+pub fn plugin(name: &str, crate_name: &str, limits: Limits) -> PluginConfig {
+    PluginConfig {
+        name: name.into(),
+        component: ComponentSource::File(wasm(crate_name)),
+        sha256: None,
+        limits,
+        settings: Default::default(),
+    }
+}
+
+/// A small engine: tests never need many instances at once.
+pub fn engine() -> EngineConfig {
+    EngineConfig { pool_instances: 32, ..EngineConfig::default() }
+}
+
+/// A runtime with `plugins` loaded; panics if any is refused.
+pub async fn runtime(plugins: &[PluginConfig]) -> Runtime {
+    let mut rt = Runtime::new(&engine(), shared_cache()).expect("engine");
+    for p in plugins {
+        rt.add_plugin(p).await.unwrap_or_else(|e| panic!("loading {}: {e}", p.name));
+    }
+    rt
+}
+
+/// Calls `tool` with `args` under a fixed session and call id.
+pub async fn call(rt: &Runtime, tool: &str, args: &str) -> Result<serde_json::Value, CallError> {
+    rt.call(&CallRequest { session: "s-test".into(), call_id: "c-test".into(), tool: tool.into(), args_json: args.into() })
+        .await
+}
+
+/// Checks the host still serves a good tool correctly.
+pub async fn assert_good_tool_works(rt: &Runtime) {
+    let out = call(rt, "text_stats", r#"{"text":"to be or not to be"}"#).await.expect("text_stats must succeed");
+    assert_eq!(out["words"], 6);
+    assert_eq!(out["top_words"][0], serde_json::json!({"word": "be", "count": 2}));
+}
