@@ -10,5 +10,5 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-pub use exports::toolguard::plugin::tool;
-pub use toolguard::plugin::{outbound, types};
+pub use self::exports::toolguard::plugin::tool;
+pub use self::toolguard::plugin::{outbound, types};
