@@ -11,8 +11,10 @@ fn main() {
     let manifest_dir = PathBuf::from(env("CARGO_MANIFEST_DIR"));
     let root = manifest_dir.parent().expect("host/ lives in the workspace root");
     let plugins = root.join("plugins");
-    println!("cargo:rerun-if-changed={}", plugins.display());
-    println!("cargo:rerun-if-changed={}", root.join("wit").display());
+    // Relative to the package root, so a target dir shared by several
+    // checkouts (a CI cache) never checks another checkout's files.
+    println!("cargo:rerun-if-changed=../plugins");
+    println!("cargo:rerun-if-changed=../wit");
 
     let target_dir = outer_target_dir(Path::new(&env("OUT_DIR"))).join("wasm-plugins");
     let mut cargo = Command::new(env("CARGO"));

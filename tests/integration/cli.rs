@@ -154,3 +154,20 @@ fn a_refused_plugin_fails_start_up_with_every_reason() {
     assert!(message.contains("2 plugin(s) refused"), "{message}");
     assert!(message.contains("wasi:sockets/tcp") && message.contains("wasi:filesystem/preopens"), "{message}");
 }
+
+#[test]
+fn without_room_for_the_pool_the_host_falls_back_to_on_demand_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = example_config(dir.path());
+    // 15 GiB of address space: enough for on-demand instances, far too little
+    // for a pool that reserves address space for hundreds of memories.
+    let script = format!(
+        "ulimit -v 15000000 && exec {BIN} call --config {} --session s --call-id c text_stats '{{\"text\":\"a b\"}}'",
+        config.display()
+    );
+    let out = Command::new("bash").args(["-c", &script]).env_remove("TOOLGUARD_LOG").output().unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(logs.contains("WARN") && logs.contains("falling back to on-demand"), "{logs}");
+    assert_eq!(stdout_json(&out)["words"], 2);
+}
