@@ -4,6 +4,7 @@
 //!
 //! Relative paths are resolved against the config file's directory.
 
+use crate::policy::{Downstream, Downstreams, Grant, RawDownstream};
 use crate::runtime::limits::{LimitOverrides, Limits};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -24,6 +25,8 @@ pub struct Config {
     pub compile_cache: PathBuf,
     /// Engine-wide settings.
     pub engine: EngineConfig,
+    /// The downstreams plugins may be granted, by name.
+    pub downstreams: Downstreams,
     /// Each plugin, in name order.
     pub plugins: Vec<PluginConfig>,
 }
@@ -77,6 +80,8 @@ pub struct PluginConfig {
     pub limits: Limits,
     /// Non-secret settings the plugin reads with `outbound.config`.
     pub settings: BTreeMap<String, String>,
+    /// What it may reach through `outbound` (nothing by default).
+    pub grants: Vec<Grant>,
 }
 
 /// A config that could not be used: which file, which field, what is wrong.
@@ -102,6 +107,8 @@ struct RawConfig {
     #[serde(default)]
     limits: LimitOverrides,
     #[serde(default)]
+    downstreams: BTreeMap<String, RawDownstream>,
+    #[serde(default)]
     plugins: BTreeMap<String, RawPlugin>,
 }
 
@@ -114,6 +121,8 @@ struct RawPlugin {
     limits: LimitOverrides,
     #[serde(default)]
     config: BTreeMap<String, String>,
+    #[serde(default)]
+    grants: Vec<Grant>,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -159,6 +168,12 @@ impl Config {
         let host_limits = Limits::default().with(&raw.limits);
         check_limits(&host_limits, &engine).map_err(|(f, m)| err(&format!("limits.{f}"), m))?;
 
+        let mut downstreams = Downstreams::new();
+        for (name, d) in raw.downstreams {
+            let d = Downstream::from_raw(&name, d).map_err(|(f, m)| err(&format!("downstreams.{name}.{f}"), m))?;
+            downstreams.insert(name, std::sync::Arc::new(d));
+        }
+
         let mut plugins = Vec::with_capacity(raw.plugins.len());
         for (name, p) in raw.plugins {
             let at = |f: &str| format!("plugins.{name}.{f}");
@@ -180,9 +195,18 @@ impl Config {
             }
             let limits = host_limits.with(&p.limits);
             check_limits(&limits, &engine).map_err(|(f, m)| err(&at(&format!("limits.{f}")), m))?;
-            plugins.push(PluginConfig { name, component, sha256: p.sha256, limits, settings: p.config });
+            for (i, g) in p.grants.iter().enumerate() {
+                if !downstreams.contains_key(&g.downstream) {
+                    let known = downstreams.keys().cloned().collect::<Vec<_>>().join(", ");
+                    return Err(err(&at(&format!("grants[{i}].downstream")), format!("no downstream `{}`; configured: {known}", g.downstream)));
+                }
+                if g.methods.is_empty() || g.methods.iter().any(|m| m.is_empty() || !m.chars().all(|c| c.is_ascii_uppercase())) {
+                    return Err(err(&at(&format!("grants[{i}].methods")), "list upper-case HTTP methods, e.g. [\"POST\"]".into()));
+                }
+            }
+            plugins.push(PluginConfig { name, component, sha256: p.sha256, limits, settings: p.config, grants: p.grants });
         }
-        Ok(Self { data_dir, compile_cache, engine, plugins })
+        Ok(Self { data_dir, compile_cache, engine, downstreams, plugins })
     }
 }
 
@@ -250,6 +274,22 @@ mod tests {
 
         let e = parse("data_dir = [").unwrap_err();
         assert_eq!(e.field, ".");
+    }
+
+    #[test]
+    fn downstreams_and_grants_are_checked() {
+        let base = "[downstreams.pay]\nurl = \"http://127.0.0.1:4242\"\n[plugins.a]\ncomponent = \"a.wasm\"\n";
+        let ok = parse(&format!("{base}[[plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"POST\"]\npath_prefix = \"/v1\"\n")).unwrap();
+        assert_eq!(ok.plugins[0].grants[0].downstream, "pay");
+        assert_eq!(ok.downstreams["pay"].timeout.as_millis(), 8000);
+        let e = parse(&format!("{base}[[plugins.a.grants]]\ndownstream = \"nope\"\n")).unwrap_err();
+        assert_eq!(e.field, "plugins.a.grants[0].downstream");
+        let e = parse(&format!("{base}[[plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"post\"]\n")).unwrap_err();
+        assert_eq!(e.field, "plugins.a.grants[0].methods");
+        let e = parse("[downstreams.pay]\nurl = \"ftp://x\"\n").unwrap_err();
+        assert_eq!(e.field, "downstreams.pay.url");
+        let e = parse("[downstreams.pay]\nurl = \"http://x\"\nkey = [{ transport = \"smoke-signal\" }]\n").unwrap_err();
+        assert!(e.field.starts_with("downstreams.pay.key"), "{e}");
     }
 
     #[test]

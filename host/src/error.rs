@@ -62,6 +62,29 @@ impl ErrorKind {
     }
 }
 
+impl std::str::FromStr for ErrorKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        const ALL: [ErrorKind; 13] = [
+            ErrorKind::UnknownTool,
+            ErrorKind::InvalidArgs,
+            ErrorKind::PluginTrap,
+            ErrorKind::LimitExceeded,
+            ErrorKind::InvalidResult,
+            ErrorKind::ToolFailed,
+            ErrorKind::Denied,
+            ErrorKind::Conflict,
+            ErrorKind::OutcomeUnknown,
+            ErrorKind::Held,
+            ErrorKind::Transport,
+            ErrorKind::InvalidRequest,
+            ErrorKind::Internal,
+        ];
+        ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown error kind `{s}`"))
+    }
+}
+
 impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -6,6 +6,9 @@
 //! - [`imports`]: what a component imports, classified against the allowlist.
 //! - [`runtime`]: the engine, plugin loading and one sandboxed invocation.
 //! - [`outbound`]: the host side of the plugin's only way out.
+//! - [`guard`]: keys, admission, the attempt protocol, outbound HTTP.
+//! - [`ledger`]: tool calls and attempts on RocksDB.
+//! - [`policy`]: downstreams and each plugin's outbound grants.
 //! - [`schema`]: JSON Schema validation of tool arguments and results.
 //! - [`error`]: the error kinds a caller sees.
 //! - [`builtin`]: the example plugins embedded in the binary.
@@ -15,11 +18,14 @@ pub mod builtin;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod guard;
 pub mod imports;
+pub mod ledger;
 pub mod outbound;
+pub mod policy;
 pub mod runtime;
 pub mod schema;
 
 pub use config::Config;
 pub use error::{CallError, ErrorKind, LoadError};
-pub use runtime::{CallRequest, Runtime, ToolInfo};
+pub use runtime::{CallOutput, CallRequest, Runtime, ToolInfo};

@@ -1,8 +1,9 @@
 //! The host side of `toolguard:plugin/outbound`, the plugin's only way out.
 //!
 //! Every call counts against the invocation's outbound budget; going over it
-//! stops the invocation (`limit-exceeded`). Until grants and the guard are
-//! configured, `send` and `fetch` answer `denied` and nothing leaves the host.
+//! stops the invocation (`limit-exceeded`). `send` goes through the tool
+//! call's guard (see [`crate::guard`]); without one (no ledger configured, or
+//! during `describe`) it is `denied`. `fetch` needs only the grants.
 
 use crate::runtime::bindings::{outbound, types};
 use crate::runtime::state::HostState;
@@ -26,18 +27,24 @@ impl HostState {
 impl outbound::Host for HostState {
     async fn send(&mut self, req: Request) -> wasmtime::Result<Result<Response, OutboundError>> {
         self.count_outbound()?;
-        Ok(Err(OutboundError::Denied(format!(
-            "{} {}: plugin `{}` has no outbound grant for side-effecting requests; nothing was sent",
-            req.method, req.url, self.plugin.name
-        ))))
+        match self.call_guard.as_mut() {
+            Some(call) => Ok(call.send(req).await),
+            None => Ok(Err(OutboundError::Denied(format!(
+                "{} {}: no guarded tool call is in progress (no ledger, or during describe); nothing was sent",
+                req.method, req.url
+            )))),
+        }
     }
 
     async fn fetch(&mut self, req: Request) -> wasmtime::Result<Result<Response, OutboundError>> {
         self.count_outbound()?;
-        Ok(Err(OutboundError::Denied(format!(
-            "{} {}: plugin `{}` has no outbound grant for this URL; nothing was sent",
-            req.method, req.url, self.plugin.name
-        ))))
+        match &self.guard {
+            Some(guard) => Ok(crate::guard::fetch(guard, &self.plugin.grants, req).await),
+            None => Ok(Err(OutboundError::Denied(format!(
+                "{} {}: plugin `{}` has no outbound grant for this URL; nothing was sent",
+                req.method, req.url, self.plugin.name
+            )))),
+        }
     }
 
     async fn config(&mut self, name: String) -> wasmtime::Result<Option<String>> {

@@ -42,8 +42,11 @@ fn stdout_json(out: &Output) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
+/// `toolguard call` with a fresh tool-call id each time.
 fn call(config: &Path, tool: &str, args: &str) -> Output {
-    toolguard(&["call", "--config", config.to_str().unwrap(), "--session", "s1", "--call-id", "c1", tool, args])
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = format!("c{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    toolguard(&["call", "--config", config.to_str().unwrap(), "--session", "s1", "--call-id", &id, tool, args])
 }
 
 #[test]

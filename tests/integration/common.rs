@@ -26,6 +26,7 @@ pub fn plugin(name: &str, crate_name: &str, limits: Limits) -> PluginConfig {
         sha256: None,
         limits,
         settings: Default::default(),
+        grants: Vec::new(),
     }
 }
 
@@ -47,6 +48,7 @@ pub async fn runtime(plugins: &[PluginConfig]) -> Runtime {
 pub async fn call(rt: &Runtime, tool: &str, args: &str) -> Result<serde_json::Value, CallError> {
     rt.call(&CallRequest { session: "s-test".into(), call_id: "c-test".into(), tool: tool.into(), args_json: args.into() })
         .await
+        .map(|out| out.value)
 }
 
 /// Checks the host still serves a good tool correctly.

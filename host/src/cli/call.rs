@@ -22,8 +22,11 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
         Err(code) => return code,
     };
     match runtime.call(&CallRequest { session, call_id, tool, args_json }).await {
-        Ok(result) => {
-            super::print_json(&result);
+        Ok(output) => {
+            if output.replayed {
+                tracing::info!("replayed: the stored result of the completed tool call (no plugin ran, nothing was sent)");
+            }
+            super::print_json(&output.value);
             0
         }
         Err(e) => {

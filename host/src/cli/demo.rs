@@ -53,7 +53,7 @@ async fn demo() -> anyhow::Result<()> {
 async fn call(runtime: &Runtime, call_id: &str, tool: &str, args: &str) -> String {
     let req = CallRequest { session: "demo".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into() };
     match runtime.call(&req).await {
-        Ok(v) => v.to_string(),
+        Ok(v) => v.value.to_string(),
         Err(e) => serde_json::to_string(&e).unwrap_or_else(|_| e.to_string()),
     }
 }

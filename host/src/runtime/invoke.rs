@@ -5,8 +5,10 @@
 use super::bindings::{Plugin, types};
 use super::plugin::{LoadedPlugin, ToolInfo};
 use super::state::{CallContext, HostState};
-use super::{CallRequest, Runtime};
+use super::{CallOutput, CallRequest, Runtime};
 use crate::error::{CallError, ErrorKind};
+use crate::guard::{Admission, CallGuard, CallIdentity, keys};
+use crate::ledger::StoredOutcome;
 use serde_json::{Value, json};
 use std::future::Future;
 use std::pin::Pin;
@@ -47,34 +49,40 @@ impl From<Fault> for CallError {
 impl Runtime {
     /// Runs `body` against a fresh instance of `plugin` in a fresh store,
     /// under the plugin's limits. The store is dropped when this returns.
+    /// Runs `body` against a fresh instance of `plugin` in a fresh store,
+    /// under the plugin's limits. The store is dropped when this returns; the
+    /// call guard (if one was given) is handed back for `Guard::finish`.
     pub(crate) async fn sandboxed<R>(
         &self,
         plugin: &LoadedPlugin,
         call: CallContext,
+        call_guard: Option<CallGuard>,
         body: impl for<'a> FnOnce(&'a mut Store<HostState>, Plugin) -> GuestCall<'a, R>,
-    ) -> Result<R, Fault> {
+    ) -> (Result<R, Fault>, Option<CallGuard>) {
         let _slot = self.slots.acquire().await.expect("the slot semaphore is never closed");
         let limits = plugin.ctx.limits;
-        let mut store = self.new_store(plugin, call);
+        let mut store = self.new_store(plugin, call, call_guard);
         let run = async {
             let instance = plugin.pre.instantiate_async(&mut store).await?;
             body(&mut store, instance).await
         };
         let outcome = tokio::time::timeout(Duration::from_millis(limits.wall_ms), run).await;
-        match outcome {
+        let result = match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(classify(&error, store.data())),
             Err(_elapsed) => Err(Fault::Limit(format!(
                 "plugin `{}` did not finish within its wall-clock budget of {} ms (wall_ms)",
                 plugin.ctx.name, limits.wall_ms
             ))),
-        }
+        };
+        (result, store.data_mut().call_guard.take())
     }
 
     /// A fresh store for one invocation, its limiter and CPU budget armed.
-    fn new_store(&self, plugin: &LoadedPlugin, call: CallContext) -> Store<HostState> {
+    fn new_store(&self, plugin: &LoadedPlugin, call: CallContext, call_guard: Option<CallGuard>) -> Store<HostState> {
         self.sandboxes.fetch_add(1, Ordering::Relaxed);
-        let mut store = Store::new(&self.engine, HostState::new(plugin.ctx.clone(), call));
+        let state = HostState::new(plugin.ctx.clone(), call, call_guard, self.guard.clone());
+        let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         let budget = plugin.ctx.limits.cpu_ticks();
         store.set_epoch_deadline(1);
@@ -93,23 +101,47 @@ impl Runtime {
         store
     }
 
-    /// Invokes a tool: arguments checked before any instance exists, then
-    /// one sandboxed run, then the result checked.
-    pub(crate) async fn invoke(&self, req: &CallRequest) -> Result<Value, CallError> {
+    /// Invokes a tool: arguments checked before any instance exists, the
+    /// call admitted by the guard (replayed if completed), one sandboxed run,
+    /// the result checked and recorded.
+    pub(crate) async fn invoke(&self, req: &CallRequest) -> Result<CallOutput, CallError> {
         let (index, tool) = self.tools.get(&req.tool).ok_or_else(|| unknown_tool(self, &req.tool))?;
         let plugin = &self.plugins[*index];
         let args = check_args(&req.args_json, plugin.ctx.limits.max_args_bytes, tool)?;
+        let canonical = keys::canonical_args(&args).map_err(|m| CallError::new(ErrorKind::InvalidArgs, m))?;
+        let call_guard = match &self.guard {
+            None => None,
+            Some(guard) => {
+                let id = CallIdentity {
+                    session: req.session.clone(),
+                    call_id: req.call_id.clone(),
+                    tool: tool.name.clone(),
+                    args_digest: keys::args_digest(&canonical),
+                    args: args.clone(),
+                };
+                match guard.admit(id, tool.effect, plugin.ctx.grants.clone()).await? {
+                    Admission::Replay(stored) => return replayed(stored),
+                    Admission::Run(call) => Some(call),
+                }
+            }
+        };
         let call = CallContext { session: req.session.clone(), call_id: req.call_id.clone(), tool: tool.name.clone() };
-        let (name, args_text) = (tool.name.clone(), args.to_string());
-        let returned = self
-            .sandboxed(plugin, call, move |store, p| {
-                Box::pin(async move { p.toolguard_plugin_tool().call_invoke(store, &name, &args_text).await })
+        let name = tool.name.clone();
+        let (returned, call_guard) = self
+            .sandboxed(plugin, call, call_guard, move |store, p| {
+                Box::pin(async move { p.toolguard_plugin_tool().call_invoke(store, &name, &canonical).await })
             })
-            .await?;
-        match returned {
-            Ok(text) => check_result(&text, plugin.ctx.limits.max_result_bytes, tool),
-            Err(e) => Err(tool_error(e)),
-        }
+            .await;
+        let result = match returned {
+            Ok(Ok(text)) => check_result(&text, plugin.ctx.limits.max_result_bytes, tool),
+            Ok(Err(e)) => Err(tool_error(e)),
+            Err(fault) => Err(fault.into()),
+        };
+        let result = match (&self.guard, call_guard) {
+            (Some(guard), Some(call)) => guard.finish(call, result).await,
+            _ => result,
+        };
+        result.map(|value| CallOutput { value, replayed: false })
     }
 }
 
@@ -177,6 +209,21 @@ fn check_result(text: &str, max: usize, tool: &ToolInfo) -> Result<Value, CallEr
     Ok(value)
 }
 
+/// The stored outcome of a completed call, marked as replayed.
+fn replayed(stored: StoredOutcome) -> Result<CallOutput, CallError> {
+    match stored {
+        StoredOutcome::Result(value) => Ok(CallOutput { value, replayed: true }),
+        StoredOutcome::Error { kind, message, detail } => {
+            let kind = kind.parse().unwrap_or(ErrorKind::ToolFailed);
+            let mut detail = detail.unwrap_or_else(|| json!({}));
+            if let Some(map) = detail.as_object_mut() {
+                map.insert("replayed".into(), Value::Bool(true));
+            }
+            Err(CallError::new(kind, message).with_detail(detail))
+        }
+    }
+}
+
 /// The error a plugin reported, under the kind the caller expects.
 fn tool_error(e: types::ToolError) -> CallError {
     use types::{OutboundError as O, ToolError as T};
@@ -190,9 +237,8 @@ fn tool_error(e: types::ToolError) -> CallError {
         T::Outbound(O::Held(h)) => CallError::new(ErrorKind::Held, h.message)
             .with_detail(json!({ "earlier_call_id": h.earlier_call_id })),
         T::Outbound(O::OutcomeUnknown(a)) => {
-            let state = format!("{:?}", a.state).to_lowercase();
-            CallError::new(ErrorKind::OutcomeUnknown, a.message)
-                .with_detail(json!({ "key": a.key, "step": a.step, "state": state, "tries": a.tries }))
+            let detail = crate::guard::attempt_detail(&a);
+            CallError::new(ErrorKind::OutcomeUnknown, a.message).with_detail(detail)
         }
     }
 }

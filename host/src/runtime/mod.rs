@@ -21,6 +21,8 @@ pub use plugin::{Effect, ToolInfo};
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
 use crate::error::{CallError, LoadError};
+use crate::guard::Guard;
+use crate::ledger::Ledger;
 use bindings::{Plugin, PluginPre};
 use plugin::LoadedPlugin;
 use sha2::{Digest, Sha256};
@@ -45,6 +47,16 @@ pub struct CallRequest {
     pub args_json: String,
 }
 
+/// A tool call's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallOutput {
+    /// The tool's JSON result.
+    pub value: serde_json::Value,
+    /// True when this is the stored result of an earlier, completed call
+    /// with the same session, call id and arguments: no plugin ran.
+    pub replayed: bool,
+}
+
 /// Loaded plugins and the means to run their tools.
 pub struct Runtime {
     engine: Engine,
@@ -58,6 +70,8 @@ pub struct Runtime {
     slots: tokio::sync::Semaphore,
     /// Stores (sandboxes) created so far.
     sandboxes: AtomicU64,
+    /// The guard for sends; without it `send` is denied and nothing is recorded.
+    guard: Option<Arc<Guard>>,
 }
 
 /// Why a runtime could not start.
@@ -66,6 +80,9 @@ pub enum StartError {
     /// wasmtime refused the engine configuration.
     #[error("cannot set up the WebAssembly engine: {0}")]
     Engine(String),
+    /// The ledger could not be opened or the guard set up.
+    #[error("{0}")]
+    Guard(String),
     /// One or more plugins were refused; every refusal is listed.
     #[error("{} plugin(s) refused:\n{}", .0.len(), .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
     Plugins(Vec<LoadError>),
@@ -91,7 +108,18 @@ impl Runtime {
             tools: BTreeMap::new(),
             slots: tokio::sync::Semaphore::new(engine_config.pool_instances as usize),
             sandboxes: AtomicU64::new(0),
+            guard: None,
         })
+    }
+
+    /// Routes sends through `guard` (and records tool calls in its ledger).
+    pub fn set_guard(&mut self, guard: Guard) {
+        self.guard = Some(Arc::new(guard));
+    }
+
+    /// The guard, if one is set.
+    pub fn guard(&self) -> Option<&Arc<Guard>> {
+        self.guard.as_ref()
     }
 
     /// A runtime with every plugin of `config` loaded.
@@ -100,6 +128,12 @@ impl Runtime {
     /// The engine cannot be set up, or any plugin is refused (all refusals are listed).
     pub async fn from_config(config: &Config) -> Result<Self, StartError> {
         let mut runtime = Self::new(&config.engine, config.compile_cache.clone())?;
+        let dir = config.data_dir.join("ledger");
+        let ledger = tokio::task::spawn_blocking(move || Ledger::open(&dir))
+            .await
+            .map_err(|e| StartError::Guard(e.to_string()))?
+            .map_err(|e| StartError::Guard(e.to_string()))?;
+        runtime.set_guard(Guard::new(ledger, config.downstreams.clone()).map_err(StartError::Guard)?);
         let mut refused = Vec::new();
         for plugin in &config.plugins {
             if let Err(e) = runtime.add_plugin(plugin).await {
@@ -135,15 +169,20 @@ impl Runtime {
             .map_err(|e| link_error(format!("{e:#}")))?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| link_error(format!("{e:#}")))?;
         let pre = PluginPre::new(pre).map_err(|e| link_error(format!("{e:#}")))?;
-        let ctx = Arc::new(PluginContext { name: name.as_str().into(), settings: config.settings.clone(), limits: config.limits });
+        let ctx = Arc::new(PluginContext {
+            name: name.as_str().into(),
+            settings: config.settings.clone(),
+            limits: config.limits,
+            grants: config.grants.clone().into(),
+        });
         let loaded = LoadedPlugin { ctx, digest, pre };
 
-        let specs = self
-            .sandboxed(&loaded, CallContext::default(), |store, p| {
+        let (specs, _) = self
+            .sandboxed(&loaded, CallContext::default(), None, |store, p| {
                 Box::pin(async move { p.toolguard_plugin_tool().call_describe(store).await })
             })
-            .await
-            .map_err(|f| LoadError::Describe { plugin: name.clone(), reason: f.to_string() })?;
+            .await;
+        let specs = specs.map_err(|f| LoadError::Describe { plugin: name.clone(), reason: f.to_string() })?;
         let tools = plugin::check_specs(&name, specs)?;
         for tool in &tools {
             if let Some((other, _)) = self.tools.get(&tool.name) {
@@ -158,11 +197,12 @@ impl Runtime {
         Ok(())
     }
 
-    /// Runs one tool call. Arguments are checked before any instance exists.
+    /// Runs one tool call. Arguments are checked before any instance exists;
+    /// with a guard, a completed call is replayed and a changed one refused.
     ///
     /// # Errors
     /// Why the call failed, as a [`CallError`] with a stable kind.
-    pub async fn call(&self, request: &CallRequest) -> Result<serde_json::Value, CallError> {
+    pub async fn call(&self, request: &CallRequest) -> Result<CallOutput, CallError> {
         self.invoke(request).await
     }
 

@@ -2,6 +2,8 @@
 //! dropped with its store when the invocation ends.
 
 use super::limits::{Limits, MemoryLimiter};
+use crate::guard::CallGuard;
+use crate::policy::Grant;
 use super::wasi::{self, PluginLog};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,6 +19,8 @@ pub struct PluginContext {
     pub settings: BTreeMap<String, String>,
     /// The limits each invocation runs under.
     pub limits: Limits,
+    /// What `outbound` may reach.
+    pub grants: Arc<[Grant]>,
 }
 
 /// Who is calling: the ids the guard scopes its keys to.
@@ -40,6 +44,10 @@ pub struct HostState {
     pub plugin: Arc<PluginContext>,
     /// The call this invocation serves (empty for `describe`).
     pub call: CallContext,
+    /// The guard's state for this tool call (`None`: no guard, or `describe`).
+    pub call_guard: Option<CallGuard>,
+    /// The guard, for fetches made without a tool call guard.
+    pub guard: Option<Arc<crate::guard::Guard>>,
     /// Outbound calls made so far.
     pub outbound_calls: u32,
     /// Epoch ticks of guest execution so far.
@@ -52,7 +60,7 @@ pub struct HostState {
 
 impl HostState {
     /// A fresh state for one invocation of `plugin` serving `call`.
-    pub fn new(plugin: Arc<PluginContext>, call: CallContext) -> Self {
+    pub fn new(plugin: Arc<PluginContext>, call: CallContext, call_guard: Option<CallGuard>, guard: Option<Arc<crate::guard::Guard>>) -> Self {
         let stdout = PluginLog::new(plugin.name.clone(), false);
         let stderr = PluginLog::new(plugin.name.clone(), true);
         Self {
@@ -61,6 +69,8 @@ impl HostState {
             limiter: MemoryLimiter::new(plugin.limits.memory_bytes()),
             plugin,
             call,
+            call_guard,
+            guard,
             outbound_calls: 0,
             cpu_ticks: 0,
             limit_hit: None,

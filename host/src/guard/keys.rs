@@ -1,0 +1,142 @@
+//! What "the same action" means, in code: canonical arguments, their digest,
+//! the idempotency key of each guarded send, and the fingerprint of a
+//! request. The contract is written out in `docs/keys.md`.
+
+use hmac::{Hmac, Mac};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Prefix of every key; the `1` versions the derivation.
+pub const KEY_PREFIX: &str = "tg1_";
+/// Length of every key: the prefix and 32 hex digits (128 bits).
+pub const KEY_LEN: usize = KEY_PREFIX.len() + 32;
+
+/// The ledger's secret for key derivation: keys cannot be linked back to
+/// (guessable) session or call ids without it.
+#[derive(Clone)]
+pub struct KeySecret(pub [u8; 32]);
+
+impl std::fmt::Debug for KeySecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeySecret(…)")
+    }
+}
+
+/// The tool arguments in RFC 8785 (JCS) canonical form: sorted keys, no
+/// insignificant whitespace, canonical numbers and strings.
+///
+/// # Errors
+/// The value cannot be canonicalised (it can always be for parsed JSON).
+pub fn canonical_args(args: &Value) -> Result<String, String> {
+    serde_json_canonicalizer::to_string(args).map_err(|e| format!("cannot canonicalise the arguments: {e}"))
+}
+
+/// Lower-case hex sha256 of the canonical arguments.
+pub fn args_digest(canonical: &str) -> String {
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+/// Everything that identifies one guarded send.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyInput<'a> {
+    /// The agent session.
+    pub session: &'a str,
+    /// The model's tool-call id.
+    pub call_id: &'a str,
+    /// The tool's name.
+    pub tool: &'a str,
+    /// [`args_digest`] of the call's arguments.
+    pub args_digest: &'a str,
+    /// Ordinal of the send within the tool call, from 0.
+    pub step: u32,
+}
+
+/// The idempotency key for one guarded send: `tg1_` and 32 hex digits of an
+/// HMAC-SHA256 (keyed by the ledger's secret) over the length-prefixed
+/// fields. Stable for the same input; opaque ASCII of 36 characters.
+pub fn mint(secret: &KeySecret, input: KeyInput<'_>) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(&secret.0).expect("HMAC takes any key length");
+    mac.update(b"toolguard-key/v1");
+    for field in [input.session, input.call_id, input.tool, input.args_digest] {
+        mac.update(&(field.len() as u64).to_be_bytes());
+        mac.update(field.as_bytes());
+    }
+    mac.update(&input.step.to_be_bytes());
+    let tag = mac.finalize().into_bytes();
+    format!("{KEY_PREFIX}{}", hex::encode(&tag[..16]))
+}
+
+/// Lower-case hex sha256 over a request as the plugin built it (before the
+/// host adds the key or credentials): method, URL, headers sorted by
+/// lower-case name, body — each length-prefixed.
+pub fn request_fingerprint(method: &str, url: &str, headers: &[(String, String)], body: &[u8]) -> String {
+    let mut sorted: Vec<(String, &str)> = headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.as_str())).collect();
+    sorted.sort();
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    field(method.to_ascii_uppercase().as_bytes());
+    field(url.as_bytes());
+    for (name, value) in &sorted {
+        field(name.as_bytes());
+        field(value.as_bytes());
+    }
+    field(body);
+    hex::encode(h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn input<'a>(session: &'a str, call_id: &'a str, digest: &'a str, step: u32) -> KeyInput<'a> {
+        KeyInput { session, call_id, tool: "refund", args_digest: digest, step }
+    }
+
+    #[test]
+    fn canonical_form_ignores_order_and_whitespace_but_not_values() {
+        let a = canonical_args(&serde_json::from_str(r#"{ "b": 1, "a": [1, 2.0, "x"] }"#).unwrap()).unwrap();
+        let b = canonical_args(&serde_json::from_str(r#"{"a":[1,2,"x"],"b":1}"#).unwrap()).unwrap();
+        assert_eq!(a, r#"{"a":[1,2,"x"],"b":1}"#);
+        assert_eq!(args_digest(&a), args_digest(&b));
+        let c = canonical_args(&json!({"a": [1, 2, "x"], "b": 2})).unwrap();
+        assert_ne!(args_digest(&a), args_digest(&c));
+    }
+
+    #[test]
+    fn keys_are_stable_short_ascii_and_depend_on_every_field() {
+        let secret = KeySecret([7; 32]);
+        let k = mint(&secret, input("s", "c", "d", 0));
+        assert_eq!(k, mint(&secret, input("s", "c", "d", 0)), "stable");
+        assert_eq!(k.len(), KEY_LEN);
+        assert!(k.len() <= 40 && k.is_ascii() && k.starts_with(KEY_PREFIX));
+        let others = [
+            mint(&secret, input("s2", "c", "d", 0)),
+            mint(&secret, input("s", "c2", "d", 0)),
+            mint(&secret, input("s", "c", "d2", 0)),
+            mint(&secret, input("s", "c", "d", 1)),
+            mint(&secret, KeyInput { tool: "other", ..input("s", "c", "d", 0) }),
+            mint(&KeySecret([8; 32]), input("s", "c", "d", 0)),
+            // Length prefixes: moving a character between fields changes the key.
+            mint(&secret, input("sc", "", "d", 0)),
+        ];
+        for other in others {
+            assert_ne!(k, other);
+        }
+        let named = mint(&secret, input("session-alpha", "call-beta", "d", 0));
+        assert!(named[KEY_PREFIX.len()..].chars().all(|c| c.is_ascii_hexdigit()), "nothing but hex after the prefix");
+    }
+
+    #[test]
+    fn fingerprints_ignore_header_order_and_case_only() {
+        let h1 = vec![("A".into(), "1".into()), ("b".into(), "2".into())];
+        let h2 = vec![("b".into(), "2".into()), ("a".into(), "1".into())];
+        let f = request_fingerprint("post", "http://x/y", &h1, b"body");
+        assert_eq!(f, request_fingerprint("POST", "http://x/y", &h2, b"body"));
+        assert_ne!(f, request_fingerprint("POST", "http://x/y", &h2, b"bodz"));
+        assert_ne!(f, request_fingerprint("POST", "http://x/z", &h2, b"body"));
+    }
+}

@@ -1,0 +1,161 @@
+//! Puts a request on the wire with bounded retries — always the same bytes,
+//! so always the same key — and classifies how it ended.
+//!
+//! Retried (with backoff, honouring `Retry-After`): connect errors (nothing
+//! reached the downstream), 409 (a request with this key is in flight), 429,
+//! and any status the downstream marks retryable (`Stripe-Should-Retry: true`,
+//! Adyen's `transient-error: true`). A downstream's `…: false` stops retries.
+//! Not retried: a timeout or dropped connection after sending, and a 5xx not
+//! marked retryable — the outcome is unknown and is resolved, not guessed.
+
+use super::wire::Wire;
+use crate::ledger::records::{AttemptState, StoredBody, StoredResponse};
+use crate::policy::{Downstream, MAX_BACKOFF};
+use std::time::Duration;
+
+/// Largest response body recorded; a larger answer is treated as unsettled.
+pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
+
+/// How a send ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// A definitive answer: `Succeeded` (2xx) or `Failed` (4xx).
+    Answered { state: AttemptState, response: StoredResponse },
+    /// It may have taken effect: `Unknown`, or `Pending` while the downstream
+    /// still reports the key in flight.
+    Unsettled { state: AttemptState, response: Option<StoredResponse>, reason: String },
+    /// Nothing reached the downstream (or it refused before its idempotency layer).
+    NotSent { reason: String },
+}
+
+/// What one try produced.
+enum Try {
+    Done(Outcome),
+    Retry { reason: String, after: Option<Duration>, exhausted: Outcome },
+}
+
+/// Sends `wire` to `downstream`, retrying as the module docs describe.
+/// `tries` counts every time the request is put on the wire.
+pub async fn perform(client: &reqwest::Client, downstream: &Downstream, wire: &Wire, tries: &mut u32) -> Outcome {
+    let mut attempt = 0u32;
+    loop {
+        *tries += 1;
+        let result = one_try(client, downstream, wire).await;
+        match result {
+            Try::Done(outcome) => return outcome,
+            Try::Retry { reason, after, exhausted } => {
+                if attempt >= downstream.max_retries {
+                    return exhausted;
+                }
+                let backoff = after.unwrap_or(downstream.backoff.saturating_mul(1 << attempt.min(16))).min(MAX_BACKOFF);
+                tracing::debug!(downstream = %downstream.name, %reason, ?backoff, "retrying with the same key");
+                tokio::time::sleep(backoff).await;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+async fn one_try(client: &reqwest::Client, d: &Downstream, wire: &Wire) -> Try {
+    let method = reqwest::Method::from_bytes(wire.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+    let mut request = client.request(method, wire.url.clone()).timeout(d.timeout).body(wire.body.clone());
+    for (name, value) in &wire.headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let response = match request.send().await {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => {
+            let reason = format!("could not connect to {}: {}", d.name, error_chain(&e));
+            return Try::Retry { reason: reason.clone(), after: None, exhausted: Outcome::NotSent { reason } };
+        }
+        Err(e) => return Try::Done(unsettled(None, unsent_reason(d, &e))),
+    };
+    let status = response.status().as_u16();
+    let headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    let body = match read_capped(response).await {
+        Ok(body) => body,
+        Err(reason) => return Try::Done(unsettled(None, format!("HTTP {status}, but the body could not be read: {reason}"))),
+    };
+    let response = StoredResponse { status, headers, body: StoredBody::from_bytes(&body) };
+    classify(response)
+}
+
+/// Decides what a received response means.
+fn classify(response: StoredResponse) -> Try {
+    let status = response.status;
+    let marked = retry_mark(&response.headers);
+    let after = retry_after(&response.headers);
+    let in_flight = status == 409 || (matches!(status, 422 | 503) && marked == Some(true));
+    if (200..300).contains(&status) {
+        return Try::Done(Outcome::Answered { state: AttemptState::Succeeded, response });
+    }
+    if in_flight {
+        let reason = format!("HTTP {status}: the downstream reports a request with this key still in flight");
+        let exhausted = Outcome::Unsettled { state: AttemptState::Pending, response: Some(response), reason: reason.clone() };
+        return if marked == Some(false) { Try::Done(exhausted) } else { Try::Retry { reason, after, exhausted } };
+    }
+    if status == 429 {
+        let reason = "HTTP 429: rate limited before the downstream's idempotency layer".to_string();
+        let exhausted = Outcome::NotSent { reason: reason.clone() };
+        return if marked == Some(false) { Try::Done(exhausted) } else { Try::Retry { reason, after, exhausted } };
+    }
+    if (400..500).contains(&status) {
+        return Try::Done(Outcome::Answered { state: AttemptState::Failed, response });
+    }
+    // 5xx (and anything unexpected): indeterminate unless the downstream says to retry.
+    let reason = format!("HTTP {status}: an indeterminate answer (the request may or may not have taken effect)");
+    let exhausted = Outcome::Unsettled { state: AttemptState::Unknown, response: Some(response), reason: reason.clone() };
+    if marked == Some(true) { Try::Retry { reason, after, exhausted } } else { Try::Done(exhausted) }
+}
+
+fn unsettled(response: Option<StoredResponse>, reason: String) -> Outcome {
+    Outcome::Unsettled { state: AttemptState::Unknown, response, reason }
+}
+
+fn unsent_reason(d: &Downstream, e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        format!("no answer from {} within {} ms", d.name, d.timeout.as_millis())
+    } else {
+        format!("the exchange with {} broke off: {}", d.name, error_chain(e))
+    }
+}
+
+/// `Stripe-Should-Retry` or Adyen's `transient-error`, if present.
+fn retry_mark(headers: &[(String, String)]) -> Option<bool> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("stripe-should-retry") || k.eq_ignore_ascii_case("transient-error"))
+        .map(|(_, v)| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// `Retry-After` in seconds, if present.
+fn retry_after(headers: &[(String, String)]) -> Option<Duration> {
+    let (_, v) = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))?;
+    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| error_chain(&e))? {
+        if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            return Err(format!("it exceeds {MAX_RESPONSE_BYTES} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

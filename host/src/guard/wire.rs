@@ -1,0 +1,166 @@
+//! A plugin's request on its way to the wire: refusals of what a plugin may
+//! not set, then the key attached the way the downstream expects.
+
+use crate::ledger::records::{StoredBody, StoredRequest};
+use crate::policy::{Downstream, KeyTransport};
+
+/// Headers a plugin may never set: credentials are the host's to inject,
+/// keys are the host's to mint, and framing is the HTTP client's.
+const FORBIDDEN_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "idempotency-key",
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+];
+
+/// A request ready to send: the plugin's, with the key attached.
+#[derive(Debug, Clone)]
+pub struct Wire {
+    pub method: String,
+    pub url: url::Url,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Refuses a request that sets a header only the host may set: credentials,
+/// keys (the usual one and every one `d` takes), framing. Nothing is
+/// recorded or sent for it.
+///
+/// # Errors
+/// What the plugin did wrong and what to do instead.
+pub fn check_headers(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
+    let key_headers: Vec<String> = d.key_headers().collect();
+    for (name, _) in &request.headers {
+        let lower = name.to_ascii_lowercase();
+        if FORBIDDEN_HEADERS.contains(&lower.as_str()) || key_headers.contains(&lower) {
+            return Err(format!(
+                "the request sets `{name}`, which only the host may set (it mints idempotency keys and injects credentials); remove it"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// [`check_headers`], then refuses a body that already carries a key field
+/// `d` takes (or that cannot carry one).
+///
+/// # Errors
+/// What the plugin did wrong and what to do instead.
+pub fn check(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
+    check_headers(request, d)?;
+    for transport in &d.keys {
+        match transport {
+            KeyTransport::FormField { name } => {
+                let body = request.body.to_bytes();
+                if form_urlencoded::parse(&body).any(|(k, _)| k == name.as_str()) {
+                    return Err(format!("the form body sets `{name}`, which carries the host's idempotency key; remove it"));
+                }
+            }
+            KeyTransport::JsonField { name } => {
+                let body: serde_json::Value = serde_json::from_slice(&request.body.to_bytes())
+                    .map_err(|e| format!("downstream `{}` takes its key in a JSON body, but the body is not JSON: {e}", d.name))?;
+                let Some(object) = body.as_object() else {
+                    return Err(format!("downstream `{}` takes its key in a JSON object body; the body is not an object", d.name));
+                };
+                if object.contains_key(name) {
+                    return Err(format!("the JSON body sets `{name}`, which carries the host's idempotency key; remove it"));
+                }
+            }
+            KeyTransport::Header { .. } | KeyTransport::SfString { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+/// The wire form of a checked request, with `key` attached by every
+/// transport the downstream configures (`None`: an unkeyed fetch).
+pub fn build(request: &StoredRequest, url: url::Url, downstream: &Downstream, key: Option<&str>) -> Wire {
+    let mut headers = request.headers.clone();
+    let mut body = request.body.to_bytes();
+    if let Some(key) = key {
+        for transport in &downstream.keys {
+            match transport {
+                KeyTransport::Header { name } => headers.push((name.clone(), key.to_string())),
+                KeyTransport::SfString { name } => headers.push((name.clone(), format!("\"{key}\""))),
+                KeyTransport::FormField { name } => {
+                    let pair = form_urlencoded::Serializer::new(String::new()).append_pair(name, key).finish();
+                    if !body.is_empty() {
+                        body.push(b'&');
+                    }
+                    body.extend_from_slice(pair.as_bytes());
+                }
+                KeyTransport::JsonField { name } => {
+                    if let Ok(serde_json::Value::Object(mut object)) = serde_json::from_slice(&body) {
+                        object.insert(name.clone(), key.into());
+                        body = serde_json::to_vec(&object).unwrap_or(body);
+                    }
+                }
+            }
+        }
+    }
+    Wire { method: request.method.to_ascii_uppercase(), url, headers, body }
+}
+
+/// The plugin's request in the ledger's form.
+pub fn stored(method: &str, url: &str, headers: Vec<(String, String)>, body: &[u8]) -> StoredRequest {
+    StoredRequest { method: method.to_ascii_uppercase(), url: url.into(), headers, body: StoredBody::from_bytes(body) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::RawDownstream;
+
+    fn downstream(keys: Vec<KeyTransport>) -> Downstream {
+        let raw = RawDownstream {
+            url: "http://127.0.0.1:1".into(),
+            timeout_ms: None,
+            max_retries: None,
+            backoff_ms: None,
+            honours_keys: None,
+            retention_hours: None,
+            key: Some(keys),
+        };
+        Downstream::from_raw("d", raw).unwrap()
+    }
+
+    fn request(headers: &[(&str, &str)], body: &str) -> StoredRequest {
+        stored("post", "http://127.0.0.1:1/x", headers.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(), body.as_bytes())
+    }
+
+    #[test]
+    fn refuses_keys_credentials_and_framing_set_by_the_plugin() {
+        let d = downstream(vec![KeyTransport::Header { name: "X-Key".into() }]);
+        for header in ["Authorization", "idempotency-key", "x-key", "Host", "Content-Length"] {
+            assert!(check(&request(&[(header, "v")], ""), &d).is_err(), "{header}");
+        }
+        assert!(check(&request(&[("Accept", "json")], ""), &d).is_ok());
+        let form = downstream(vec![KeyTransport::FormField { name: "metadata[k]".into() }]);
+        assert!(check(&request(&[], "a=1&metadata%5Bk%5D=mine"), &form).is_err());
+        let json = downstream(vec![KeyTransport::JsonField { name: "idempotency_key".into() }]);
+        assert!(check(&request(&[], r#"{"idempotency_key":"x"}"#), &json).is_err());
+        assert!(check(&request(&[], "[1]"), &json).is_err());
+    }
+
+    #[test]
+    fn attaches_the_same_key_by_every_configured_transport() {
+        let d = downstream(vec![
+            KeyTransport::Header { name: "Idempotency-Key".into() },
+            KeyTransport::SfString { name: "Idem".into() },
+            KeyTransport::FormField { name: "metadata[toolguard_key]".into() },
+        ]);
+        let req = request(&[], "amount=5");
+        let url = url::Url::parse(&req.url).unwrap();
+        let wire = build(&req, url, &d, Some("tg1_abc"));
+        assert!(wire.headers.contains(&("Idempotency-Key".into(), "tg1_abc".into())));
+        assert!(wire.headers.contains(&("Idem".into(), "\"tg1_abc\"".into())));
+        assert_eq!(String::from_utf8(wire.body).unwrap(), "amount=5&metadata%5Btoolguard_key%5D=tg1_abc");
+        let json = downstream(vec![KeyTransport::JsonField { name: "idempotency_key".into() }]);
+        let req = request(&[], r#"{"amount":5}"#);
+        let wire = build(&req, url::Url::parse(&req.url).unwrap(), &json, Some("k"));
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&wire.body).unwrap(), serde_json::json!({"amount":5,"idempotency_key":"k"}));
+    }
+}

@@ -1,0 +1,291 @@
+//! The ledger on RocksDB: tool calls and attempts, with indexes by session,
+//! by state and by call. Every method blocks; async callers run it on the
+//! blocking pool (see `guard`), never on a runtime worker.
+//!
+//! Column families (keys → values):
+//! - `meta`: `secret` → the 32-byte key-derivation secret; `schema` → version.
+//! - `calls`: (session, call id) → [`CallRecord`] JSON. Keys start with the
+//!   length-prefixed session, so a prefix scan is the by-session index.
+//! - `attempts`: idempotency key → [`AttemptRecord`] JSON.
+//! - `attempts_by_state`: state tag ‖ key → ∅.
+//! - `call_attempts`: (session, call id) ‖ step → key.
+//!
+//! Durability is chosen per write ([`Durability`]); why each write is synced
+//! or not is in `docs/ledger.md`.
+
+pub mod records;
+
+pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, StoredOutcome};
+
+use crate::guard::keys::KeySecret;
+use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const CF_META: &str = "meta";
+const CF_CALLS: &str = "calls";
+const CF_ATTEMPTS: &str = "attempts";
+const CF_BY_STATE: &str = "attempts_by_state";
+const CF_CALL_ATTEMPTS: &str = "call_attempts";
+const ALL_CFS: [&str; 5] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS];
+/// The on-disk schema this code reads and writes.
+const SCHEMA: &[u8] = b"1";
+
+/// A ledger operation failed; the message names the ledger directory.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("ledger at {dir}: {message}")]
+pub struct LedgerError {
+    dir: String,
+    message: String,
+}
+
+/// Whether a write waits for the WAL to reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync the WAL before returning (group-committed with concurrent writers).
+    Synced,
+    /// In the WAL and memtable; survives a process crash, not a power loss.
+    Buffered,
+}
+
+/// The ledger. Cheap to clone; all clones share one database.
+#[derive(Clone)]
+pub struct Ledger {
+    db: Arc<DB>,
+    dir: PathBuf,
+    secret: KeySecret,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// Opens (creating if needed) the ledger in `dir`.
+    ///
+    /// # Errors
+    /// The directory cannot be used, another process holds the ledger, or it
+    /// was written by an incompatible version.
+    pub fn open(dir: &Path) -> Result<Self, LedgerError> {
+        let err = |message: String| LedgerError { dir: dir.display().to_string(), message };
+        std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create the directory: {e}")))?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_keep_log_file_num(4);
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| err(describe_open_error(&e)))?;
+        let ledger = Self::init(db, dir, true)?;
+        Ok(ledger)
+    }
+
+    /// Opens an existing ledger read-only (works while a host holds it).
+    ///
+    /// # Errors
+    /// There is no ledger in `dir`, or it cannot be read.
+    pub fn open_read_only(dir: &Path) -> Result<Self, LedgerError> {
+        let err = |message: String| LedgerError { dir: dir.display().to_string(), message };
+        if !dir.join("CURRENT").exists() {
+            return Err(err("no ledger here yet (nothing has been recorded)".into()));
+        }
+        let db = DB::open_cf_for_read_only(&Options::default(), dir, ALL_CFS, false).map_err(|e| err(e.to_string()))?;
+        Self::init(db, dir, false)
+    }
+
+    /// Reads (or, when writable and new, creates) the schema and the secret.
+    fn init(db: DB, dir: &Path, writable: bool) -> Result<Self, LedgerError> {
+        let err = |message: String| LedgerError { dir: dir.display().to_string(), message };
+        let meta = db.cf_handle(CF_META).ok_or_else(|| err("missing column family meta".into()))?;
+        match db.get_cf(meta, b"schema").map_err(|e| err(e.to_string()))? {
+            Some(v) if v == SCHEMA => {}
+            Some(v) => return Err(err(format!("schema {} is not {}; use a matching toolguard", String::from_utf8_lossy(&v), String::from_utf8_lossy(SCHEMA)))),
+            None if writable => {
+                let mut secret = [0u8; 32];
+                getrandom::fill(&mut secret).map_err(|e| err(format!("no randomness for the key secret: {e}")))?;
+                let mut batch = WriteBatch::default();
+                batch.put_cf(meta, b"secret", secret);
+                batch.put_cf(meta, b"schema", SCHEMA);
+                db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| err(e.to_string()))?;
+            }
+            None => return Err(err("the ledger has no schema record".into())),
+        }
+        let secret = db.get_cf(meta, b"secret").map_err(|e| err(e.to_string()))?;
+        let secret: [u8; 32] = secret.as_deref().and_then(|s| s.try_into().ok()).ok_or_else(|| err("the key secret is missing or damaged".into()))?;
+        Ok(Self { db: Arc::new(db), dir: dir.to_path_buf(), secret: KeySecret(secret) })
+    }
+
+    /// The secret keys are derived with.
+    pub fn secret(&self) -> &KeySecret {
+        &self.secret
+    }
+
+    /// The directory the ledger lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> LedgerError {
+        LedgerError { dir: self.dir.display().to_string(), message: e.to_string() }
+    }
+
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(name).expect("every column family is opened with the database")
+    }
+
+    fn get_json<T: serde::de::DeserializeOwned>(&self, cf: &str, key: &[u8]) -> Result<Option<T>, LedgerError> {
+        match self.db.get_cf(self.cf(cf), key).map_err(|e| self.err(e))? {
+            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| self.err(format!("damaged record: {e}"))),
+            None => Ok(None),
+        }
+    }
+
+    /// The tool call (session, call id), if recorded.
+    ///
+    /// # Errors
+    /// The read failed or the record is damaged.
+    pub fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, LedgerError> {
+        self.get_json(CF_CALLS, &call_key(session, call_id))
+    }
+
+    /// The attempt with idempotency key `key`, if recorded.
+    ///
+    /// # Errors
+    /// The read failed or the record is damaged.
+    pub fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, LedgerError> {
+        self.get_json(CF_ATTEMPTS, key.as_bytes())
+    }
+
+    /// The attempts of one tool call, by step.
+    ///
+    /// # Errors
+    /// A read failed or a record is damaged.
+    pub fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let prefix = call_key(session, call_id);
+        let keys = self.scan(CF_CALL_ATTEMPTS, &prefix, |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
+        keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
+    }
+
+    /// Tool calls, in key order; only those of `session` if given.
+    ///
+    /// # Errors
+    /// A read failed or a record is damaged.
+    pub fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, LedgerError> {
+        let prefix = session.map(session_prefix).unwrap_or_default();
+        let raw = self.scan(CF_CALLS, &prefix, |_, v| Some(v.to_vec()))?;
+        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| self.err(format!("damaged record: {e}")))).collect()
+    }
+
+    /// Attempts in `state`, in key order.
+    ///
+    /// # Errors
+    /// A read failed or a record is damaged.
+    pub fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let keys = self.scan(CF_BY_STATE, &[state.tag()], |k, _| Some(String::from_utf8_lossy(&k[1..]).into_owned()))?;
+        keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
+    }
+
+    /// Every attempt, in key order.
+    ///
+    /// # Errors
+    /// A read failed or a record is damaged.
+    pub fn attempts(&self) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let raw = self.scan(CF_ATTEMPTS, &[], |_, v| Some(v.to_vec()))?;
+        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| self.err(format!("damaged record: {e}")))).collect()
+    }
+
+    fn scan<T>(&self, cf: &str, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Option<T>) -> Result<Vec<T>, LedgerError> {
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(cf), IteratorMode::From(prefix, rocksdb::Direction::Forward)) {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.extend(f(&k, &v));
+        }
+        Ok(out)
+    }
+
+    /// Applies `write` atomically with the given durability.
+    ///
+    /// # Errors
+    /// The write failed; nothing of it was applied.
+    pub fn commit(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
+        let mut batch = WriteBatch::default();
+        for call in &write.calls {
+            let value = serde_json::to_vec(call).map_err(|e| self.err(e))?;
+            batch.put_cf(self.cf(CF_CALLS), call_key(&call.session, &call.call_id), value);
+        }
+        for attempt in &write.attempts {
+            let value = serde_json::to_vec(attempt).map_err(|e| self.err(e))?;
+            batch.put_cf(self.cf(CF_ATTEMPTS), attempt.key.as_bytes(), value);
+            for state in AttemptState::ALL {
+                let index = [&[state.tag()], attempt.key.as_bytes()].concat();
+                if state == attempt.state {
+                    batch.put_cf(self.cf(CF_BY_STATE), index, []);
+                } else {
+                    batch.delete_cf(self.cf(CF_BY_STATE), index);
+                }
+            }
+            let mut by_call = call_key(&attempt.session, &attempt.call_id);
+            by_call.extend_from_slice(&attempt.step.to_be_bytes());
+            batch.put_cf(self.cf(CF_CALL_ATTEMPTS), by_call, attempt.key.as_bytes());
+        }
+        self.db.write_opt(batch, &write_options(durability)).map_err(|e| self.err(e))
+    }
+}
+
+/// Records to write together, atomically.
+#[derive(Debug, Default, Clone)]
+pub struct LedgerWrite {
+    calls: Vec<CallRecord>,
+    attempts: Vec<AttemptRecord>,
+}
+
+impl LedgerWrite {
+    /// An empty write.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) a tool call record.
+    pub fn call(mut self, call: CallRecord) -> Self {
+        self.calls.push(call);
+        self
+    }
+
+    /// Adds (or replaces) an attempt record, keeping its indexes right.
+    pub fn attempt(mut self, attempt: AttemptRecord) -> Self {
+        self.attempts.push(attempt);
+        self
+    }
+}
+
+fn write_options(durability: Durability) -> WriteOptions {
+    let mut o = WriteOptions::default();
+    o.set_sync(durability == Durability::Synced);
+    o
+}
+
+fn session_prefix(session: &str) -> Vec<u8> {
+    let mut k = (session.len() as u32).to_be_bytes().to_vec();
+    k.extend_from_slice(session.as_bytes());
+    k
+}
+
+fn call_key(session: &str, call_id: &str) -> Vec<u8> {
+    let mut k = session_prefix(session);
+    k.extend_from_slice(&(call_id.len() as u32).to_be_bytes());
+    k.extend_from_slice(call_id.as_bytes());
+    k
+}
+
+fn describe_open_error(e: &rocksdb::Error) -> String {
+    let text = e.to_string();
+    if text.contains("lock") {
+        format!("{text} — another toolguard process holds this ledger; stop it or use another data_dir")
+    } else {
+        text
+    }
+}

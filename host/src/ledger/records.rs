@@ -1,0 +1,178 @@
+//! What the ledger stores: tool calls and their outbound attempts.
+//! Serialised as JSON, so `toolguard ledger export` output is the record.
+
+use crate::error::CallError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where a tool call stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallState {
+    /// Accepted and (being) executed; no final result yet.
+    Admitted,
+    /// Finished; `outcome` is what the model was told and what replays return.
+    Completed,
+}
+
+/// One tool call: the model's request, keyed by (session, call id).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub session: String,
+    pub call_id: String,
+    pub tool: String,
+    /// sha256 of the RFC 8785 canonical arguments.
+    pub args_digest: String,
+    /// The canonical arguments themselves (for resume and reconciliation).
+    pub args: Value,
+    pub state: CallState,
+    /// The result returned to the model, once completed.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub outcome: Option<StoredOutcome>,
+    pub created_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub completed_ms: Option<u64>,
+}
+
+/// A final answer: a result, or an error the caller should see again on replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoredOutcome {
+    /// The tool's JSON result.
+    Result(Value),
+    /// A definitive error (kind, message, detail).
+    Error { kind: String, message: String, detail: Option<Value> },
+}
+
+impl StoredOutcome {
+    /// The stored form of a definitive error.
+    pub fn error(e: &CallError) -> Self {
+        Self::Error { kind: e.kind.as_str().into(), message: e.message.clone(), detail: e.detail.clone() }
+    }
+}
+
+/// Where an outbound attempt stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttemptState {
+    /// Written (synced) before the request left; no answer recorded yet.
+    Pending,
+    /// The downstream answered with a definitive success (2xx).
+    Succeeded,
+    /// The downstream answered with a definitive failure (4xx).
+    Failed,
+    /// The request may have taken effect; no definitive answer.
+    Unknown,
+}
+
+impl AttemptState {
+    /// Every state, for index maintenance.
+    pub const ALL: [Self; 4] = [Self::Pending, Self::Succeeded, Self::Failed, Self::Unknown];
+
+    /// Whether the outcome is settled (a recorded response answers repeats).
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+
+    /// The one-byte tag used in the by-state index.
+    pub(crate) fn tag(self) -> u8 {
+        match self {
+            Self::Pending => b'p',
+            Self::Succeeded => b's',
+            Self::Failed => b'f',
+            Self::Unknown => b'u',
+        }
+    }
+
+    /// The kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// An HTTP message body as stored: UTF-8 text as is, anything else base64.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredBody {
+    pub text: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base64: bool,
+}
+
+impl StoredBody {
+    /// Stores `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        use base64::Engine as _;
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Self { text: text.into(), base64: false },
+            Err(_) => Self { text: base64::engine::general_purpose::STANDARD.encode(bytes), base64: true },
+        }
+    }
+
+    /// The original bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        use base64::Engine as _;
+        if self.base64 {
+            base64::engine::general_purpose::STANDARD.decode(&self.text).unwrap_or_default()
+        } else {
+            self.text.clone().into_bytes()
+        }
+    }
+}
+
+/// The request as the plugin built it (no key, no credentials).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredRequest {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: StoredBody,
+}
+
+/// A downstream response as received.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: StoredBody,
+}
+
+/// One guarded send, keyed by its idempotency key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// The idempotency key sent downstream.
+    pub key: String,
+    pub session: String,
+    pub call_id: String,
+    pub tool: String,
+    /// Ordinal of this send within its tool call.
+    pub step: u32,
+    /// sha256 of the request as the plugin built it; a differing request at
+    /// the same step is a conflict.
+    pub fingerprint: String,
+    /// The configured downstream it went to.
+    pub downstream: String,
+    pub request: StoredRequest,
+    pub state: AttemptState,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub response: Option<StoredResponse>,
+    /// Why the outcome is not settled (timeout, dropped connection, …).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub last_error: Option<String>,
+    /// Times the request was put on the wire.
+    pub tries: u32,
+    /// Whether the downstream said its answer was a replay of an earlier one.
+    #[serde(default)]
+    pub provider_replayed: bool,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}

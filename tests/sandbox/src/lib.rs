@@ -1,0 +1,181 @@
+//! A Stripe-like payments provider for toolguard's tests and demo: refunds on
+//! payment intents with real idempotency semantics (stored responses replayed
+//! with `Idempotent-Replayed: true`, 409 while a key is executing, an error
+//! on key reuse with other parameters, a retention clock tests can advance)
+//! and fault injection around the commit. It exposes its ledger, so tests
+//! count refunds rather than trusting anyone's return value.
+//!
+//! It speaks Stripe's wire format for this subset: form-encoded
+//! `POST /v1/refunds` (`payment_intent`, `amount`, `reason`, `metadata[…]`),
+//! `GET /v1/refunds?payment_intent=…`, `GET /v1/refunds/{id}`.
+//! Control endpoints live under `/_sandbox` (see [`http`]).
+
+mod http;
+mod provider;
+
+pub use provider::{Fault, Mode, PaymentIntent, Refund};
+
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::ServiceExt as _;
+
+/// How long keys are kept by default (Stripe: at least 24 h).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// One request as the sandbox received it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Observed {
+    /// Arrival order, from 0.
+    pub seq: u64,
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    /// Every header, lower-case names.
+    pub headers: Vec<(String, String)>,
+    /// The raw `Idempotency-Key` header, if sent.
+    pub idempotency_key: Option<String>,
+    pub body: String,
+}
+
+/// A callback run for every request as it arrives, before it is processed.
+pub type Observer = Box<dyn Fn(&Observed) + Send + Sync>;
+
+/// State shared by the handle and the server.
+pub(crate) struct Shared {
+    provider: Mutex<provider::Provider>,
+    requests: Mutex<Vec<Observed>>,
+    observers: Mutex<Vec<Observer>>,
+    seq: AtomicU64,
+    release: tokio::sync::watch::Sender<u64>,
+    paused: AtomicUsize,
+}
+
+impl Shared {
+    fn add_intent(&self, id: &str, amount: u64) {
+        let intent = PaymentIntent { id: id.into(), amount, currency: "usd".into() };
+        self.provider.lock().unwrap().intents.insert(id.into(), intent);
+    }
+
+    /// Waits until the next release.
+    async fn pause(&self) {
+        let mut rx = self.release.subscribe();
+        self.paused.fetch_add(1, Ordering::SeqCst);
+        let _ = rx.changed().await;
+        self.paused.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn release(&self) {
+        self.release.send_modify(|g| *g += 1);
+    }
+}
+
+/// A running sandbox. Dropping it stops the server.
+pub struct Sandbox {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Sandbox {
+    /// Starts a sandbox on `addr` (`127.0.0.1:0` for any free port) with the
+    /// given semantics and key retention. No payment intents exist yet.
+    ///
+    /// # Errors
+    /// The address cannot be bound.
+    pub async fn start(addr: &str, mode: Mode, retention: Duration) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            provider: Mutex::new(provider::Provider::new(mode, retention)),
+            requests: Mutex::new(Vec::new()),
+            observers: Mutex::new(Vec::new()),
+            seq: AtomicU64::new(0),
+            release: tokio::sync::watch::channel(0).0,
+            paused: AtomicUsize::new(0),
+        });
+        let server = tokio::spawn(serve(listener, http::router(shared.clone())));
+        Ok(Self { shared, addr, server })
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:4242`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Adds (or replaces) a payment intent of `amount` cents.
+    pub fn add_payment_intent(&self, id: &str, amount: u64) {
+        self.shared.add_intent(id, amount);
+    }
+
+    /// Queues a fault for the next refund creation.
+    pub fn inject(&self, fault: Fault) {
+        self.shared.provider.lock().unwrap().faults.push_back(fault);
+    }
+
+    /// Every refund ever created: the provider's ledger.
+    pub fn refunds(&self) -> Vec<Refund> {
+        self.shared.provider.lock().unwrap().refunds.clone()
+    }
+
+    /// Every request received, in order.
+    pub fn requests(&self) -> Vec<Observed> {
+        self.shared.requests.lock().unwrap().clone()
+    }
+
+    /// Runs `observer` for every request as it arrives.
+    pub fn on_request(&self, observer: impl Fn(&Observed) + Send + Sync + 'static) {
+        self.shared.observers.lock().unwrap().push(Box::new(observer));
+    }
+
+    /// Moves the provider's clock forward (e.g. past key retention).
+    pub fn advance_clock(&self, by: Duration) {
+        self.shared.provider.lock().unwrap().clock_offset += by.as_secs();
+    }
+
+    /// Lets every request held by `PauseAfterCommit` answer.
+    pub fn release(&self) {
+        self.shared.release();
+    }
+
+    /// How many requests are held by `PauseAfterCommit` right now.
+    pub fn paused(&self) -> usize {
+        self.shared.paused.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Accepts connections; a handler that marks its response `DropConnection`
+/// makes the connection close without an answer.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let app = app.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let app = app.clone();
+                async move {
+                    let response = app.oneshot(req.map(axum::body::Body::new)).await.unwrap_or_else(|e| match e {});
+                    if response.extensions().get::<http::DropConnection>().is_some() {
+                        return Err("sandbox: connection dropped (injected fault)");
+                    }
+                    Ok(response)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
