@@ -6,6 +6,7 @@
 const BUILTINS: &[(&str, &[u8])] = &[
     ("text-stats", include_bytes!(concat!(env!("TOOLGUARD_WASM_DIR"), "/text_stats.wasm"))),
     ("template", include_bytes!(concat!(env!("TOOLGUARD_WASM_DIR"), "/template.wasm"))),
+    ("payments", include_bytes!(concat!(env!("TOOLGUARD_WASM_DIR"), "/payments.wasm"))),
 ];
 
 /// The bytes of the embedded plugin `name`, if there is one.

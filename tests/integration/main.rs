@@ -3,5 +3,8 @@
 
 mod cli;
 mod common;
+mod guard_boundary;
+mod guard_edges;
 mod loading;
+mod payments;
 mod sandbox_limits;

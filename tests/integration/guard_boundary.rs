@@ -1,0 +1,113 @@
+//! The guard as the one way out: refusals send nothing, the attempt is
+//! durable before the request leaves, and unsettled sends cannot be hidden.
+
+use crate::payments::{Downstream, PI, harness, rogue_args};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use toolguard::ErrorKind;
+use toolguard::ledger::AttemptState;
+use toolguard_sandbox::Fault;
+
+fn refund_request(url: &str, headers: serde_json::Value) -> serde_json::Value {
+    json!({ "method": "POST", "url": format!("{url}/v1/refunds"), "headers": headers, "body": format!("payment_intent={PI}&amount=100") })
+}
+
+#[tokio::test]
+async fn a_plugin_cannot_set_the_key_or_credentials_or_leave_its_grants() {
+    let h = harness(Downstream::default()).await;
+    let url = h.sandbox.url();
+    let other_port = format!("http://127.0.0.1:{}", h.sandbox.addr().port().wrapping_add(1));
+    let cases = [
+        (refund_request(&url, json!({ "Idempotency-Key": "mine" })), ErrorKind::InvalidRequest),
+        (refund_request(&url, json!({ "authorization": "Bearer sk_live_stolen" })), ErrorKind::InvalidRequest),
+        (json!({ "method": "POST", "url": format!("{url}/v1/refunds"), "body": "amount=1&metadata%5Btoolguard_key%5D=mine" }), ErrorKind::InvalidRequest),
+        (json!({ "method": "POST", "url": format!("{url}/v1/charges"), "body": "" }), ErrorKind::Denied),
+        (json!({ "method": "DELETE", "url": format!("{url}/v1/refunds/re_1") }), ErrorKind::Denied),
+        (refund_request(&other_port, json!({})), ErrorKind::Denied),
+        (json!({ "method": "POST", "url": "http://example.com/v1/refunds" }), ErrorKind::Denied),
+    ];
+    for (i, (request, kind)) in cases.into_iter().enumerate() {
+        let err = h.call(&format!("c{i}"), "send_all", &rogue_args(json!([request]), false)).await.unwrap_err();
+        assert_eq!(err.kind, kind, "case {i}: {err}");
+    }
+    let err = h.call("ro", "send_from_read_only", &rogue_args(json!([refund_request(&url, json!({}))]), false)).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Denied, "a read-only tool may not send: {err}");
+    assert!(h.sandbox.requests().is_empty(), "nothing reached the sandbox: {:?}", h.sandbox.requests());
+    assert!(h.ledger().attempts().unwrap().is_empty(), "and nothing was recorded as sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attempt_is_durable_in_the_ledger_before_the_request_leaves() {
+    let h = harness(Downstream::default()).await;
+    let ledger = h.ledger();
+    let seen: Arc<Mutex<Vec<Option<AttemptState>>>> = Arc::default();
+    let record = seen.clone();
+    h.sandbox.on_request(move |req| {
+        if req.method == "POST" {
+            let key = req.idempotency_key.clone().expect("keyed");
+            let state = ledger.attempt(&key).unwrap().map(|a| a.state);
+            record.lock().unwrap().push(state);
+        }
+    });
+    h.refund("c1", 500).await.unwrap();
+    h.refund("c2", 700).await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![Some(AttemptState::Pending); 2], "pending and in the ledger as each request arrived");
+    let call = h.ledger().call("s1", "c1").unwrap().unwrap();
+    assert_eq!(call.state, toolguard::ledger::CallState::Completed);
+}
+
+#[tokio::test]
+async fn an_unsettled_send_cannot_be_hidden_by_the_plugin() {
+    let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 1_000 });
+    let args = rogue_args(json!([refund_request(&h.sandbox.url(), json!({ "Content-Type": "application/x-www-form-urlencoded" }))]), true);
+    let err = h.call("c1", "send_all", &args).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "the plugin swallowed it; the host did not: {err}");
+    assert_eq!(h.ledger().call("s1", "c1").unwrap().unwrap().state, toolguard::ledger::CallState::Admitted, "not completed");
+}
+
+#[tokio::test]
+async fn each_send_of_a_call_has_its_own_key_and_all_replay_without_going_out() {
+    let h = harness(Downstream::default()).await;
+    let form = json!({ "Content-Type": "application/x-www-form-urlencoded" });
+    let args = rogue_args(json!([refund_request(&h.sandbox.url(), form.clone()), refund_request(&h.sandbox.url(), form)]), false);
+    let first = h.call("c1", "send_all", &args).await.unwrap();
+    assert_eq!(h.refunds(), 2);
+    let keys: Vec<_> = h.posts().into_iter().map(|p| p.idempotency_key.unwrap()).collect();
+    assert_ne!(keys[0], keys[1], "step 0 and step 1 differ");
+    let attempts = h.ledger().attempts_of_call("s1", "c1").unwrap();
+    assert_eq!(attempts.iter().map(|a| a.step).collect::<Vec<_>>(), [0, 1]);
+    let again = h.call("c1", "send_all", &args).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.value, first.value);
+    assert_eq!(h.posts().len(), 2, "nothing went out again");
+}
+
+#[tokio::test]
+async fn an_unreachable_downstream_is_a_transport_error_and_nothing_stays_pending() {
+    let h = harness(Downstream { max_retries: 1, ..Downstream::default() }).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    // Grant-wise the dead port is not the sandbox's: refused before anything.
+    let err = h.call("c0", "send_all", &rogue_args(json!([refund_request(&dead_url, json!({}))]), false)).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Denied);
+    // The sandbox itself going away: a connect error, retried, then transport.
+    let url = h.sandbox.url();
+    let Harness { sandbox, rt, dir: _dir } = h;
+    drop(sandbox);
+    let req = toolguard::CallRequest {
+        session: "s1".into(),
+        call_id: "c1".into(),
+        tool: "send_all".into(),
+        args_json: rogue_args(json!([refund_request(&url, json!({}))]), false),
+    };
+    let err = rt.call(&req).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transport, "{err}");
+    let ledger = rt.guard().unwrap().ledger();
+    assert!(ledger.attempts_in_state(AttemptState::Pending).unwrap().is_empty(), "settled, so recovery will not resend it");
+    let attempt = ledger.attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert!(attempt.last_error.unwrap().starts_with("not sent"));
+}
+
+use crate::payments::Harness;

@@ -1,0 +1,240 @@
+//! The reference edge cases (numbers from `idempotency-semantics.md`, §3)
+//! against the payments sandbox. Every test counts refunds in the sandbox's
+//! own ledger, not just what the host returned.
+
+use crate::payments::{Downstream, PI, PI_AMOUNT, harness};
+use std::time::Duration;
+use toolguard::ErrorKind;
+use toolguard::ledger::AttemptState;
+use toolguard_sandbox::{Fault, Mode};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e01_commit_then_lost_answer_then_replay_returns_the_original_refund() {
+    let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 1_500 });
+    let err = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "{err}");
+    assert!(err.message.contains("Do not call refund again") && err.message.contains("refund_status"), "{}", err.message);
+    assert_eq!(err.detail.as_ref().unwrap()["state"], "unknown");
+    assert_eq!(h.refunds(), 1, "the provider committed");
+
+    let out = h.refund("c1", 500).await.expect("the replay settles it");
+    let refunds = h.sandbox.refunds();
+    assert_eq!(refunds.len(), 1, "still one refund");
+    assert_eq!(out.value["refund_id"], refunds[0].id.as_str(), "the original refund is returned");
+    let posts = h.posts();
+    assert_eq!(posts.len(), 2);
+    assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key, "the same key both times");
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert_eq!(attempt.state, AttemptState::Succeeded);
+    assert!(attempt.provider_replayed, "the second answer carried Idempotent-Replayed: true");
+}
+
+#[tokio::test]
+async fn e02_request_lost_before_the_provider_then_replay_makes_one_refund() {
+    let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::DropBeforeCommit);
+    let err = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "a dropped connection says nothing about the outcome");
+    assert_eq!(h.refunds(), 0);
+    let out = h.refund("c1", 500).await.unwrap();
+    assert_eq!(h.refunds(), 1);
+    assert_eq!(out.value["status"], "succeeded");
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert!(!attempt.provider_replayed, "executed fresh, not replayed");
+}
+
+#[tokio::test]
+async fn e03_same_call_id_with_mutated_args_is_a_conflict_and_sends_nothing() {
+    let h = harness(Downstream::default()).await;
+    h.refund("c1", 500).await.unwrap();
+    let posts = h.posts().len();
+    let err = h.refund("c1", 700).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Conflict, "{err}");
+    assert_eq!(h.posts().len(), posts, "zero downstream calls");
+    assert_eq!(h.refunds(), 1);
+
+    // Also while the first is unsettled.
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 1_000 });
+    assert_eq!(h.refund("c2", 100).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    let posts = h.posts().len();
+    assert_eq!(h.refund("c2", 101).await.unwrap_err().kind, ErrorKind::Conflict);
+    assert_eq!(h.posts().len(), posts);
+}
+
+#[tokio::test]
+async fn e04_reordered_args_and_whitespace_are_the_same_call() {
+    let h = harness(Downstream::default()).await;
+    let first = h.refund("c1", 500).await.unwrap();
+    assert!(!first.replayed);
+    let reordered = format!("{{ \"reason\" : \"requested_by_customer\",\n  \"amount_cents\": 500, \"payment_intent\": \"{PI}\" }}");
+    let again = h.call("c1", "refund", &reordered).await.unwrap();
+    assert!(again.replayed, "answered from the ledger");
+    assert_eq!(again.value, first.value);
+    assert_eq!(h.posts().len(), 1);
+    assert_eq!(h.refunds(), 1);
+}
+
+#[tokio::test]
+async fn e05_409_in_flight_is_retried_with_the_same_key() {
+    let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::InFlight409);
+    h.sandbox.inject(Fault::InFlight409);
+    let out = h.refund("c1", 500).await.unwrap();
+    assert_eq!(out.value["status"], "succeeded");
+    assert_eq!(h.refunds(), 1);
+    let posts = h.posts();
+    assert_eq!(posts.len(), 3);
+    assert!(posts.iter().all(|p| p.idempotency_key == posts[0].idempotency_key));
+}
+
+#[tokio::test]
+async fn e06_409_outlasting_the_retry_budget_stays_pending_with_no_new_key() {
+    let h = harness(Downstream { max_retries: 2, ..Downstream::default() }).await;
+    for _ in 0..3 {
+        h.sandbox.inject(Fault::InFlight409);
+    }
+    let err = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutcomeUnknown);
+    assert_eq!(err.detail.as_ref().unwrap()["state"], "pending", "still in flight, retryable");
+    assert_eq!(h.refunds(), 0);
+    let posts = h.posts();
+    assert_eq!(posts.len(), 3, "1 try + 2 retries");
+    assert!(posts.iter().all(|p| p.idempotency_key == posts[0].idempotency_key), "no new key");
+    // Retrying the same tool call later uses the same key again and settles it.
+    let out = h.refund("c1", 500).await.unwrap();
+    assert_eq!(h.refunds(), 1);
+    assert_eq!(h.posts().last().unwrap().idempotency_key, posts[0].idempotency_key);
+    assert_eq!(out.value["amount_cents"], 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e07_64_concurrent_duplicates_make_one_refund_and_64_identical_results() {
+    let h = std::sync::Arc::new(harness(Downstream::default()).await);
+    let calls: Vec<_> = (0..64)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move { h.refund("c-dup", 1_234).await.unwrap().value })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for c in calls {
+        results.push(c.await.unwrap());
+    }
+    assert_eq!(h.refunds(), 1, "exactly one refund at the sandbox");
+    assert_eq!(h.posts().len(), 1, "exactly one request reached it");
+    assert!(results.iter().all(|r| *r == results[0]), "64 identical results");
+    assert_eq!(results[0]["amount_cents"], 1_234);
+}
+
+#[tokio::test]
+async fn e15_after_the_provider_forgot_the_key_a_known_success_is_answered_locally() {
+    let h = harness(Downstream::default()).await;
+    let first = h.refund("c1", 500).await.unwrap();
+    h.sandbox.advance_clock(Duration::from_secs(25 * 3600));
+    let again = h.refund("c1", 500).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.value, first.value);
+    assert_eq!(h.posts().len(), 1, "no downstream call");
+    assert_eq!(h.refunds(), 1);
+}
+
+#[tokio::test]
+async fn e16_429_is_retried_with_the_same_key() {
+    let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::RateLimit429);
+    h.refund("c1", 500).await.unwrap();
+    assert_eq!(h.refunds(), 1);
+    let posts = h.posts();
+    assert_eq!(posts.len(), 2);
+    assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key);
+}
+
+#[tokio::test]
+async fn e17_a_validation_error_is_final_and_replayed_without_a_new_call() {
+    let h = harness(Downstream::default()).await;
+    let err = h.refund("c1", PI_AMOUNT + 1).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ToolFailed);
+    assert!(err.message.contains("amount_too_large"), "{}", err.message);
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert_eq!(attempt.state, AttemptState::Failed);
+    let again = h.refund("c1", PI_AMOUNT + 1).await.unwrap_err();
+    assert_eq!(again.kind, ErrorKind::ToolFailed);
+    assert_eq!(again.message, err.message);
+    assert_eq!(again.detail.unwrap()["replayed"], true);
+    assert_eq!(h.posts().len(), 1, "no new call");
+    assert_eq!(h.refunds(), 0);
+}
+
+#[tokio::test]
+async fn e18_the_providers_retry_advice_is_followed() {
+    // Stripe-Should-Retry: false on a 5xx: one try, outcome unknown.
+    let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::Stored500 { should_retry: Some(false) });
+    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    assert_eq!(h.posts().len(), 1);
+    // Stripe-Should-Retry: true on a 5xx: retried with the same key. The
+    // provider replays its stored 500 without advice, so the attempt stays
+    // unknown after the retry — and nothing is duplicated.
+    h.sandbox.inject(Fault::Stored500 { should_retry: Some(true) });
+    assert_eq!(h.refund("c2", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    let c2: Vec<_> = h.posts().into_iter().skip(1).collect();
+    assert_eq!(c2.len(), 2, "the try the provider advised, then its stored answer");
+    assert!(c2.iter().all(|p| p.idempotency_key == c2[0].idempotency_key));
+    assert_eq!(h.refunds(), 0);
+    // A 409 carries Stripe-Should-Retry: true and is retried (see e05).
+}
+
+#[tokio::test]
+async fn a_genuinely_new_call_with_the_same_args_is_a_second_refund() {
+    let h = harness(Downstream::default()).await;
+    let a = h.refund("c1", 500).await.unwrap();
+    let b = h.refund("c2", 500).await.unwrap();
+    assert_ne!(a.value["refund_id"], b.value["refund_id"]);
+    assert_eq!(h.refunds(), 2);
+    let keys: Vec<_> = h.posts().into_iter().map(|p| p.idempotency_key).collect();
+    assert_ne!(keys[0], keys[1], "a new tool-call id is a new key");
+}
+
+#[tokio::test]
+async fn e28_29_the_key_is_short_ascii_identical_on_every_transport_and_try() {
+    let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::RateLimit429);
+    h.refund("c1", 500).await.unwrap();
+    let posts = h.posts();
+    let key = posts[0].idempotency_key.clone().unwrap();
+    assert!(key.len() <= 40 && key.is_ascii() && key.starts_with("tg1_"), "{key}");
+    assert!(!key.contains("c1") && !key.contains("s1"));
+    assert!(posts.iter().all(|p| p.idempotency_key.as_deref() == Some(key.as_str())));
+    assert_eq!(h.sandbox.refunds()[0].metadata["toolguard_key"], key, "the same key in the refund's metadata");
+    let attempt = h.ledger().attempt(&key).unwrap().expect("the ledger maps the key back to its call");
+    assert_eq!((attempt.session.as_str(), attempt.call_id.as_str(), attempt.step), ("s1", "c1", 0));
+}
+
+#[tokio::test]
+async fn e28_ietf_downstreams_get_a_quoted_sf_string() {
+    let d = Downstream { mode: Mode::Ietf, key: r#"[{ transport = "sf-string" }]"#, ..Downstream::default() };
+    let h = harness(d).await;
+    h.refund("c1", 500).await.unwrap();
+    let raw = h.posts()[0].idempotency_key.clone().unwrap();
+    assert!(raw.starts_with("\"tg1_") && raw.ends_with('"'), "{raw}");
+    assert_eq!(h.refunds(), 1);
+    // The same IETF downstream refuses a bare token: a definitive failure, nothing refunded.
+    let bare = Downstream { mode: Mode::Ietf, key: r#"[{ transport = "header" }]"#, ..Downstream::default() };
+    let h = harness(bare).await;
+    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::ToolFailed);
+    assert_eq!(h.refunds(), 0);
+}
+
+#[tokio::test]
+async fn refund_status_reads_through_fetch_and_is_not_keyed() {
+    let h = harness(Downstream::default()).await;
+    h.refund("c1", 500).await.unwrap();
+    h.refund("c2", 700).await.unwrap();
+    let status = h.call("c3", "refund_status", &format!(r#"{{"payment_intent":"{PI}"}}"#)).await.unwrap();
+    assert_eq!(status.value["refunded_cents"], 1_200);
+    assert_eq!(status.value["refunds"].as_array().unwrap().len(), 2);
+    let get = h.sandbox.requests().into_iter().find(|r| r.method == "GET").unwrap();
+    assert_eq!(get.idempotency_key, None, "fetches carry no key");
+    assert!(h.ledger().attempts_of_call("s1", "c3").unwrap().is_empty(), "and are not recorded as attempts");
+}

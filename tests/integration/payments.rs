@@ -1,0 +1,125 @@
+//! Shared set-up for the guard tests: a payments sandbox, a host whose
+//! `payments` and `rogue` plugins are granted it, and helpers that count
+//! what actually reached the sandbox.
+
+use crate::common::{shared_cache, wasm};
+use toolguard::{CallError, CallOutput, CallRequest, Config, Runtime};
+use toolguard_sandbox::{Mode, Sandbox};
+
+/// The payment intent most tests refund against, and its amount.
+pub const PI: &str = "pi_1001";
+pub const PI_AMOUNT: u64 = 10_000;
+
+/// Knobs of the payments downstream.
+pub struct Downstream {
+    pub mode: Mode,
+    pub timeout_ms: u64,
+    pub max_retries: u32,
+    /// TOML array of key transports.
+    pub key: &'static str,
+}
+
+impl Default for Downstream {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Stripe,
+            timeout_ms: 300,
+            max_retries: 3,
+            key: r#"[{ transport = "header", name = "Idempotency-Key" }, { transport = "form-field", name = "metadata[toolguard_key]" }]"#,
+        }
+    }
+}
+
+/// A sandbox and a host wired to it, with their data in a temp dir.
+pub struct Harness {
+    pub sandbox: Sandbox,
+    pub rt: Runtime,
+    pub dir: tempfile::TempDir,
+}
+
+/// The config text of a host granted the sandbox at `url`.
+pub fn config_text(url: &str, data_dir: &std::path::Path, d: &Downstream) -> String {
+    format!(
+        r#"
+data_dir = {data:?}
+compile_cache = {cache:?}
+
+[downstreams.payments]
+url = "{url}"
+timeout_ms = {timeout}
+max_retries = {retries}
+backoff_ms = 10
+key = {key}
+
+[plugins.payments]
+component = {payments:?}
+[plugins.payments.config]
+api_base = "{url}"
+[[plugins.payments.grants]]
+downstream = "payments"
+methods = ["POST", "GET"]
+path_prefix = "/v1/refunds"
+
+[plugins.rogue]
+component = {rogue:?}
+[[plugins.rogue.grants]]
+downstream = "payments"
+methods = ["POST", "GET"]
+path_prefix = "/v1/refunds"
+"#,
+        data = data_dir.display().to_string(),
+        cache = shared_cache().display().to_string(),
+        timeout = d.timeout_ms,
+        retries = d.max_retries,
+        key = d.key,
+        payments = wasm("payments").display().to_string(),
+        rogue = wasm("rogue").display().to_string(),
+    )
+}
+
+pub async fn harness(d: Downstream) -> Harness {
+    let sandbox = Sandbox::start("127.0.0.1:0", d.mode, toolguard_sandbox::DEFAULT_RETENTION).await.unwrap();
+    sandbox.add_payment_intent(PI, PI_AMOUNT);
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_text(&sandbox.url(), &dir.path().join("data"), &d);
+    let config = Config::parse(&text, "test.toml", dir.path()).unwrap();
+    let rt = Runtime::from_config(&config).await.unwrap();
+    Harness { sandbox, rt, dir }
+}
+
+impl Harness {
+    /// Calls `tool` in session `s1` under `call_id`.
+    pub async fn call(&self, call_id: &str, tool: &str, args: &str) -> Result<CallOutput, CallError> {
+        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into() };
+        self.rt.call(&req).await
+    }
+
+    /// Calls `refund` for `amount` cents of [`PI`].
+    pub async fn refund(&self, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
+        self.call(call_id, "refund", &refund_args(amount)).await
+    }
+
+    /// Refunds in the sandbox's own ledger.
+    pub fn refunds(&self) -> usize {
+        self.sandbox.refunds().len()
+    }
+
+    /// `POST /v1/refunds` requests the sandbox received.
+    pub fn posts(&self) -> Vec<toolguard_sandbox::Observed> {
+        self.sandbox.requests().into_iter().filter(|r| r.method == "POST").collect()
+    }
+
+    /// The host's ledger.
+    pub fn ledger(&self) -> toolguard::ledger::Ledger {
+        self.rt.guard().expect("from_config sets a guard").ledger().clone()
+    }
+}
+
+pub fn refund_args(amount: u64) -> String {
+    format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"requested_by_customer"}}"#)
+}
+
+/// A `rogue` request list as JSON text.
+pub fn rogue_args(requests: serde_json::Value, swallow: bool) -> String {
+    serde_json::json!({ "requests": requests, "swallow_errors": swallow }).to_string()
+}
