@@ -2,6 +2,7 @@
 //! RocksDB make every binary large), one module per area.
 
 mod cli;
+mod cli_guard;
 mod common;
 mod guard_boundary;
 mod guard_edges;

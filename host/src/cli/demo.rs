@@ -1,63 +1,133 @@
-//! `toolguard demo`: the host at work on embedded defaults — no config file,
-//! no network. Loads the embedded plugins, runs a tool, and shows that bad
-//! input is refused before any sandbox exists.
+//! `toolguard demo`: the seed scenario, narrated, on embedded defaults — the
+//! payments sandbox in-process, the embedded refund plugin, timings scaled
+//! down to finish in seconds. The demo checks its own counts and exits
+//! non-zero if the sandbox ever saw more refunds than it should.
 
-use crate::{CallRequest, Config, Runtime};
-use std::path::Path;
+use crate::error::CallError;
+use crate::{CallOutput, CallRequest, Config, Runtime};
+use toolguard_sandbox::{Fault, Mode, Sandbox};
 
-/// The demo's config: the embedded plugins only.
-const DEMO_CONFIG: &str = r#"
-[plugins.text-stats]
-component = "builtin:text-stats"
-
-[plugins.template]
-component = "builtin:template"
-[plugins.template.config]
-salutation = "Welcome"
-"#;
+/// The payment intent the demo refunds against, and its amount in cents.
+const PI: &str = "pi_demo";
+const PI_AMOUNT: u64 = 5_000;
+/// Our deadline for the provider, and how late its answer comes (scaled from 8 s / 30 s).
+const DEADLINE_MS: u64 = 400;
+const LATE_ANSWER_MS: u64 = 1_200;
 
 /// Runs the demo; returns the exit status.
 pub async fn run() -> u8 {
     match demo().await {
-        Ok(()) => 0,
+        Ok(true) => 0,
+        Ok(false) => 1,
         Err(e) => {
-            eprintln!("demo failed: {e}");
+            eprintln!("demo failed: {e:#}");
             1
         }
     }
 }
 
-async fn demo() -> anyhow::Result<()> {
+fn config_text(url: &str) -> String {
+    format!(
+        r#"
+[downstreams.payments]
+url = "{url}"
+timeout_ms = {DEADLINE_MS}
+key = [{{ transport = "header", name = "Idempotency-Key" }}, {{ transport = "form-field", name = "metadata[toolguard_key]" }}]
+
+[plugins.payments]
+component = "builtin:payments"
+[plugins.payments.config]
+api_base = "{url}"
+[[plugins.payments.grants]]
+downstream = "payments"
+methods = ["POST", "GET"]
+path_prefix = "/v1/refunds"
+"#
+    )
+}
+
+/// Narrates the scenario; `Ok(false)` if a count came out wrong.
+async fn demo() -> anyhow::Result<bool> {
+    let sandbox = Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION).await?;
+    sandbox.add_payment_intent(PI, PI_AMOUNT);
     let data = tempfile::tempdir()?;
-    let config = Config::parse(DEMO_CONFIG, "<demo config>", data.path())?;
+    let config = Config::parse(&config_text(&sandbox.url()), "<demo config>", data.path())?;
     let runtime = Runtime::from_config(&config).await?;
-    println!("toolguard demo — tools run as WebAssembly components with no capability but the guard.\n");
-    println!("1. Loaded {} plugin(s) ({:?} allocator):", config.plugins.len(), runtime.allocator());
-    for tool in runtime.tools() {
-        println!("   - {} ({}, {:?}): {}", tool.name, tool.plugin, tool.effect, tool.description);
+    let args = |amount: u64| format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"requested_by_customer"}}"#);
+    let mut ok = true;
+    let mut expect = |what: &str, refunds: usize| {
+        let n = sandbox.refunds().len();
+        let mark = if n == refunds { "✓" } else { "✗ UNEXPECTED" };
+        println!("   {mark} refunds at the provider: {n} ({what})");
+        ok &= n == refunds;
+    };
+
+    println!("toolguard demo — a refund that times out after the provider accepted it is never refunded twice.");
+    println!("Provider: the payments sandbox at {} (Stripe semantics). Our deadline: {DEADLINE_MS} ms.\n", sandbox.url());
+
+    println!("1. The model calls refund({PI}, 1500) as tool call call_1. The provider commits the refund");
+    println!("   but answers only after {LATE_ANSWER_MS} ms.");
+    sandbox.inject(Fault::DelayAfterCommit { ms: LATE_ANSWER_MS });
+    show(call(&runtime, "call_1", &args(1_500)).await);
+    expect("the provider did commit it", 1);
+
+    println!("\n2. The transport retries the same tool call (call_1): the host re-sends the same key.");
+    show(call(&runtime, "call_1", &args(1_500)).await);
+    let replayed = sandbox.requests().last().is_some_and(|r| r.method == "POST")
+        && runtime.guard().and_then(|g| g.ledger().attempts_of_call("demo", "call_1").ok()).is_some_and(|a| a.first().is_some_and(|a| a.provider_replayed));
+    println!("   the provider answered with its stored response (Idempotent-Replayed: {replayed})");
+    expect("the original refund, not a new one", 1);
+
+    println!("\n3. The agent resumes from a checkpoint and replays call_1 once more.");
+    let posts = count_posts(&sandbox);
+    show(call(&runtime, "call_1", &args(1_500)).await);
+    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
+    expect("answered from our ledger", 1);
+
+    println!("\n4. The customer is owed a goodwill refund: a genuinely new tool call (call_2), same arguments.");
+    show(call(&runtime, "call_2", &args(1_500)).await);
+    expect("a new tool-call id is a new refund", 2);
+
+    println!("\n5. The model re-issues call_2 with mutated arguments (2500 instead of 1500).");
+    let posts = count_posts(&sandbox);
+    show(call(&runtime, "call_2", &args(2_500)).await);
+    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
+    expect("a conflict, nothing sent", 2);
+
+    println!("\nThe provider's refunds:");
+    for r in sandbox.refunds() {
+        let key = r.metadata.get("toolguard_key").map_or("-", String::as_str);
+        println!("   {}  {} cents  {}  key {key}", r.id, r.amount, r.status);
     }
-
-    let stats = call(&runtime, "c1", "text_stats", r#"{"text":"a refund, a refund, never two refunds","top":2}"#).await;
-    println!("\n2. text_stats → {stats}");
-    let greeting = call(&runtime, "c2", "greet", r#"{"name":"reviewer"}"#).await;
-    println!("\n3. greet → {greeting}");
-
-    let before = runtime.sandboxes_created();
-    let refused = call(&runtime, "c3", "text_stats", r#"{"text": 42}"#).await;
-    println!("\n4. text_stats with a number for `text` → {refused}");
-    println!("   sandboxes created for it: {}", runtime.sandboxes_created() - before);
-    print_paths(data.path());
-    Ok(())
+    println!("\nOur ledger:");
+    if let Some(guard) = runtime.guard() {
+        for c in guard.ledger().calls(None)? {
+            let state = if c.state == crate::ledger::CallState::Completed { "completed" } else { "admitted" };
+            println!("   tool call {} ({}, {state})", c.call_id, c.tool);
+            for a in guard.ledger().attempts_of_call(&c.session, &c.call_id)? {
+                let status = a.response.as_ref().map_or("-".to_string(), |r| r.status.to_string());
+                let tries = if a.tries == 1 { "1 try".to_string() } else { format!("{} tries", a.tries) };
+                println!("     step {} key {} {} HTTP {status}, {tries}", a.step, a.key, a.state.as_str());
+            }
+        }
+    }
+    println!("\n{}", if ok { "Every count as expected." } else { "Some counts were WRONG." });
+    Ok(ok)
 }
 
-async fn call(runtime: &Runtime, call_id: &str, tool: &str, args: &str) -> String {
-    let req = CallRequest { session: "demo".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into() };
-    match runtime.call(&req).await {
-        Ok(v) => v.value.to_string(),
-        Err(e) => serde_json::to_string(&e).unwrap_or_else(|_| e.to_string()),
+async fn call(runtime: &Runtime, call_id: &str, args: &str) -> Result<CallOutput, CallError> {
+    let req = CallRequest { session: "demo".into(), call_id: call_id.into(), tool: "refund".into(), args_json: args.into() };
+    runtime.call(&req).await
+}
+
+fn show(result: Result<CallOutput, CallError>) {
+    match result {
+        Ok(out) if out.replayed => println!("   → {} (replayed from the ledger; no plugin ran)", out.value),
+        Ok(out) => println!("   → {}", out.value),
+        Err(e) => println!("   → {}: {}", e.kind, e.message),
     }
 }
 
-fn print_paths(data: &Path) {
-    println!("\nThe demo's data lived in {} (removed on exit).", data.display());
+fn count_posts(sandbox: &Sandbox) -> usize {
+    sandbox.requests().iter().filter(|r| r.method == "POST").count()
 }

@@ -3,6 +3,8 @@
 
 mod call;
 mod demo;
+mod ledger;
+mod sandbox;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -52,6 +54,31 @@ enum Command {
         /// The arguments as a JSON object; `-` reads them from stdin.
         args: String,
     },
+    /// Read the ledger: tool calls, attempts, their states.
+    Ledger {
+        /// The config file (names the data directory).
+        #[arg(long, default_value = "toolguard.toml", global = true)]
+        config: PathBuf,
+        #[command(subcommand)]
+        command: ledger::LedgerCommand,
+    },
+    /// Run the payments sandbox (a Stripe-like provider) standalone.
+    Sandbox {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:4242")]
+        addr: String,
+        /// Whose idempotency semantics to follow.
+        #[arg(long, value_enum, default_value = "stripe")]
+        mode: SandboxMode,
+    },
+}
+
+/// `--mode` of `toolguard sandbox`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SandboxMode {
+    Stripe,
+    Ietf,
+    Adyen,
 }
 
 /// Parses the command line, runs the subcommand, returns the exit status.
@@ -71,6 +98,15 @@ pub fn main() -> ExitCode {
             Command::Tools { config, json } => tools::run(&config, json).await,
             Command::Call { config, session, call_id, tool, args } => {
                 call::run(&config, session, call_id, tool, args).await
+            }
+            Command::Ledger { config, command } => ledger::run(&config, command),
+            Command::Sandbox { addr, mode } => {
+                let mode = match mode {
+                    SandboxMode::Stripe => toolguard_sandbox::Mode::Stripe,
+                    SandboxMode::Ietf => toolguard_sandbox::Mode::Ietf,
+                    SandboxMode::Adyen => toolguard_sandbox::Mode::Adyen,
+                };
+                sandbox::run(&addr, mode).await
             }
         }
     });

@@ -1,0 +1,145 @@
+//! `toolguard ledger`: what an operator or reviewer reads after an incident.
+//! Opens the ledger read-only, so it works while a host is running.
+
+use crate::ledger::{AttemptRecord, AttemptState, CallRecord, CallState, Ledger};
+use serde_json::{Value, json};
+use std::path::Path;
+
+/// A state to filter `ledger list` by: a call's or one of its attempts'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StateFilter {
+    Admitted,
+    Completed,
+    Pending,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl StateFilter {
+    fn matches(self, call: &CallRecord, attempts: &[AttemptRecord]) -> bool {
+        let attempt = |s: AttemptState| attempts.iter().any(|a| a.state == s);
+        match self {
+            Self::Admitted => call.state == CallState::Admitted,
+            Self::Completed => call.state == CallState::Completed,
+            Self::Pending => attempt(AttemptState::Pending),
+            Self::Succeeded => attempt(AttemptState::Succeeded),
+            Self::Failed => attempt(AttemptState::Failed),
+            Self::Unknown => attempt(AttemptState::Unknown),
+        }
+    }
+}
+
+/// What to do with the ledger.
+#[derive(Debug, clap::Subcommand)]
+pub enum LedgerCommand {
+    /// Tool calls with their attempts, oldest session first.
+    List {
+        /// Only this session's calls.
+        #[arg(long)]
+        session: Option<String>,
+        /// Only calls in this state, or with an attempt in it.
+        #[arg(long, value_enum)]
+        state: Option<StateFilter>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One attempt (by idempotency key) or tool call (by call id), in full.
+    Show {
+        /// An idempotency key (`tg1_…`) or a tool-call id.
+        key_or_call_id: String,
+    },
+    /// Every record as JSON lines: calls, then attempts.
+    Export,
+}
+
+/// Runs a ledger subcommand; returns the exit status.
+pub fn run(config: &Path, command: LedgerCommand) -> u8 {
+    let ledger = match open(config) {
+        Ok(l) => l,
+        Err(message) => {
+            super::print_json(&json!({ "kind": "config-error", "message": message }));
+            return super::EXIT_CONFIG;
+        }
+    };
+    match command_output(&ledger, command) {
+        Ok(code) => code,
+        Err(e) => {
+            super::print_json(&json!({ "kind": "internal", "message": e.to_string() }));
+            super::EXIT_CALL_FAILED
+        }
+    }
+}
+
+fn open(config: &Path) -> Result<Ledger, String> {
+    let config = crate::Config::load(config).map_err(|e| e.to_string())?;
+    Ledger::open_read_only(&config.data_dir.join("ledger")).map_err(|e| e.to_string())
+}
+
+fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::ledger::LedgerError> {
+    match command {
+        LedgerCommand::List { session, state, json } => {
+            let mut rows = Vec::new();
+            for call in ledger.calls(session.as_deref())? {
+                let attempts = ledger.attempts_of_call(&call.session, &call.call_id)?;
+                if state.is_none_or(|s| s.matches(&call, &attempts)) {
+                    rows.push((call, attempts));
+                }
+            }
+            if json {
+                let list: Vec<Value> = rows.iter().map(|(c, a)| json!({ "call": c, "attempts": a })).collect();
+                super::print_json(&Value::Array(list));
+            } else {
+                print_table(&rows);
+            }
+            Ok(0)
+        }
+        LedgerCommand::Show { key_or_call_id } => {
+            if let Some(attempt) = ledger.attempt(&key_or_call_id)? {
+                let call = ledger.call(&attempt.session, &attempt.call_id)?;
+                super::print_json(&json!({ "attempt": attempt, "call": call }));
+                return Ok(0);
+            }
+            let calls: Vec<Value> = ledger
+                .calls(None)?
+                .into_iter()
+                .filter(|c| c.call_id == key_or_call_id)
+                .map(|c| {
+                    let attempts = ledger.attempts_of_call(&c.session, &c.call_id).unwrap_or_default();
+                    json!({ "call": c, "attempts": attempts })
+                })
+                .collect();
+            if calls.is_empty() {
+                let message = format!("no attempt with key `{key_or_call_id}` and no tool call with that id");
+                super::print_json(&json!({ "kind": "not-found", "message": message }));
+                return Ok(super::EXIT_CALL_FAILED);
+            }
+            super::print_json(&Value::Array(calls));
+            Ok(0)
+        }
+        LedgerCommand::Export => {
+            for call in ledger.calls(None)? {
+                println!("{}", json!({ "type": "call", "record": call }));
+            }
+            for attempt in ledger.attempts()? {
+                println!("{}", json!({ "type": "attempt", "record": attempt }));
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn print_table(rows: &[(CallRecord, Vec<AttemptRecord>)]) {
+    println!("{:<16} {:<20} {:<14} {:<10} ATTEMPTS (step key state tries)", "SESSION", "CALL ID", "TOOL", "STATE");
+    for (call, attempts) in rows {
+        let state = match call.state {
+            CallState::Admitted => "admitted",
+            CallState::Completed => "completed",
+        };
+        let attempts: Vec<String> =
+            attempts.iter().map(|a| format!("{} {} {} {}", a.step, a.key, a.state.as_str(), a.tries)).collect();
+        let attempts = if attempts.is_empty() { "-".to_string() } else { attempts.join("; ") };
+        println!("{:<16} {:<20} {:<14} {:<10} {attempts}", call.session, call.call_id, call.tool, state);
+    }
+}

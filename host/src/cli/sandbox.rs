@@ -1,0 +1,25 @@
+//! `toolguard sandbox`: the payments sandbox, standalone, until Ctrl-C.
+
+use toolguard_sandbox::{Mode, Sandbox};
+
+/// Payment intents the standalone sandbox starts with: (id, amount in cents).
+pub const DEFAULT_INTENTS: &[(&str, u64)] = &[("pi_demo", 5_000), ("pi_1001", 10_000), ("pi_1002", 25_000)];
+
+/// Serves the sandbox on `addr`; returns the exit status.
+pub async fn run(addr: &str, mode: Mode) -> u8 {
+    let sandbox = match Sandbox::start(addr, mode, toolguard_sandbox::DEFAULT_RETENTION).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("toolguard sandbox: cannot listen on {addr}: {e}");
+            return 1;
+        }
+    };
+    for (id, amount) in DEFAULT_INTENTS {
+        sandbox.add_payment_intent(id, *amount);
+    }
+    println!("payments sandbox ({mode:?} semantics) on {}", sandbox.url());
+    println!("payment intents: {}", DEFAULT_INTENTS.iter().map(|(id, a)| format!("{id} ({a} cents)")).collect::<Vec<_>>().join(", "));
+    println!("control: GET /_sandbox/refunds, GET /_sandbox/requests, POST /_sandbox/faults {{\"kind\":\"delay-after-commit\",\"ms\":3000}}");
+    let _ = tokio::signal::ctrl_c().await;
+    0
+}

@@ -1,0 +1,116 @@
+//! The real binary with the guard: `demo`, `call` against the sandbox, the
+//! `ledger` commands, and `sandbox` standalone.
+
+use crate::payments::{Downstream, PI, config_text, refund_args};
+use serde_json::Value;
+use std::io::BufRead;
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
+
+fn toolguard(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).env_remove("TOOLGUARD_LOG").output().expect("run toolguard")
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn the_demo_runs_its_scenario_and_its_counts_hold() {
+    let out = toolguard(&["demo"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "outcome-unknown: The outcome of this refund is unknown",
+        "✓ refunds at the provider: 1 (the provider did commit it)",
+        "Idempotent-Replayed: true",
+        "✓ refunds at the provider: 1 (the original refund, not a new one)",
+        "(replayed from the ledger; no plugin ran)",
+        "✓ refunds at the provider: 2 (a new tool-call id is a new refund)",
+        "conflict: tool call `call_2`",
+        "✓ refunds at the provider: 2 (a conflict, nothing sent)",
+        "Every count as expected.",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+    assert!(!text.contains("UNEXPECTED"));
+    assert_eq!(text.matches("requests sent to the provider for it: 0").count(), 2, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_then_read_the_ledger_through_the_cli() {
+    let sandbox = toolguard_sandbox::Sandbox::start("127.0.0.1:0", toolguard_sandbox::Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)
+        .await
+        .unwrap();
+    sandbox.add_payment_intent(PI, 10_000);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolguard.toml");
+    std::fs::write(&config, config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default())).unwrap();
+    let cfg = config.to_str().unwrap().to_string();
+    let call = |call_id: &'static str, amount: u64| {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || {
+            toolguard(&["call", "--config", &cfg, "--session", "ops", "--call-id", call_id, "refund", &refund_args(amount)])
+        })
+    };
+    let first = call("c1", 300).await.unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let again = call("c1", 300).await.unwrap();
+    assert_eq!(json(&again), json(&first), "a replay through a new process returns the same result");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("replayed"), "and says so");
+    assert_eq!(sandbox.refunds().len(), 1);
+    let conflict = call("c1", 301).await.unwrap();
+    assert_eq!(conflict.status.code(), Some(1));
+    assert_eq!(json(&conflict)["kind"], "conflict");
+
+    let list = json(&toolguard(&["ledger", "list", "--config", &cfg, "--json"]));
+    let rows = list.as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["call"]["call_id"], "c1");
+    assert_eq!(rows[0]["call"]["state"], "completed");
+    let key = rows[0]["attempts"][0]["key"].as_str().unwrap().to_string();
+    assert_eq!(sandbox.refunds()[0].metadata["toolguard_key"], key);
+    assert_eq!(rows[0]["attempts"][0]["state"], "succeeded");
+
+    let unknown = json(&toolguard(&["ledger", "list", "--config", &cfg, "--state", "unknown", "--json"]));
+    assert_eq!(unknown, Value::Array(vec![]));
+    let table = toolguard(&["ledger", "list", "--config", &cfg, "--session", "ops"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains(&key));
+
+    let shown = json(&toolguard(&["ledger", "show", "--config", &cfg, &key]));
+    assert_eq!(shown["attempt"]["request"]["method"], "POST");
+    assert_eq!(shown["call"]["session"], "ops");
+    let by_call = json(&toolguard(&["ledger", "show", "--config", &cfg, "c1"]));
+    assert_eq!(by_call[0]["attempts"][0]["key"], key.as_str());
+    let missing = toolguard(&["ledger", "show", "--config", &cfg, "nope"]);
+    assert_eq!(missing.status.code(), Some(1));
+
+    let export = toolguard(&["ledger", "export", "--config", &cfg]);
+    let lines: Vec<Value> = String::from_utf8_lossy(&export.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.iter().map(|l| l["type"].as_str().unwrap()).collect::<Vec<_>>(), ["call", "attempt"]);
+    assert_eq!(lines[1]["record"]["key"], key.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_runs_standalone() {
+    let mut child = Command::new(BIN).args(["sandbox", "--addr", "127.0.0.1:0"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let url = first.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "{first}");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let created = reqwest::Client::new()
+        .post(format!("{url}/v1/refunds"))
+        .header("Idempotency-Key", "k1")
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body("payment_intent=pi_demo&amount=100")
+        .send()
+        .await;
+    child.kill().unwrap();
+    let _ = child.wait();
+    let created = created.unwrap();
+    assert_eq!(created.status(), 200);
+    let body: Value = serde_json::from_slice(&created.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["amount"], 100);
+}
