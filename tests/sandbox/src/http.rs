@@ -29,6 +29,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/_sandbox/clock", post(advance_clock))
         .route("/_sandbox/release", post(release))
         .route("/_sandbox/payment_intents", post(add_intent))
+        .route("/_sandbox/refunds/{id}/status", post(set_status))
         .with_state(shared)
 }
 
@@ -111,6 +112,9 @@ fn reject(mode: crate::Mode, status: u16, body: &Value, transient: bool) -> Resp
 
 /// Runs an admitted creation, with the fault (if any) around the commit.
 async fn execute(shared: &Shared, fault: Option<Fault>, key: Option<&str>, params: &BTreeMap<String, String>) -> Response {
+    if let Some(Fault::DelayBeforeCommit { ms }) = fault {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     let (status, body) = {
         let mut p = shared.provider.lock().unwrap();
         match &fault {
@@ -186,10 +190,18 @@ async fn release(State(shared): State<Arc<Shared>>) -> Response {
     json_response(200, &json!({ "released": true }))
 }
 
+async fn set_status(State(shared): State<Arc<Shared>>, Path(id): Path<String>, axum::Json(v): axum::Json<Value>) -> Response {
+    match v["status"].as_str() {
+        Some(status) if shared.set_refund_status(&id, status) => json_response(200, &json!({ "id": id, "status": status })),
+        Some(_) => json_response(404, &json!({ "error": format!("no refund {id}") })),
+        None => json_response(400, &json!({ "error": "expected {\"status\": string}" })),
+    }
+}
+
 async fn add_intent(State(shared): State<Arc<Shared>>, axum::Json(v): axum::Json<Value>) -> Response {
     match (v["id"].as_str(), v["amount"].as_u64()) {
         (Some(id), Some(amount)) => {
-            shared.add_intent(id, amount);
+            shared.add_intent(id, amount, v["refund_status"].as_str().unwrap_or("succeeded"));
             json_response(200, &json!({ "id": id, "amount": amount }))
         }
         _ => json_response(400, &json!({ "error": "expected {\"id\": string, \"amount\": integer}" })),

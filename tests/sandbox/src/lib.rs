@@ -55,9 +55,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    fn add_intent(&self, id: &str, amount: u64) {
-        let intent = PaymentIntent { id: id.into(), amount, currency: "usd".into() };
+    fn add_intent(&self, id: &str, amount: u64, refund_status: &str) {
+        let intent = PaymentIntent { id: id.into(), amount, currency: "usd".into(), refund_status: refund_status.into() };
         self.provider.lock().unwrap().intents.insert(id.into(), intent);
+    }
+
+    fn set_refund_status(&self, id: &str, status: &str) -> bool {
+        let mut p = self.provider.lock().unwrap();
+        p.refunds.iter_mut().find(|r| r.id == id).map(|r| r.status = status.into()).is_some()
     }
 
     /// Waits until the next release.
@@ -111,9 +116,21 @@ impl Sandbox {
         self.addr
     }
 
-    /// Adds (or replaces) a payment intent of `amount` cents.
+    /// Adds (or replaces) a payment intent of `amount` cents whose refunds succeed at once.
     pub fn add_payment_intent(&self, id: &str, amount: u64) {
-        self.shared.add_intent(id, amount);
+        self.shared.add_intent(id, amount, "succeeded");
+    }
+
+    /// Adds a payment intent whose new refunds start in `refund_status`
+    /// (e.g. `pending`, `requires_action`).
+    pub fn add_payment_intent_with_status(&self, id: &str, amount: u64, refund_status: &str) {
+        self.shared.add_intent(id, amount, refund_status);
+    }
+
+    /// Moves a refund to `status` (e.g. `succeeded` → `failed`, as a later
+    /// `refund.failed` event would). False if there is no such refund.
+    pub fn set_refund_status(&self, id: &str, status: &str) -> bool {
+        self.shared.set_refund_status(id, status)
     }
 
     /// Queues a fault for the next refund creation.

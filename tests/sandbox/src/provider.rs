@@ -29,6 +29,9 @@ pub enum Mode {
 pub enum Fault {
     /// Commit, then answer only after `ms` milliseconds (outliving the client's deadline).
     DelayAfterCommit { ms: u64 },
+    /// Wait `ms` milliseconds while the key is marked executing (a concurrent
+    /// request with the same key gets the provider's real 409), then commit.
+    DelayBeforeCommit { ms: u64 },
     /// Commit, then drop the connection without answering.
     DropAfterCommit,
     /// Drop the connection before anything is committed.
@@ -51,6 +54,8 @@ pub struct PaymentIntent {
     pub id: String,
     pub amount: u64,
     pub currency: String,
+    /// The status new refunds of this intent start in (`succeeded`, `pending`, `requires_action`).
+    pub refund_status: String,
 }
 
 /// One refund: a row of the provider's ledger, in Stripe's object shape.
@@ -237,7 +242,12 @@ impl Provider {
         let Some(intent) = self.intents.get(pi).cloned() else {
             return (404, stripe_error("invalid_request_error", "resource_missing", &format!("No such payment_intent: '{pi}'")));
         };
-        let refunded: u64 = self.refunds.iter().filter(|r| r.payment_intent == *pi && r.status != "failed").map(|r| r.amount).sum();
+        let refunded: u64 = self
+            .refunds
+            .iter()
+            .filter(|r| r.payment_intent == *pi && !matches!(r.status.as_str(), "failed" | "canceled"))
+            .map(|r| r.amount)
+            .sum();
         let remaining = intent.amount.saturating_sub(refunded);
         let amount = match params.get("amount").map(|a| a.parse::<u64>()) {
             None => remaining,
@@ -263,7 +273,7 @@ impl Provider {
             currency: intent.currency.clone(),
             payment_intent: pi.clone(),
             reason: params.get("reason").cloned(),
-            status: "succeeded".into(),
+            status: intent.refund_status.clone(),
             metadata,
             created: self.now(),
         };
