@@ -96,7 +96,8 @@ async fn call_then_read_the_ledger_through_the_cli() {
 async fn the_sandbox_runs_standalone() {
     let mut child = Command::new(BIN).args(["sandbox", "--addr", "127.0.0.1:0"]).stdout(Stdio::piped()).spawn().unwrap();
     let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut first).unwrap();
     let url = first.trim().rsplit(' ').next().unwrap().to_string();
     assert!(url.starts_with("http://127.0.0.1:"), "{first}");
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -109,6 +110,7 @@ async fn the_sandbox_runs_standalone() {
         .await;
     child.kill().unwrap();
     let _ = child.wait();
+    drop(stdout);
     let created = created.unwrap();
     assert_eq!(created.status(), 200);
     let body: Value = serde_json::from_slice(&created.bytes().await.unwrap()).unwrap();

@@ -1,5 +1,6 @@
 //! `toolguard sandbox`: the payments sandbox, standalone, until Ctrl-C.
 
+use std::io::Write as _;
 use toolguard_sandbox::{Mode, Sandbox};
 
 /// Payment intents the standalone sandbox starts with: (id, amount in cents).
@@ -17,9 +18,14 @@ pub async fn run(addr: &str, mode: Mode) -> u8 {
     for (id, amount) in DEFAULT_INTENTS {
         sandbox.add_payment_intent(id, *amount);
     }
-    println!("payments sandbox ({mode:?} semantics) on {}", sandbox.url());
-    println!("payment intents: {}", DEFAULT_INTENTS.iter().map(|(id, a)| format!("{id} ({a} cents)")).collect::<Vec<_>>().join(", "));
-    println!("control: GET /_sandbox/refunds, GET /_sandbox/requests, POST /_sandbox/faults {{\"kind\":\"delay-after-commit\",\"ms\":3000}}");
+    let intents = DEFAULT_INTENTS.iter().map(|(id, a)| format!("{id} ({a} cents)")).collect::<Vec<_>>().join(", ");
+    let banner = format!(
+        "payments sandbox ({mode:?} semantics) on {}\npayment intents: {intents}\n\
+         control: GET /_sandbox/refunds, GET /_sandbox/requests, POST /_sandbox/faults {{\"kind\":\"delay-after-commit\",\"ms\":3000}}",
+        sandbox.url()
+    );
+    // Whoever started us may stop reading; that must not stop the sandbox.
+    let _ = writeln!(std::io::stdout(), "{banner}");
     let _ = tokio::signal::ctrl_c().await;
     0
 }
