@@ -11,7 +11,7 @@ use toolguard_sandbox::{Fault, Mode};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e01_commit_then_lost_answer_then_replay_returns_the_original_refund() {
     let h = harness(Downstream::default()).await;
-    h.sandbox.inject(Fault::DelayAfterCommit { ms: 1_500 });
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
     let err = h.refund("c1", 500).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "{err}");
     assert!(err.message.contains("Do not call refund again") && err.message.contains("refund_status"), "{}", err.message);
@@ -55,7 +55,7 @@ async fn e03_same_call_id_with_mutated_args_is_a_conflict_and_sends_nothing() {
     assert_eq!(h.refunds(), 1);
 
     // Also while the first is unsettled.
-    h.sandbox.inject(Fault::DelayAfterCommit { ms: 1_000 });
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
     assert_eq!(h.refund("c2", 100).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
     let posts = h.posts().len();
     assert_eq!(h.refund("c2", 101).await.unwrap_err().kind, ErrorKind::Conflict);

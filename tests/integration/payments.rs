@@ -23,7 +23,7 @@ impl Default for Downstream {
     fn default() -> Self {
         Self {
             mode: Mode::Stripe,
-            timeout_ms: 300,
+            timeout_ms: 1_000,
             max_retries: 3,
             key: r#"[{ transport = "header", name = "Idempotency-Key" }, { transport = "form-field", name = "metadata[toolguard_key]" }]"#,
         }

@@ -11,8 +11,8 @@ use toolguard_sandbox::{Fault, Mode, Sandbox};
 const PI: &str = "pi_demo";
 const PI_AMOUNT: u64 = 5_000;
 /// Our deadline for the provider, and how late its answer comes (scaled from 8 s / 30 s).
-const DEADLINE_MS: u64 = 400;
-const LATE_ANSWER_MS: u64 = 1_200;
+const DEADLINE_MS: u64 = 1_000;
+const LATE_ANSWER_MS: u64 = 2_500;
 
 /// Runs the demo; returns the exit status.
 pub async fn run() -> u8 {
