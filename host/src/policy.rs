@@ -19,6 +19,9 @@ pub const DEFAULT_BACKOFF_MS: u64 = 100;
 pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Default time the downstream keeps keys (Stripe: at least 24 h).
 pub const DEFAULT_RETENTION_HOURS: u64 = 24;
+/// Default time spent reconciling an unknown outcome before answering
+/// (listings may lag writes).
+pub const DEFAULT_RECONCILE_MS: u64 = 3_000;
 /// The key header used when a downstream configures none.
 pub const DEFAULT_KEY_HEADER: &str = "Idempotency-Key";
 
@@ -58,6 +61,8 @@ pub struct RawDownstream {
     /// Whether the downstream deduplicates by key (default true).
     pub honours_keys: Option<bool>,
     pub retention_hours: Option<u64>,
+    /// How long to keep reconciling an unknown outcome before answering.
+    pub reconcile_ms: Option<u64>,
     /// How the key travels; default a bare `Idempotency-Key` header.
     pub key: Option<Vec<KeyTransport>>,
 }
@@ -79,6 +84,8 @@ pub struct Downstream {
     pub honours_keys: bool,
     /// How long it keeps keys.
     pub retention: Duration,
+    /// How long an unknown outcome is reconciled before the model is told.
+    pub reconcile_window: Duration,
     /// Every way the key is attached to a request (at least one).
     pub keys: Vec<KeyTransport>,
 }
@@ -112,6 +119,7 @@ impl Downstream {
             backoff: Duration::from_millis(raw.backoff_ms.unwrap_or(DEFAULT_BACKOFF_MS)),
             honours_keys: raw.honours_keys.unwrap_or(true),
             retention: Duration::from_secs(3600 * raw.retention_hours.unwrap_or(DEFAULT_RETENTION_HOURS)),
+            reconcile_window: Duration::from_millis(raw.reconcile_ms.unwrap_or(DEFAULT_RECONCILE_MS)),
             keys,
         })
     }
@@ -203,6 +211,7 @@ mod tests {
             backoff_ms: None,
             honours_keys: None,
             retention_hours: None,
+            reconcile_ms: None,
             key: None,
         };
         BTreeMap::from([("pay".to_string(), Arc::new(Downstream::from_raw("pay", raw).unwrap()))])

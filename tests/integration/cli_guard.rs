@@ -24,18 +24,22 @@ fn the_demo_runs_its_scenario_and_its_counts_hold() {
     for line in [
         "outcome-unknown: The outcome of this refund is unknown",
         "✓ refunds at the provider: 1 (the provider did commit it)",
+        "held: Not executed: an identical earlier call of `refund` (tool call `call_1`)",
+        "✓ refunds at the provider: 1 (held: never executed blind)",
         "Idempotent-Replayed: true",
         "✓ refunds at the provider: 1 (the original refund, not a new one)",
         "(replayed from the ledger; no plugin ran)",
         "✓ refunds at the provider: 2 (a new tool-call id is a new refund)",
         "conflict: tool call `call_2`",
         "✓ refunds at the provider: 2 (a conflict, nothing sent)",
+        "\"status\":\"succeeded\"",
+        "✓ refunds at the provider: 3 (the real outcome, found by reconciliation)",
         "Every count as expected.",
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
     assert!(!text.contains("UNEXPECTED"));
-    assert_eq!(text.matches("requests sent to the provider for it: 0").count(), 2, "{text}");
+    assert_eq!(text.matches("requests sent to the provider for it: 0").count(), 3, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,7 +58,7 @@ async fn the_attempt_is_durable_in_the_ledger_before_the_request_leaves() {
 
 #[tokio::test]
 async fn an_unsettled_send_cannot_be_hidden_by_the_plugin() {
-    let h = harness(Downstream::default()).await;
+    let h = harness(Downstream { key: crate::payments::HEADER_ONLY, ..Downstream::default() }).await;
     h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
     let args = rogue_args(json!([refund_request(&h.sandbox.url(), json!({ "Content-Type": "application/x-www-form-urlencoded" }))]), true);
     let err = h.call("c1", "send_all", &args).await.unwrap_err();

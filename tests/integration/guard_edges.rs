@@ -2,15 +2,33 @@
 //! against the payments sandbox. Every test counts refunds in the sandbox's
 //! own ledger, not just what the host returned.
 
-use crate::payments::{Downstream, PI, PI_AMOUNT, harness};
+use crate::payments::{Downstream, HEADER_ONLY, PI, PI_AMOUNT, harness};
 use std::time::Duration;
 use toolguard::ErrorKind;
 use toolguard::ledger::AttemptState;
 use toolguard_sandbox::{Fault, Mode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e01_commit_then_lost_answer_then_replay_returns_the_original_refund() {
+async fn e01_commit_then_lost_answer_is_reconciled_before_answering() {
     let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    let out = h.refund("c1", 500).await.expect("reconciliation finds the committed refund");
+    let refunds = h.sandbox.refunds();
+    assert_eq!(refunds.len(), 1);
+    assert_eq!(out.value["refund_id"], refunds[0].id.as_str(), "the real outcome, not `unknown`");
+    assert_eq!(h.posts().len(), 1, "found by looking, not by sending again");
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert_eq!(attempt.state, AttemptState::Succeeded);
+    assert_eq!(attempt.resolution, Some(toolguard::ledger::Resolution::ReconciledFound));
+    let again = h.refund("c1", 500).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(h.refunds(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e01_commit_then_lost_answer_then_replay_returns_the_original_refund() {
+    // Without the key in the refund's metadata, reconciliation cannot tell.
+    let h = harness(Downstream { key: HEADER_ONLY, ..Downstream::default() }).await;
     h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
     let err = h.refund("c1", 500).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "{err}");
@@ -55,7 +73,7 @@ async fn e03_same_call_id_with_mutated_args_is_a_conflict_and_sends_nothing() {
     assert_eq!(h.refunds(), 1);
 
     // Also while the first is unsettled.
-    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    h.sandbox.inject(Fault::DropBeforeCommit);
     assert_eq!(h.refund("c2", 100).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
     let posts = h.posts().len();
     assert_eq!(h.refund("c2", 101).await.unwrap_err().kind, ErrorKind::Conflict);
@@ -177,7 +195,7 @@ async fn e18_the_providers_retry_advice_is_followed() {
     // provider replays its stored 500 without advice, so the attempt stays
     // unknown after the retry — and nothing is duplicated.
     h.sandbox.inject(Fault::Stored500 { should_retry: Some(true) });
-    assert_eq!(h.refund("c2", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    assert_eq!(h.refund("c2", 501).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
     let c2: Vec<_> = h.posts().into_iter().skip(1).collect();
     assert_eq!(c2.len(), 2, "the try the provider advised, then its stored answer");
     assert!(c2.iter().all(|p| p.idempotency_key == c2[0].idempotency_key));

@@ -15,9 +15,17 @@ pub struct Downstream {
     pub mode: Mode,
     pub timeout_ms: u64,
     pub max_retries: u32,
+    /// How long an unknown outcome is reconciled before answering.
+    pub reconcile_ms: u64,
+    /// How long the host assumes the provider keeps keys.
+    pub retention_hours: u64,
     /// TOML array of key transports.
     pub key: &'static str,
 }
+
+/// The key as a header only: the provider stores nothing the plugin could
+/// reconcile by, so unknown outcomes stay unknown.
+pub const HEADER_ONLY: &str = r#"[{ transport = "header", name = "Idempotency-Key" }]"#;
 
 impl Default for Downstream {
     fn default() -> Self {
@@ -25,6 +33,8 @@ impl Default for Downstream {
             mode: Mode::Stripe,
             timeout_ms: 1_000,
             max_retries: 3,
+            reconcile_ms: 300,
+            retention_hours: 24,
             key: r#"[{ transport = "header", name = "Idempotency-Key" }, { transport = "form-field", name = "metadata[toolguard_key]" }]"#,
         }
     }
@@ -49,6 +59,8 @@ url = "{url}"
 timeout_ms = {timeout}
 max_retries = {retries}
 backoff_ms = 10
+reconcile_ms = {reconcile}
+retention_hours = {retention}
 key = {key}
 
 [plugins.payments]
@@ -71,6 +83,8 @@ path_prefix = "/v1/refunds"
         cache = shared_cache().display().to_string(),
         timeout = d.timeout_ms,
         retries = d.max_retries,
+        reconcile = d.reconcile_ms,
+        retention = d.retention_hours,
         key = d.key,
         payments = wasm("payments").display().to_string(),
         rogue = wasm("rogue").display().to_string(),

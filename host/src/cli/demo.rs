@@ -13,6 +13,10 @@ const PI_AMOUNT: u64 = 5_000;
 /// Our deadline for the provider, and how late its answer comes (scaled from 8 s / 30 s).
 const DEADLINE_MS: u64 = 1_000;
 const LATE_ANSWER_MS: u64 = 2_500;
+/// How long we reconcile before answering, and how long the provider's
+/// listing lags behind its writes in step 1 (longer: reconciliation cannot tell).
+const RECONCILE_MS: u64 = 1_000;
+const LIST_LAG_MS: u64 = 10_000;
 
 /// Runs the demo; returns the exit status.
 pub async fn run() -> u8 {
@@ -32,6 +36,7 @@ fn config_text(url: &str) -> String {
 [downstreams.payments]
 url = "{url}"
 timeout_ms = {DEADLINE_MS}
+reconcile_ms = {RECONCILE_MS}
 key = [{{ transport = "header", name = "Idempotency-Key" }}, {{ transport = "form-field", name = "metadata[toolguard_key]" }}]
 
 [plugins.payments]
@@ -65,34 +70,49 @@ async fn demo() -> anyhow::Result<bool> {
     println!("toolguard demo — a refund that times out after the provider accepted it is never refunded twice.");
     println!("Provider: the payments sandbox at {} (Stripe semantics). Our deadline: {DEADLINE_MS} ms.\n", sandbox.url());
 
-    println!("1. The model calls refund({PI}, 1500) as tool call call_1. The provider commits the refund");
-    println!("   but answers only after {LATE_ANSWER_MS} ms.");
+    println!("1. The model calls refund({PI}, 1500) as tool call call_1. The provider commits the refund but");
+    println!("   answers only after {LATE_ANSWER_MS} ms, and its refund listing lags by {LIST_LAG_MS} ms, so reconciling");
+    println!("   for {RECONCILE_MS} ms cannot tell either.");
     sandbox.inject(Fault::DelayAfterCommit { ms: LATE_ANSWER_MS });
+    sandbox.set_list_lag(std::time::Duration::from_millis(LIST_LAG_MS));
     show(call(&runtime, "call_1", &args(1_500)).await);
     expect("the provider did commit it", 1);
 
-    println!("\n2. The transport retries the same tool call (call_1): the host re-sends the same key.");
+    println!("\n2. The model reads an inconclusive result and re-issues the refund as a new tool call (call_1b).");
+    let posts = count_posts(&sandbox);
+    show(call(&runtime, "call_1b", &args(1_500)).await);
+    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
+    expect("held: never executed blind", 1);
+
+    println!("\n3. The transport retries the same tool call (call_1): the host re-sends the same key.");
     show(call(&runtime, "call_1", &args(1_500)).await);
     let replayed = sandbox.requests().last().is_some_and(|r| r.method == "POST")
         && runtime.guard().and_then(|g| g.ledger().attempts_of_call("demo", "call_1").ok()).is_some_and(|a| a.first().is_some_and(|a| a.provider_replayed));
     println!("   the provider answered with its stored response (Idempotent-Replayed: {replayed})");
     expect("the original refund, not a new one", 1);
 
-    println!("\n3. The agent resumes from a checkpoint and replays call_1 once more.");
+    println!("\n4. The agent resumes from a checkpoint and replays call_1 once more.");
     let posts = count_posts(&sandbox);
     show(call(&runtime, "call_1", &args(1_500)).await);
     println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
     expect("answered from our ledger", 1);
 
-    println!("\n4. The customer is owed a goodwill refund: a genuinely new tool call (call_2), same arguments.");
+    println!("\n5. The customer is owed a goodwill refund: a genuinely new tool call (call_2), same arguments.");
     show(call(&runtime, "call_2", &args(1_500)).await);
     expect("a new tool-call id is a new refund", 2);
 
-    println!("\n5. The model re-issues call_2 with mutated arguments (2500 instead of 1500).");
+    println!("\n6. The model re-issues call_2 with mutated arguments (2500 instead of 1500).");
     let posts = count_posts(&sandbox);
     show(call(&runtime, "call_2", &args(2_500)).await);
     println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
     expect("a conflict, nothing sent", 2);
+
+    println!("\n7. call_3 refunds 500: the provider commits it but answers HTTP 500. The host reconciles before");
+    println!("   answering: it lists the payment's refunds (no lag now) and finds the one carrying the key.");
+    sandbox.set_list_lag(std::time::Duration::ZERO);
+    sandbox.inject(Fault::HiddenCommit500);
+    show(call(&runtime, "call_3", &args(500)).await);
+    expect("the real outcome, found by reconciliation", 3);
 
     println!("\nThe provider's refunds:");
     for r in sandbox.refunds() {

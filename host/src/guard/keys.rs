@@ -49,6 +49,8 @@ pub struct KeyInput<'a> {
     pub args_digest: &'a str,
     /// Ordinal of the send within the tool call, from 0.
     pub step: u32,
+    /// 0, unless an operator declared an earlier key of this step never sent.
+    pub generation: u32,
 }
 
 /// The idempotency key for one guarded send: `tg1_` and 32 hex digits of an
@@ -62,6 +64,11 @@ pub fn mint(secret: &KeySecret, input: KeyInput<'_>) -> String {
         mac.update(field.as_bytes());
     }
     mac.update(&input.step.to_be_bytes());
+    if input.generation > 0 {
+        // Only operator-minted keys carry it, so generation-0 keys never change.
+        mac.update(b"generation");
+        mac.update(&input.generation.to_be_bytes());
+    }
     let tag = mac.finalize().into_bytes();
     format!("{KEY_PREFIX}{}", hex::encode(&tag[..16]))
 }
@@ -93,7 +100,7 @@ mod tests {
     use serde_json::json;
 
     fn input<'a>(session: &'a str, call_id: &'a str, digest: &'a str, step: u32) -> KeyInput<'a> {
-        KeyInput { session, call_id, tool: "refund", args_digest: digest, step }
+        KeyInput { session, call_id, tool: "refund", args_digest: digest, step, generation: 0 }
     }
 
     #[test]
@@ -118,6 +125,7 @@ mod tests {
             mint(&secret, input("s", "c2", "d", 0)),
             mint(&secret, input("s", "c", "d2", 0)),
             mint(&secret, input("s", "c", "d", 1)),
+            mint(&secret, KeyInput { generation: 1, ..input("s", "c", "d", 0) }),
             mint(&secret, KeyInput { tool: "other", ..input("s", "c", "d", 0) }),
             mint(&KeySecret([8; 32]), input("s", "c", "d", 0)),
             // Length prefixes: moving a character between fields changes the key.

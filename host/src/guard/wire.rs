@@ -122,6 +122,7 @@ mod tests {
             backoff_ms: None,
             honours_keys: None,
             retention_hours: None,
+            reconcile_ms: None,
             key: Some(keys),
         };
         Downstream::from_raw("d", raw).unwrap()

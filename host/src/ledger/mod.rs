@@ -15,7 +15,7 @@
 
 pub mod records;
 
-pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, StoredOutcome};
+pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, Resolution, StoredOutcome};
 
 use crate::guard::keys::KeySecret;
 use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
@@ -155,6 +155,38 @@ impl Ledger {
     /// The read failed or the record is damaged.
     pub fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, LedgerError> {
         self.get_json(CF_ATTEMPTS, key.as_bytes())
+    }
+
+    /// The current attempt at `step` of a tool call (the latest key of that step).
+    ///
+    /// # Errors
+    /// The read failed or the record is damaged.
+    pub fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, LedgerError> {
+        let mut index = call_key(session, call_id);
+        index.extend_from_slice(&step.to_be_bytes());
+        match self.db.get_cf(self.cf(CF_CALL_ATTEMPTS), index).map_err(|e| self.err(e))? {
+            Some(key) => self.attempt(&String::from_utf8_lossy(&key)),
+            None => Ok(None),
+        }
+    }
+
+    /// Settles an unsettled attempt as never sent, on an operator's word; the
+    /// next run of its tool call mints a new key for that step. Synced.
+    ///
+    /// # Errors
+    /// No such attempt, it is already settled, or the write failed.
+    pub fn resolve_not_sent(&self, key: &str, note: &str) -> Result<AttemptRecord, LedgerError> {
+        let mut attempt = self.attempt(key)?.ok_or_else(|| self.err(format!("no attempt with key `{key}`")))?;
+        if !attempt.state.is_unsettled() && attempt.resolution != Some(Resolution::ReconciledNotFound) {
+            return Err(self.err(format!("attempt `{key}` is already settled ({}); nothing to resolve", attempt.state.as_str())));
+        }
+        attempt.state = AttemptState::Failed;
+        attempt.response = None;
+        attempt.resolution = Some(Resolution::OperatorNotSent);
+        attempt.last_error = Some(format!("operator: not sent ({note})"));
+        attempt.updated_ms = records::now_ms();
+        self.commit(LedgerWrite::new().attempt(attempt.clone()), Durability::Synced)?;
+        Ok(attempt)
     }
 
     /// The attempts of one tool call, by step.

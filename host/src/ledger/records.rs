@@ -79,6 +79,11 @@ impl AttemptState {
         matches!(self, Self::Succeeded | Self::Failed)
     }
 
+    /// Whether the request may have taken effect without a recorded answer.
+    pub fn is_unsettled(self) -> bool {
+        matches!(self, Self::Pending | Self::Unknown)
+    }
+
     /// The one-byte tag used in the by-state index.
     pub(crate) fn tag(self) -> u8 {
         match self {
@@ -146,6 +151,20 @@ pub struct StoredResponse {
     pub body: StoredBody,
 }
 
+/// How an attempt was settled other than by the downstream's own answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Resolution {
+    /// The plugin's `reconcile` found it at the provider; `response` is what it found.
+    ReconciledFound,
+    /// The plugin's `reconcile` did not find it, and the provider no longer
+    /// keeps its key: only an operator can settle it.
+    ReconciledNotFound,
+    /// An operator declared it never sent (`toolguard ledger resolve KEY
+    /// --not-sent`); the next run of its tool call mints a new key.
+    OperatorNotSent,
+}
+
 /// One guarded send, keyed by its idempotency key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttemptRecord {
@@ -156,6 +175,9 @@ pub struct AttemptRecord {
     pub tool: String,
     /// Ordinal of this send within its tool call.
     pub step: u32,
+    /// How many keys this step had before this one (raised only by an operator).
+    #[serde(default)]
+    pub generation: u32,
     /// sha256 of the request as the plugin built it; a differing request at
     /// the same step is a conflict.
     pub fingerprint: String,
@@ -173,6 +195,9 @@ pub struct AttemptRecord {
     /// Whether the downstream said its answer was a replay of an earlier one.
     #[serde(default)]
     pub provider_replayed: bool,
+    /// How it was settled, if not by the downstream's answer.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub resolution: Option<Resolution>,
     pub created_ms: u64,
     pub updated_ms: u64,
 }

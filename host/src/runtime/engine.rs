@@ -46,7 +46,8 @@ pub fn build(cfg: &EngineConfig) -> anyhow::Result<(Engine, Allocator)> {
 }
 
 fn pool(cfg: &EngineConfig) -> PoolingAllocationConfig {
-    let n = cfg.pool_instances;
+    // Invocations plus the reconciliations that may run while they wait.
+    let n = cfg.pool_instances + super::sandbox::RECONCILE_SLOTS;
     let mut p = PoolingAllocationConfig::new();
     p.total_component_instances(n)
         .total_core_instances(n * CORE_INSTANCES_PER_COMPONENT)

@@ -1,115 +1,27 @@
-//! One sandboxed invocation: a fresh store per call (a trap poisons an
-//! instance), the invocation's limits armed, and every way it can end turned
-//! into a clear error.
+//! One tool call: arguments checked before any instance exists, the call
+//! admitted by the guard (replayed if completed), one sandboxed run, the
+//! result checked and recorded.
 
 use super::bindings::{Plugin, types};
-use super::plugin::{LoadedPlugin, ToolInfo};
-use super::state::{CallContext, HostState};
+use super::plugin::ToolInfo;
+use super::reconcile::PluginReconciler;
+use super::sandbox::Slot;
+use super::state::CallContext;
 use super::{CallOutput, CallRequest, Runtime};
 use crate::error::{CallError, ErrorKind};
-use crate::guard::{Admission, CallGuard, CallIdentity, keys};
+use crate::guard::{Admission, CallIdentity, Reconciler, keys};
 use crate::ledger::StoredOutcome;
 use serde_json::{Value, json};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-use wasmtime::{Store, Trap, UpdateDeadline};
-
-/// The guest-side part of an invocation, given the store and a fresh instance.
-pub(crate) type GuestCall<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<R>> + Send + 'a>>;
-
-/// Why an invocation stopped before the guest returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Fault {
-    /// A limit stopped it (CPU, wall clock, memory, stack, outbound calls).
-    Limit(String),
-    /// The guest trapped.
-    Trap(String),
-}
-
-impl std::fmt::Display for Fault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Limit(m) => write!(f, "limit exceeded: {m}"),
-            Self::Trap(m) => write!(f, "trapped: {m}"),
-        }
-    }
-}
-
-impl From<Fault> for CallError {
-    fn from(f: Fault) -> Self {
-        match f {
-            Fault::Limit(m) => CallError::new(ErrorKind::LimitExceeded, m),
-            Fault::Trap(m) => CallError::new(ErrorKind::PluginTrap, m),
-        }
-    }
-}
+use std::sync::Arc;
 
 impl Runtime {
-    /// Runs `body` against a fresh instance of `plugin` in a fresh store,
-    /// under the plugin's limits. The store is dropped when this returns.
-    /// Runs `body` against a fresh instance of `plugin` in a fresh store,
-    /// under the plugin's limits. The store is dropped when this returns; the
-    /// call guard (if one was given) is handed back for `Guard::finish`.
-    pub(crate) async fn sandboxed<R>(
-        &self,
-        plugin: &LoadedPlugin,
-        call: CallContext,
-        call_guard: Option<CallGuard>,
-        body: impl for<'a> FnOnce(&'a mut Store<HostState>, Plugin) -> GuestCall<'a, R>,
-    ) -> (Result<R, Fault>, Option<CallGuard>) {
-        let _slot = self.slots.acquire().await.expect("the slot semaphore is never closed");
-        let limits = plugin.ctx.limits;
-        let mut store = self.new_store(plugin, call, call_guard);
-        let run = async {
-            let instance = plugin.pre.instantiate_async(&mut store).await?;
-            body(&mut store, instance).await
-        };
-        let outcome = tokio::time::timeout(Duration::from_millis(limits.wall_ms), run).await;
-        let result = match outcome {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(classify(&error, store.data())),
-            Err(_elapsed) => Err(Fault::Limit(format!(
-                "plugin `{}` did not finish within its wall-clock budget of {} ms (wall_ms)",
-                plugin.ctx.name, limits.wall_ms
-            ))),
-        };
-        (result, store.data_mut().call_guard.take())
-    }
-
-    /// A fresh store for one invocation, its limiter and CPU budget armed.
-    fn new_store(&self, plugin: &LoadedPlugin, call: CallContext, call_guard: Option<CallGuard>) -> Store<HostState> {
-        self.sandboxes.fetch_add(1, Ordering::Relaxed);
-        let state = HostState::new(plugin.ctx.clone(), call, call_guard, self.guard.clone());
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| &mut s.limiter);
-        let budget = plugin.ctx.limits.cpu_ticks();
-        store.set_epoch_deadline(1);
-        // Each tick of guest execution yields to tokio (so the wall-clock
-        // timeout can cancel) and counts against the CPU budget.
-        store.epoch_deadline_callback(move |mut cx| {
-            let state = cx.data_mut();
-            state.cpu_ticks += 1;
-            if state.cpu_ticks < budget {
-                return Ok(UpdateDeadline::Yield(1));
-            }
-            let (name, cpu_ms) = (state.plugin.name.clone(), state.plugin.limits.cpu_ms);
-            state.limit_hit.get_or_insert(format!("plugin `{name}` used up its CPU budget of {cpu_ms} ms (cpu_ms)"));
-            Ok(UpdateDeadline::Interrupt)
-        });
-        store
-    }
-
-    /// Invokes a tool: arguments checked before any instance exists, the
-    /// call admitted by the guard (replayed if completed), one sandboxed run,
-    /// the result checked and recorded.
+    /// Invokes a tool (see the module docs).
     pub(crate) async fn invoke(&self, req: &CallRequest) -> Result<CallOutput, CallError> {
         let (index, tool) = self.tools.get(&req.tool).ok_or_else(|| unknown_tool(self, &req.tool))?;
         let plugin = &self.plugins[*index];
         let args = check_args(&req.args_json, plugin.ctx.limits.max_args_bytes, tool)?;
         let canonical = keys::canonical_args(&args).map_err(|m| CallError::new(ErrorKind::InvalidArgs, m))?;
-        let call_guard = match &self.guard {
+        let call_guard = match self.core.guard.get() {
             None => None,
             Some(guard) => {
                 let id = CallIdentity {
@@ -119,7 +31,8 @@ impl Runtime {
                     args_digest: keys::args_digest(&canonical),
                     args: args.clone(),
                 };
-                match guard.admit(id, tool.effect, plugin.ctx.grants.clone()).await? {
+                let reconciler = PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>);
+                match guard.admit(id, tool.effect, plugin.ctx.grants.clone(), reconciler).await? {
                     Admission::Replay(stored) => return replayed(stored),
                     Admission::Run(call) => Some(call),
                 }
@@ -128,8 +41,12 @@ impl Runtime {
         let call = CallContext { session: req.session.clone(), call_id: req.call_id.clone(), tool: tool.name.clone() };
         let name = tool.name.clone();
         let (returned, call_guard) = self
-            .sandboxed(plugin, call, call_guard, move |store, p| {
-                Box::pin(async move { p.toolguard_plugin_tool().call_invoke(store, &name, &canonical).await })
+            .core
+            .sandboxed(plugin, call, call_guard, Slot::Invoke, move |store, instance| {
+                Box::pin(async move {
+                    let bindings = Plugin::new(&mut *store, &instance)?;
+                    bindings.toolguard_plugin_tool().call_invoke(store, &name, &canonical).await
+                })
             })
             .await;
         let result = match returned {
@@ -137,34 +54,11 @@ impl Runtime {
             Ok(Err(e)) => Err(tool_error(e)),
             Err(fault) => Err(fault.into()),
         };
-        let result = match (&self.guard, call_guard) {
+        let result = match (self.core.guard.get(), call_guard) {
             (Some(guard), Some(call)) => guard.finish(call, result).await,
             _ => result,
         };
         result.map(|value| CallOutput { value, replayed: false })
-    }
-}
-
-/// Names the limit or trap behind `error`, preferring what the host itself recorded.
-fn classify(error: &wasmtime::Error, state: &HostState) -> Fault {
-    let plugin = &state.plugin.name;
-    if let Some(limit) = &state.limit_hit {
-        return Fault::Limit(limit.clone());
-    }
-    if let Some(wanted) = state.limiter.refused {
-        return Fault::Limit(format!(
-            "plugin `{plugin}` tried to grow its memory to {} MiB, over its limit of {} MiB (memory_mb)",
-            wanted.div_ceil(1 << 20),
-            state.plugin.limits.memory_mb
-        ));
-    }
-    let stderr = state.stderr_tail().map(|l| format!(" (its stderr: {l})")).unwrap_or_default();
-    match error.downcast_ref::<Trap>() {
-        Some(Trap::StackOverflow) => {
-            Fault::Limit(format!("plugin `{plugin}` exhausted its call stack (runaway recursion?){stderr}"))
-        }
-        Some(trap) => Fault::Trap(format!("plugin `{plugin}` trapped: {trap}{stderr}")),
-        None => Fault::Trap(format!("plugin `{plugin}` failed: {error}{stderr}")),
     }
 }
 

@@ -13,6 +13,8 @@ pub mod engine;
 mod invoke;
 pub mod limits;
 mod plugin;
+mod reconcile;
+mod sandbox;
 pub mod state;
 pub mod wasi;
 
@@ -21,7 +23,7 @@ pub use plugin::{Effect, ToolInfo};
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
 use crate::error::{CallError, LoadError};
-use crate::guard::Guard;
+use crate::guard::{Guard, Reconciler, RecoveryReport};
 use crate::ledger::Ledger;
 use bindings::{Plugin, PluginPre};
 use plugin::LoadedPlugin;
@@ -31,7 +33,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use wasmtime::Engine;
+use sandbox::{Core, Slot};
 use wasmtime::component::{HasSelf, Linker};
 
 /// One tool call as a caller makes it.
@@ -59,19 +61,14 @@ pub struct CallOutput {
 
 /// Loaded plugins and the means to run their tools.
 pub struct Runtime {
-    engine: Engine,
-    allocator: Allocator,
+    core: Arc<Core>,
     linker: Linker<HostState>,
     compile_cache: PathBuf,
-    plugins: Vec<LoadedPlugin>,
+    plugins: Vec<Arc<LoadedPlugin>>,
     /// Tool name → (index into `plugins`, tool).
     tools: BTreeMap<String, (usize, ToolInfo)>,
-    /// Bounds concurrent invocations to what the instance pool holds.
-    slots: tokio::sync::Semaphore,
-    /// Stores (sandboxes) created so far.
-    sandboxes: AtomicU64,
-    /// The guard for sends; without it `send` is denied and nothing is recorded.
-    guard: Option<Arc<Guard>>,
+    /// What the start-up recovery pass did, if one ran.
+    recovery: Option<RecoveryReport>,
 }
 
 /// Why a runtime could not start.
@@ -99,27 +96,47 @@ impl Runtime {
         wasi::add_to_linker(&mut linker).map_err(|e| StartError::Engine(format!("{e:#}")))?;
         Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| StartError::Engine(format!("{e:#}")))?;
-        Ok(Self {
+        let core = Core {
             engine,
             allocator,
-            linker,
-            compile_cache,
-            plugins: Vec::new(),
-            tools: BTreeMap::new(),
             slots: tokio::sync::Semaphore::new(engine_config.pool_instances as usize),
+            reconcile_slots: tokio::sync::Semaphore::new(sandbox::RECONCILE_SLOTS as usize),
             sandboxes: AtomicU64::new(0),
-            guard: None,
-        })
+            guard: std::sync::OnceLock::new(),
+        };
+        Ok(Self { core: Arc::new(core), linker, compile_cache, plugins: Vec::new(), tools: BTreeMap::new(), recovery: None })
     }
 
     /// Routes sends through `guard` (and records tool calls in its ledger).
+    /// Set it once, before serving; a second guard is ignored.
     pub fn set_guard(&mut self, guard: Guard) {
-        self.guard = Some(Arc::new(guard));
+        if self.core.guard.set(Arc::new(guard)).is_err() {
+            tracing::warn!("a guard was already set; keeping the first");
+        }
     }
 
     /// The guard, if one is set.
     pub fn guard(&self) -> Option<&Arc<Guard>> {
-        self.guard.as_ref()
+        self.core.guard.get()
+    }
+
+    /// Resolves every attempt left pending or unknown (see
+    /// [`crate::guard::recover`]). Run it before serving.
+    ///
+    /// # Errors
+    /// There is no guard, or the ledger cannot be read.
+    pub async fn recover(&self) -> Result<RecoveryReport, String> {
+        let guard = self.guard().ok_or("no guard is set, so there is no ledger to recover")?;
+        let reconciler_for = |tool: &str| -> Option<Arc<dyn Reconciler>> {
+            let (index, _) = self.tools.get(tool)?;
+            reconcile::PluginReconciler::for_plugin(&self.core, &self.plugins[*index]).map(|r| Arc::new(r) as Arc<dyn Reconciler>)
+        };
+        guard.recover(&reconciler_for).await.map_err(|e| e.to_string())
+    }
+
+    /// What the start-up recovery pass of [`Runtime::from_config`] did.
+    pub fn recovery(&self) -> Option<&RecoveryReport> {
+        self.recovery.as_ref()
     }
 
     /// A runtime with every plugin of `config` loaded.
@@ -140,7 +157,12 @@ impl Runtime {
                 refused.push(e);
             }
         }
-        if refused.is_empty() { Ok(runtime) } else { Err(StartError::Plugins(refused)) }
+        if !refused.is_empty() {
+            return Err(StartError::Plugins(refused));
+        }
+        // Every unsettled attempt is resolved before any new work proceeds.
+        runtime.recovery = Some(runtime.recover().await.map_err(StartError::Guard)?);
+        Ok(runtime)
     }
 
     /// Loads one plugin. A refused plugin leaves the runtime as it was.
@@ -162,24 +184,33 @@ impl Runtime {
             Ok(_) => {}
         }
         let link_error = |e: String| LoadError::Link { plugin: config.name.clone(), reason: e };
-        let (engine, cache, hash) = (self.engine.clone(), self.compile_cache.clone(), digest.clone());
+        let (engine, cache, hash) = (self.core.engine.clone(), self.compile_cache.clone(), digest.clone());
         let component = tokio::task::spawn_blocking(move || compile::load(&engine, &bytes, &hash, &cache))
             .await
             .map_err(|e| link_error(e.to_string()))?
             .map_err(|e| link_error(format!("{e:#}")))?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| link_error(format!("{e:#}")))?;
         let pre = PluginPre::new(pre).map_err(|e| link_error(format!("{e:#}")))?;
+        let reconcile = reconcile::find_export(&component);
         let ctx = Arc::new(PluginContext {
             name: name.as_str().into(),
             settings: config.settings.clone(),
             limits: config.limits,
             grants: config.grants.clone().into(),
         });
-        let loaded = LoadedPlugin { ctx, digest, pre };
+        let loaded = Arc::new(LoadedPlugin { ctx, digest, pre, reconcile });
 
+        // One sandbox: describe, and check the reconcile export's type if there is one.
         let (specs, _) = self
-            .sandboxed(&loaded, CallContext::default(), None, |store, p| {
-                Box::pin(async move { p.toolguard_plugin_tool().call_describe(store).await })
+            .core
+            .sandboxed(&loaded, CallContext::default(), None, Slot::Invoke, move |store, instance| {
+                Box::pin(async move {
+                    if let Some(func) = &reconcile {
+                        reconcile::typed(store, &instance, func)
+                            .map_err(|e| wasmtime::Error::msg(format!("its {} export has the wrong type: {e}", reconcile::RECONCILER_INTERFACE)))?;
+                    }
+                    Plugin::new(&mut *store, &instance)?.toolguard_plugin_tool().call_describe(store).await
+                })
             })
             .await;
         let specs = specs.map_err(|f| LoadError::Describe { plugin: name.clone(), reason: f.to_string() })?;
@@ -218,12 +249,17 @@ impl Runtime {
 
     /// How many sandboxes (stores) have been created, `describe` included.
     pub fn sandboxes_created(&self) -> u64 {
-        self.sandboxes.load(Ordering::Relaxed)
+        self.core.sandboxes.load(Ordering::Relaxed)
     }
 
     /// How the engine allocates instances.
     pub fn allocator(&self) -> Allocator {
-        self.allocator
+        self.core.allocator
+    }
+
+    /// Whether `plugin` exports `reconcile`.
+    pub fn can_reconcile(&self, plugin: &str) -> bool {
+        self.plugins.iter().any(|p| &*p.ctx.name == plugin && p.reconcile.is_some())
     }
 }
 

@@ -59,6 +59,8 @@ pub(crate) struct LoadedPlugin {
     pub digest: String,
     /// Type-checked and linked once; instantiated per invocation.
     pub pre: PluginPre<HostState>,
+    /// Its `reconcile` export, if it has one (checked at load).
+    pub reconcile: Option<wasmtime::component::ComponentExportIndex>,
 }
 
 /// Checks what `describe` returned and turns it into tools.

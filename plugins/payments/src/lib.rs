@@ -10,13 +10,20 @@
 //! idempotency key is the host's business: this plugin never sees it when
 //! sending. When the outcome of a refund is unknown, the tool says so plainly
 //! and tells the model to check `refund_status` before anything else.
+//!
+//! It also exports `reconcile`: given an attempt whose outcome is unknown, it
+//! lists the payment intent's refunds and looks for the one whose metadata
+//! carries the attempt's key (the host puts it there; the metadata field is
+//! the setting `key_metadata_field`, default `toolguard_key`).
 
-wit_bindgen::generate!({ world: "plugin", path: "../../wit" });
+wit_bindgen::generate!({ world: "reconciling-plugin", path: "../../wit" });
 
 use exports::toolguard::plugin::tool::Guest;
 use serde_json::{Value, json};
 use toolguard::plugin::outbound;
-use toolguard::plugin::types::{AttemptInfo, Effect, Header, OutboundError, Request, Response, ToolError, ToolSpec};
+use toolguard::plugin::types::{
+    Attempt, AttemptInfo, Effect, Header, OutboundError, Reconciliation, Request, Response, ToolError, ToolSpec,
+};
 
 struct Payments;
 
@@ -114,6 +121,7 @@ fn refund(base: &str, pi: &str, args: &Value) -> Result<Value, ToolError> {
     };
     match outbound::send(&request) {
         Ok(response) if (200..300).contains(&response.status) => Ok(summary(&json_body(&response)?)),
+        Ok(response) if error_code(&response) == "charge_already_refunded" => Err(already_refunded(base, pi)),
         Ok(response) => Err(ToolError::Failed(declined(&response))),
         Err(OutboundError::OutcomeUnknown(info)) => Err(ToolError::Outbound(OutboundError::OutcomeUnknown(AttemptInfo {
             message: format!(
@@ -128,7 +136,21 @@ fn refund(base: &str, pi: &str, args: &Value) -> Result<Value, ToolError> {
     }
 }
 
-fn status(base: &str, pi: &str) -> Result<Value, ToolError> {
+/// A full refund was refused because the payment is already refunded: that
+/// may be this very request's earlier attempt. Never a success; say what exists.
+fn already_refunded(base: &str, pi: &str) -> ToolError {
+    let existing = match list_refunds(base, pi) {
+        Ok(list) => list.iter().map(|r| format!("{} ({} cents, {})", r["id"].as_str().unwrap_or("?"), r["amount"], r["status"].as_str().unwrap_or("?"))).collect::<Vec<_>>().join(", "),
+        Err(_) => "unknown (the listing failed)".into(),
+    };
+    ToolError::Failed(format!(
+        "The provider says payment {pi} is already fully refunded, possibly by an earlier attempt of this same refund. \
+         Nothing new was refunded. Refunds on record: {existing}. Call refund_status before doing anything else."
+    ))
+}
+
+/// The raw Stripe refund objects of `pi`, newest first.
+fn list_refunds(base: &str, pi: &str) -> Result<Vec<Value>, ToolError> {
     let query = form_urlencoded::Serializer::new(String::new()).append_pair("payment_intent", pi).append_pair("limit", "100").finish();
     let request = Request {
         method: "GET".into(),
@@ -140,8 +162,11 @@ fn status(base: &str, pi: &str) -> Result<Value, ToolError> {
     if !(200..300).contains(&response.status) {
         return Err(ToolError::Failed(declined(&response)));
     }
-    let list = json_body(&response)?;
-    let refunds: Vec<Value> = list["data"].as_array().map(|d| d.iter().map(summary).collect()).unwrap_or_default();
+    Ok(json_body(&response)?["data"].as_array().cloned().unwrap_or_default())
+}
+
+fn status(base: &str, pi: &str) -> Result<Value, ToolError> {
+    let refunds: Vec<Value> = list_refunds(base, pi)?.iter().map(summary).collect();
     let refunded: u64 = refunds
         .iter()
         .filter(|r| !matches!(r["status"].as_str(), Some("failed" | "canceled")))
@@ -163,6 +188,39 @@ fn summary(refund: &Value) -> Value {
 
 fn json_body(response: &Response) -> Result<Value, ToolError> {
     serde_json::from_slice(&response.body).map_err(|e| ToolError::Failed(format!("the provider answered with something that is not JSON: {e}")))
+}
+
+fn error_code(response: &Response) -> String {
+    let body: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+    body["error"]["code"].as_str().unwrap_or_default().to_string()
+}
+
+impl exports::toolguard::plugin::reconciler::Guest for Payments {
+    /// Finds the refund whose metadata carries the attempt's key.
+    fn reconcile(tool: String, args: String, attempt: Attempt) -> Reconciliation {
+        if tool != "refund" {
+            return Reconciliation::StillUnknown(format!("`{tool}` has no side effects to reconcile"));
+        }
+        let Ok(args) = serde_json::from_str::<Value>(&args) else {
+            return Reconciliation::StillUnknown("the arguments are not JSON".into());
+        };
+        let Some(base) = outbound::config("api_base") else {
+            return Reconciliation::StillUnknown("the plugin setting `api_base` is not configured".into());
+        };
+        let field = outbound::config("key_metadata_field").unwrap_or_else(|| "toolguard_key".into());
+        let pi = args["payment_intent"].as_str().unwrap_or_default();
+        match list_refunds(&base, pi) {
+            Err(e) => Reconciliation::StillUnknown(format!("listing the refunds of {pi} failed: {e:?}")),
+            Ok(refunds) => match refunds.iter().find(|r| r["metadata"][&field].as_str() == Some(attempt.key.as_str())) {
+                Some(refund) => Reconciliation::Found(Response {
+                    status: 200,
+                    headers: vec![Header { name: "content-type".into(), value: "application/json".into() }],
+                    body: refund.to_string().into_bytes(),
+                }),
+                None => Reconciliation::NotFound,
+            },
+        }
+    }
 }
 
 /// Stripe's error envelope, in one line.

@@ -23,6 +23,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/refunds", post(create_refund).get(list_refunds))
         .route("/v1/refunds/{id}", get(get_refund))
+        .route("/v1/refunds/{id}/cancel", post(cancel_refund))
         .route("/_sandbox/refunds", get(all_refunds))
         .route("/_sandbox/requests", get(all_requests))
         .route("/_sandbox/faults", post(push_fault))
@@ -74,6 +75,13 @@ async fn create_refund(State(shared): State<Arc<Shared>>, method: Method, uri: U
             p.faults.pop_front();
             let body = crate::provider::stripe_error("rate_limit_error", "rate_limit", "Too many requests hit the API too quickly.");
             return json_response(429, &body);
+        }
+        if p.faults.front() == Some(&Fault::StoreDown503) {
+            p.faults.pop_front();
+            let body = json!({ "status": 503, "errorCode": "703", "message": "idempotency store unavailable", "errorType": "internal" });
+            let mut r = json_response(503, &body);
+            r.headers_mut().insert("transient-error", "true".parse().unwrap());
+            return r;
         }
         let key = match p.parse_key(observed.idempotency_key.as_deref()) {
             Ok(key) => key,
@@ -146,6 +154,37 @@ async fn execute(shared: &Shared, fault: Option<Fault>, key: Option<&str>, param
         _ => {}
     }
     response
+}
+
+/// Cancels a refund that has not succeeded yet. Shares the key store with
+/// creation, so a key reused across the two endpoints is refused.
+async fn cancel_refund(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let observed = observe(&shared, &method, &uri, &headers, "");
+    let mut p = shared.provider.lock().unwrap();
+    let key = match p.parse_key(observed.idempotency_key.as_deref()) {
+        Ok(key) => key,
+        Err((status, body)) => return json_response(status, &body),
+    };
+    let admission = match &key {
+        Some(k) => p.admit(k, &format!("POST /v1/refunds/{id}/cancel")),
+        None => Admission::Execute,
+    };
+    let (status, body) = match admission {
+        Admission::Replay { status, body } => return json_response(status, &body),
+        Admission::Reject { status, body, transient } => return reject(p.mode, status, &body, transient),
+        Admission::Execute => match p.refunds.iter_mut().find(|r| r.id == id) {
+            Some(r) if matches!(r.status.as_str(), "pending" | "requires_action") => {
+                r.status = "canceled".into();
+                (200, serde_json::to_value(&*r).unwrap_or_default())
+            }
+            Some(r) => (400, crate::provider::stripe_error("invalid_request_error", "refund_not_cancelable", &format!("Refund {} is {}", r.id, r.status))),
+            None => (404, crate::provider::stripe_error("invalid_request_error", "resource_missing", &format!("No such refund: '{id}'"))),
+        },
+    };
+    if let Some(k) = &key {
+        p.store(k, status, &body);
+    }
+    json_response(status, &body)
 }
 
 async fn list_refunds(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {

@@ -158,6 +158,12 @@ impl Sandbox {
         self.shared.provider.lock().unwrap().clock_offset += by.as_secs();
     }
 
+    /// Keeps new refunds out of listings for `lag` (an eventually consistent
+    /// index); `GET /v1/refunds/{id}` and [`Sandbox::refunds`] see them at once.
+    pub fn set_list_lag(&self, lag: Duration) {
+        self.shared.provider.lock().unwrap().list_lag = lag;
+    }
+
     /// Lets every request held by `PauseAfterCommit` answer.
     pub fn release(&self) {
         self.shared.release();

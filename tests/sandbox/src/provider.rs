@@ -44,6 +44,9 @@ pub enum Fault {
     InFlight409,
     /// Answer 429 before the idempotency layer (nothing is stored).
     RateLimit429,
+    /// Answer 503 with Adyen's code 703 ("idempotency store unavailable") and
+    /// `transient-error: true`, before the idempotency layer.
+    StoreDown503,
     /// Commit, then wait until released (`Sandbox::release`) before answering.
     PauseAfterCommit,
 }
@@ -70,6 +73,9 @@ pub struct Refund {
     pub status: String,
     pub metadata: BTreeMap<String, String>,
     pub created: u64,
+    /// When listings start to show it (Unix ms): a lagging index, like Square's.
+    #[serde(skip)]
+    pub listed_from_ms: u64,
 }
 
 /// What the provider stored under a key.
@@ -110,6 +116,8 @@ pub(crate) struct Provider {
     pub faults: VecDeque<Fault>,
     /// Seconds added to the real clock (tests advance it past retention).
     pub clock_offset: u64,
+    /// How long a new refund stays out of listings.
+    pub list_lag: Duration,
     next_id: u64,
 }
 
@@ -132,6 +140,7 @@ impl Provider {
             keys: HashMap::new(),
             faults: VecDeque::new(),
             clock_offset: 0,
+            list_lag: Duration::ZERO,
             next_id: 0,
         }
     }
@@ -276,6 +285,7 @@ impl Provider {
             status: intent.refund_status.clone(),
             metadata,
             created: self.now(),
+            listed_from_ms: now_ms() + self.list_lag.as_millis() as u64,
         };
         let body = serde_json::to_value(&refund).unwrap_or_default();
         self.refunds.push(refund);
@@ -289,10 +299,15 @@ impl Provider {
             .iter()
             .rev()
             .filter(|r| payment_intent.is_none_or(|pi| r.payment_intent == pi))
+            .filter(|r| r.listed_from_ms <= now_ms())
             .take(limit.clamp(1, 100))
             .collect();
         json!({ "object": "list", "url": "/v1/refunds", "has_more": false, "data": data })
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Stripe's error envelope.

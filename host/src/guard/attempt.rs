@@ -1,0 +1,372 @@
+//! The attempt protocol of `outbound.send`: refuse, mint, write durably,
+//! send (or re-send with the same key), classify, reconcile what is unknown,
+//! record. And `outbound.fetch`, which is none of that.
+
+use super::transport::Outcome;
+use super::{Guard, Reconciled, Reconciler, blocking, failpoint, keys, wire};
+use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, Resolution, StoredRequest, StoredResponse, now_ms};
+use crate::ledger::{Durability, LedgerWrite};
+use crate::policy::{self, Downstream, Grant, Refusal};
+use crate::runtime::Effect;
+use crate::runtime::bindings::types::{self, AttemptInfo, OutboundError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One tool call in progress: the guard's state for the plugin's sends.
+pub struct CallGuard {
+    guard: Arc<Guard>,
+    record: CallRecord,
+    /// Whether `record` is in the ledger yet (it is written with the first attempt).
+    persisted: bool,
+    effect: Effect,
+    grants: Arc<[Grant]>,
+    reconciler: Option<Arc<dyn Reconciler>>,
+    next_step: u32,
+    /// The first send whose outcome is not settled, if any.
+    unsettled: Option<AttemptInfo>,
+    /// The send on the wire right now. If the invocation is cancelled (its
+    /// wall clock ran out) mid-send, this is what may have taken effect.
+    in_flight: Option<AttemptInfo>,
+    _lock: tokio::sync::OwnedMutexGuard<()>,
+}
+
+/// How driving an attempt ended.
+pub(crate) enum Driven {
+    /// A definitive answer (from the downstream or found by reconciliation).
+    Answered(StoredResponse),
+    /// It may have taken effect; what the plugin and model are told.
+    Unsettled(AttemptInfo),
+    /// Nothing reached the downstream.
+    NotSent(String),
+}
+
+impl CallGuard {
+    pub(crate) fn new(
+        guard: Arc<Guard>,
+        record: CallRecord,
+        persisted: bool,
+        effect: Effect,
+        grants: Arc<[Grant]>,
+        reconciler: Option<Arc<dyn Reconciler>>,
+        lock: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Self {
+        Self { guard, record, persisted, effect, grants, reconciler, next_step: 0, unsettled: None, in_flight: None, _lock: lock }
+    }
+
+    /// The tool call this guard serves.
+    pub(crate) fn record(&self) -> &CallRecord {
+        &self.record
+    }
+
+    /// The first unsettled send, or the one cut off mid-flight, if any.
+    pub(crate) fn take_unsettled(&mut self) -> Option<AttemptInfo> {
+        self.unsettled.take().or_else(|| self.in_flight.take())
+    }
+
+    /// `outbound.send`: see `docs/guard.md`.
+    pub async fn send(&mut self, req: types::Request) -> Result<types::Response, OutboundError> {
+        if self.effect == Effect::ReadOnly {
+            return Err(OutboundError::Denied(format!(
+                "`{}` is a read-only tool: it may fetch but not send; nothing was sent",
+                self.record.tool
+            )));
+        }
+        let (downstream, url) = policy::authorize(&self.grants, &self.guard.downstreams, &req.method, &req.url).map_err(refusal)?;
+        let headers: Vec<(String, String)> = req.headers.into_iter().map(|h| (h.name, h.value)).collect();
+        let request = wire::stored(&req.method, url.as_str(), headers, &req.body);
+        wire::check(&request, &downstream).map_err(OutboundError::Invalid)?;
+        let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, &req.body);
+        let step = self.next_step;
+        self.next_step += 1;
+
+        let ledger = self.guard.ledger.clone();
+        let (session, call_id) = (self.record.session.clone(), self.record.call_id.clone());
+        let current = blocking(move || ledger.attempt_at(&session, &call_id, step)).await.map_err(ledger_down)?;
+        let (mut attempt, possibly_sent) = match current {
+            Some(a) if a.fingerprint != fingerprint => {
+                return Err(OutboundError::Conflict(format!(
+                    "step {step} of tool call `{}` was recorded with a different request ({} {}); the plugin is not \
+                     deterministic for the same arguments. Nothing was sent",
+                    self.record.call_id, a.request.method, a.request.url
+                )));
+            }
+            Some(a) if a.state.is_final() && a.response.is_some() => return Ok(to_response(a.response.expect("checked"))),
+            Some(a) if a.resolution == Some(Resolution::OperatorNotSent) => {
+                let fresh = self.fresh_attempt(step, a.generation + 1, fingerprint, &downstream, request);
+                (self.write_pending(fresh).await?, false)
+            }
+            // Settled as never sent: try again, same key, recorded as pending first.
+            Some(a) if a.state == AttemptState::Failed => (self.write_pending(a).await?, false),
+            // Pending or unknown: it may be out there already.
+            Some(a) => (a, true),
+            None => {
+                let fresh = self.fresh_attempt(step, 0, fingerprint, &downstream, request);
+                (self.write_pending(fresh).await?, false)
+            }
+        };
+        let reconciler = self.reconciler.clone();
+        let driven = self.guard.drive(&mut attempt, &downstream, reconciler.as_deref(), &self.record, possibly_sent, &mut self.in_flight).await;
+        match driven {
+            Driven::Answered(response) => Ok(to_response(response)),
+            Driven::Unsettled(info) => {
+                self.unsettled.get_or_insert_with(|| info.clone());
+                Err(OutboundError::OutcomeUnknown(info))
+            }
+            Driven::NotSent(message) => Err(OutboundError::Transport(message)),
+        }
+    }
+
+    /// `outbound.fetch`: a `GET`/`HEAD` inside the grants; not keyed, not recorded.
+    pub async fn fetch(&mut self, req: types::Request) -> Result<types::Response, OutboundError> {
+        fetch(&self.guard, &self.grants, req).await
+    }
+
+    fn fresh_attempt(&self, step: u32, generation: u32, fingerprint: String, d: &Downstream, request: StoredRequest) -> AttemptRecord {
+        let r = &self.record;
+        let input = keys::KeyInput { session: &r.session, call_id: &r.call_id, tool: &r.tool, args_digest: &r.args_digest, step, generation };
+        let now = now_ms();
+        AttemptRecord {
+            key: keys::mint(self.guard.ledger.secret(), input),
+            session: r.session.clone(),
+            call_id: r.call_id.clone(),
+            tool: r.tool.clone(),
+            step,
+            generation,
+            fingerprint,
+            downstream: d.name.clone(),
+            request,
+            state: AttemptState::Pending,
+            response: None,
+            last_error: None,
+            tries: 0,
+            provider_replayed: false,
+            resolution: None,
+            created_ms: now,
+            updated_ms: now,
+        }
+    }
+
+    /// Makes `attempt` durable as pending (with the call, the first time)
+    /// before anything is sent.
+    async fn write_pending(&mut self, mut attempt: AttemptRecord) -> Result<AttemptRecord, OutboundError> {
+        attempt.state = AttemptState::Pending;
+        attempt.response = None;
+        attempt.updated_ms = now_ms();
+        let mut write = LedgerWrite::new().attempt(attempt.clone());
+        if !self.persisted {
+            write = write.call(self.record.clone());
+        }
+        let ledger = self.guard.ledger.clone();
+        blocking(move || ledger.commit(write, Durability::Synced)).await.map_err(ledger_down)?;
+        self.persisted = true;
+        failpoint("after-attempt-write");
+        Ok(attempt)
+    }
+}
+
+impl Guard {
+    /// Sends (or re-sends, same key) `attempt` if that is safe, reconciles an
+    /// unknown outcome, and records what came of it.
+    ///
+    /// `possibly_sent`: an earlier try may have reached the downstream (the
+    /// attempt was found pending or unknown). Such an attempt is re-sent only
+    /// within the downstream's key retention and only if it honours keys;
+    /// otherwise it is reconciled. Its failure to connect now proves nothing
+    /// about the earlier try, so it stays unknown.
+    pub(crate) async fn drive(
+        &self,
+        attempt: &mut AttemptRecord,
+        d: &Downstream,
+        reconciler: Option<&dyn Reconciler>,
+        call: &CallRecord,
+        possibly_sent: bool,
+        in_flight: &mut Option<AttemptInfo>,
+    ) -> Driven {
+        let age = Duration::from_millis(now_ms().saturating_sub(attempt.created_ms));
+        let may_resend = !possibly_sent || (d.honours_keys && age < d.retention);
+        let outcome = if may_resend {
+            *in_flight = Some(info(attempt, "the request was cut off while on its way to the provider"));
+            let url = url::Url::parse(&attempt.request.url).expect("stored URLs were parsed before they were stored");
+            let wire = wire::build(&attempt.request, url, d, Some(&attempt.key));
+            let outcome = super::transport::perform(&self.client, d, &wire, &mut attempt.tries).await;
+            failpoint("after-answer");
+            outcome
+        } else {
+            let why = if d.honours_keys { "the provider no longer keeps its key" } else { "the provider does not deduplicate by key" };
+            Outcome::Unsettled { state: AttemptState::Unknown, response: None, reason: format!("not re-sent: {why}") }
+        };
+        attempt.updated_ms = now_ms();
+        let (durability, driven) = match outcome {
+            Outcome::Answered { state, response } => {
+                attempt.provider_replayed = header(&response, "idempotent-replayed").is_some_and(|v| v == "true");
+                (settled_durability(d), self.settle(attempt, state, response, None))
+            }
+            Outcome::Unsettled { state: AttemptState::Pending, response, reason } => {
+                attempt.state = AttemptState::Pending;
+                attempt.response = response;
+                attempt.last_error = Some(reason.clone());
+                (settled_durability(d), Driven::Unsettled(info(attempt, &reason)))
+            }
+            Outcome::NotSent { reason } if !possibly_sent => {
+                // Nothing reached the downstream: settle it as not sent, synced,
+                // so recovery never re-sends what the model was told did not happen.
+                attempt.state = AttemptState::Failed;
+                attempt.response = None;
+                attempt.last_error = Some(format!("not sent: {reason}"));
+                let message = format!("{reason}; nothing reached `{}`. Retrying the same tool call is safe", d.name);
+                (Durability::Synced, Driven::NotSent(message))
+            }
+            Outcome::Unsettled { response, reason, .. } => {
+                attempt.response = response;
+                self.reconcile_unknown(attempt, d, reconciler, call, may_resend, reason).await
+            }
+            Outcome::NotSent { reason } => {
+                let reason = format!("could not reach the provider again ({reason}); an earlier try may have taken effect");
+                self.reconcile_unknown(attempt, d, reconciler, call, may_resend, reason).await
+            }
+        };
+        let ledger = self.ledger.clone();
+        let record = attempt.clone();
+        if let Err(e) = blocking(move || ledger.commit(LedgerWrite::new().attempt(record), durability)).await {
+            tracing::error!(error = %e, key = %attempt.key, "could not record an attempt's outcome; recovery will resolve it with the same key");
+        }
+        *in_flight = None;
+        failpoint("after-outcome-write");
+        driven
+    }
+
+    /// An unknown outcome is looked up at the provider (within the
+    /// downstream's reconcile window) before anyone is told it is unknown.
+    async fn reconcile_unknown(
+        &self,
+        attempt: &mut AttemptRecord,
+        d: &Downstream,
+        reconciler: Option<&dyn Reconciler>,
+        call: &CallRecord,
+        may_resend: bool,
+        reason: String,
+    ) -> (Durability, Driven) {
+        attempt.state = AttemptState::Unknown;
+        attempt.last_error = Some(reason.clone());
+        let found = match reconciler {
+            Some(r) => reconcile_within(r, call, attempt, d.reconcile_window).await,
+            None => Reconciled::StillUnknown("the plugin cannot reconcile".into()),
+        };
+        match found {
+            Reconciled::Found(response) => {
+                let state = if (200..300).contains(&response.status) { AttemptState::Succeeded } else { AttemptState::Failed };
+                tracing::info!(key = %attempt.key, "reconciled: the provider has it");
+                (settled_durability(d), self.settle(attempt, state, response, Some(Resolution::ReconciledFound)))
+            }
+            Reconciled::NotFound if !may_resend => {
+                attempt.resolution = Some(Resolution::ReconciledNotFound);
+                let message = format!(
+                    "{} {} got no definitive answer ({reason}); the provider has no record of it and no longer keeps its key, \
+                     so it cannot be re-sent safely. Do not repeat it under a new tool-call id. An operator must resolve it \
+                     (`toolguard ledger resolve {} --not-sent` if it was never made)",
+                    attempt.request.method, attempt.request.url, attempt.key
+                );
+                tracing::warn!(key = %attempt.key, "reconciled: not found past the provider's retention; an operator must resolve it");
+                (Durability::Synced, Driven::Unsettled(AttemptInfo { message, ..info(attempt, &reason) }))
+            }
+            Reconciled::NotFound => (settled_durability(d), Driven::Unsettled(info(attempt, &format!("{reason}; the provider lists no such request yet")))),
+            Reconciled::StillUnknown(why) => (settled_durability(d), Driven::Unsettled(info(attempt, &format!("{reason}; reconciling: {why}")))),
+        }
+    }
+
+    fn settle(&self, attempt: &mut AttemptRecord, state: AttemptState, response: StoredResponse, resolution: Option<Resolution>) -> Driven {
+        attempt.state = state;
+        attempt.response = Some(response.clone());
+        attempt.last_error = None;
+        attempt.resolution = resolution;
+        Driven::Answered(response)
+    }
+}
+
+/// Asks the plugin until it finds the attempt, cannot tell, or the window
+/// closes (a provider's listing may lag its writes).
+async fn reconcile_within(r: &dyn Reconciler, call: &CallRecord, attempt: &AttemptRecord, window: Duration) -> Reconciled {
+    let deadline = Instant::now() + window;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let found = r.reconcile(&call.tool, &call.args, attempt).await;
+        if found != Reconciled::NotFound || Instant::now() + pause >= deadline {
+            return found;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// A read-only request inside `grants`.
+pub async fn fetch(guard: &Guard, grants: &[Grant], req: types::Request) -> Result<types::Response, OutboundError> {
+    if !req.method.eq_ignore_ascii_case("GET") && !req.method.eq_ignore_ascii_case("HEAD") {
+        return Err(OutboundError::Invalid(format!("fetch is for GET and HEAD, not {}; side effects go through send", req.method)));
+    }
+    let (downstream, url) = policy::authorize(grants, &guard.downstreams, &req.method, &req.url).map_err(refusal)?;
+    let headers: Vec<(String, String)> = req.headers.into_iter().map(|h| (h.name, h.value)).collect();
+    let request = wire::stored(&req.method, url.as_str(), headers, &req.body);
+    wire::check_headers(&request, &downstream).map_err(OutboundError::Invalid)?;
+    let wire = wire::build(&request, url, &downstream, None);
+    let mut tries = 0;
+    match super::transport::perform(&guard.client, &downstream, &wire, &mut tries).await {
+        Outcome::Answered { response, .. } | Outcome::Unsettled { response: Some(response), .. } => Ok(to_response(response)),
+        Outcome::Unsettled { reason, .. } | Outcome::NotSent { reason } => Err(OutboundError::Transport(reason)),
+    }
+}
+
+/// Outcomes of key-honouring downstreams may be buffered: a lost one is
+/// recovered by re-sending the same key. Others must be synced.
+fn settled_durability(d: &Downstream) -> Durability {
+    if d.honours_keys { Durability::Buffered } else { Durability::Synced }
+}
+
+fn refusal(r: Refusal) -> OutboundError {
+    match r {
+        Refusal::Denied(m) => OutboundError::Denied(m),
+        Refusal::Invalid(m) => OutboundError::Invalid(m),
+    }
+}
+
+fn ledger_down(e: crate::ledger::LedgerError) -> OutboundError {
+    OutboundError::Transport(format!("the ledger is unavailable ({e}); nothing was sent"))
+}
+
+fn header<'a>(r: &'a StoredResponse, name: &str) -> Option<&'a str> {
+    r.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+}
+
+fn to_response(r: StoredResponse) -> types::Response {
+    types::Response {
+        status: r.status,
+        headers: r.headers.into_iter().map(|(name, value)| types::Header { name, value }).collect(),
+        body: r.body.to_bytes(),
+    }
+}
+
+/// The WIT form of an attempt's state.
+pub(crate) fn wit_state(s: AttemptState) -> types::AttemptState {
+    match s {
+        AttemptState::Pending => types::AttemptState::Pending,
+        AttemptState::Succeeded => types::AttemptState::Succeeded,
+        AttemptState::Failed => types::AttemptState::Failed,
+        AttemptState::Unknown => types::AttemptState::Unknown,
+    }
+}
+
+/// What the plugin (and through it the model) learns of an unsettled attempt.
+pub(crate) fn info(a: &AttemptRecord, reason: &str) -> AttemptInfo {
+    let tries = if a.tries == 1 { "1 try".to_string() } else { format!("{} tries", a.tries) };
+    let what = if a.state == AttemptState::Pending { "is still in flight at the provider" } else { "got no definitive answer" };
+    AttemptInfo {
+        key: a.key.clone(),
+        step: a.step,
+        state: wit_state(a.state),
+        tries: a.tries,
+        message: format!(
+            "{} {} {what} after {tries} ({reason}). It may have taken effect. Do not repeat it under a new tool-call id: \
+             check the provider's state first. Retrying the same tool-call id is safe: it re-sends the same idempotency key",
+            a.request.method, a.request.url
+        ),
+    }
+}

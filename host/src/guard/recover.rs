@@ -1,0 +1,85 @@
+//! Recovery: at start-up (and via `toolguard recover`) every attempt left
+//! pending or unknown — by a crash, a cut-off invocation or an unknown
+//! outcome — is resolved before new work proceeds: re-sent with the *same*
+//! key while the downstream still keeps keys, else reconciled by its plugin.
+//! Nothing here ever mints a key.
+
+use super::{Guard, Reconciler, blocking};
+use crate::ledger::{AttemptRecord, AttemptState, Resolution};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// What a recovery pass found and did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RecoveryReport {
+    /// Unsettled attempts examined.
+    pub examined: usize,
+    /// Keys settled (by the downstream's answer or reconciliation).
+    pub settled: Vec<String>,
+    /// Keys still unknown, each with why.
+    pub unresolved: Vec<(String, String)>,
+    /// Keys only an operator can settle (not found past the provider's retention).
+    pub needs_operator: Vec<String>,
+}
+
+impl Guard {
+    /// Resolves every pending or unknown attempt. `reconciler_for(tool)`
+    /// gives the plugin that can reconcile a tool's attempts, if any.
+    ///
+    /// Run it before serving: it takes each call's lock, so it never races a
+    /// run of the same call, but new calls could otherwise hit the hold rule.
+    ///
+    /// # Errors
+    /// The ledger cannot be read.
+    pub async fn recover(
+        self: &Arc<Self>,
+        reconciler_for: &(dyn Fn(&str) -> Option<Arc<dyn Reconciler>> + Sync),
+    ) -> Result<RecoveryReport, crate::ledger::LedgerError> {
+        let ledger = self.ledger.clone();
+        let unsettled = blocking(move || -> Result<Vec<AttemptRecord>, crate::ledger::LedgerError> {
+            let mut all = ledger.attempts_in_state(AttemptState::Pending)?;
+            all.extend(ledger.attempts_in_state(AttemptState::Unknown)?);
+            Ok(all)
+        })
+        .await?;
+        let mut report = RecoveryReport { examined: unsettled.len(), ..RecoveryReport::default() };
+        for mut attempt in unsettled {
+            let key = attempt.key.clone();
+            let lock = {
+                let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                map.entry((attempt.session.clone(), attempt.call_id.clone())).or_default().clone()
+            };
+            let _held = lock.lock_owned().await;
+            let ledger = self.ledger.clone();
+            let (session, call_id) = (attempt.session.clone(), attempt.call_id.clone());
+            let call = blocking(move || ledger.call(&session, &call_id)).await?;
+            let Some(call) = call else {
+                report.unresolved.push((key, "its tool call is not in the ledger".into()));
+                continue;
+            };
+            let Some(downstream) = self.downstreams.get(&attempt.downstream).cloned() else {
+                let why = format!("downstream `{}` is no longer configured", attempt.downstream);
+                report.unresolved.push((key, why));
+                continue;
+            };
+            let reconciler = reconciler_for(&attempt.tool);
+            let driven = self.drive(&mut attempt, &downstream, reconciler.as_deref(), &call, true, &mut None).await;
+            match driven {
+                super::attempt::Driven::Answered(_) => report.settled.push(key),
+                _ if attempt.resolution == Some(Resolution::ReconciledNotFound) => report.needs_operator.push(key),
+                super::attempt::Driven::Unsettled(info) => report.unresolved.push((key, info.message)),
+                super::attempt::Driven::NotSent(why) => report.unresolved.push((key, why)),
+            }
+        }
+        if report.examined > 0 {
+            tracing::info!(
+                examined = report.examined,
+                settled = report.settled.len(),
+                unresolved = report.unresolved.len(),
+                needs_operator = report.needs_operator.len(),
+                "recovery pass finished"
+            );
+        }
+        Ok(report)
+    }
+}
