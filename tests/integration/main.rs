@@ -8,4 +8,5 @@ mod guard_boundary;
 mod guard_edges;
 mod loading;
 mod payments;
+mod recovery_edges;
 mod sandbox_limits;

@@ -19,6 +19,10 @@ pub struct Downstream {
     pub reconcile_ms: u64,
     /// How long the host assumes the provider keeps keys.
     pub retention_hours: u64,
+    /// First backoff between tries.
+    pub backoff_ms: u64,
+    /// The plugins' wall-clock budget per invocation.
+    pub wall_ms: u64,
     /// TOML array of key transports.
     pub key: &'static str,
 }
@@ -35,6 +39,8 @@ impl Default for Downstream {
             max_retries: 3,
             reconcile_ms: 300,
             retention_hours: 24,
+            backoff_ms: 10,
+            wall_ms: 30_000,
             key: r#"[{ transport = "header", name = "Idempotency-Key" }, { transport = "form-field", name = "metadata[toolguard_key]" }]"#,
         }
     }
@@ -54,11 +60,14 @@ pub fn config_text(url: &str, data_dir: &std::path::Path, d: &Downstream) -> Str
 data_dir = {data:?}
 compile_cache = {cache:?}
 
+[limits]
+wall_ms = {wall}
+
 [downstreams.payments]
 url = "{url}"
 timeout_ms = {timeout}
 max_retries = {retries}
-backoff_ms = 10
+backoff_ms = {backoff}
 reconcile_ms = {reconcile}
 retention_hours = {retention}
 key = {key}
@@ -84,6 +93,8 @@ path_prefix = "/v1/refunds"
         timeout = d.timeout_ms,
         retries = d.max_retries,
         reconcile = d.reconcile_ms,
+        backoff = d.backoff_ms,
+        wall = d.wall_ms,
         retention = d.retention_hours,
         key = d.key,
         payments = wasm("payments").display().to_string(),

@@ -52,10 +52,27 @@ pub enum LedgerCommand {
     },
     /// Every record as JSON lines: calls, then attempts.
     Export,
+    /// Settle an unknown attempt on an operator's word. Needs the ledger
+    /// unlocked (stop the host first).
+    Resolve {
+        /// The attempt's idempotency key.
+        key: String,
+        /// The request never took effect: the next run of its tool call
+        /// sends it again under a new key. The only resolution offered: a
+        /// found refund settles itself through reconciliation.
+        #[arg(long, required = true)]
+        not_sent: bool,
+        /// Why (recorded with the attempt).
+        #[arg(long, default_value = "declared by an operator")]
+        note: String,
+    },
 }
 
 /// Runs a ledger subcommand; returns the exit status.
 pub fn run(config: &Path, command: LedgerCommand) -> u8 {
+    if let LedgerCommand::Resolve { key, not_sent: _, note } = &command {
+        return resolve(config, key, note);
+    }
     let ledger = match open(config) {
         Ok(l) => l,
         Err(message) => {
@@ -67,6 +84,23 @@ pub fn run(config: &Path, command: LedgerCommand) -> u8 {
         Ok(code) => code,
         Err(e) => {
             super::print_json(&json!({ "kind": "internal", "message": e.to_string() }));
+            super::EXIT_CALL_FAILED
+        }
+    }
+}
+
+fn resolve(config: &Path, key: &str, note: &str) -> u8 {
+    let result = crate::Config::load(config)
+        .map_err(|e| e.to_string())
+        .and_then(|c| Ledger::open(&c.data_dir.join("ledger")).map_err(|e| e.to_string()))
+        .and_then(|l| l.resolve_not_sent(key, note).map_err(|e| e.to_string()));
+    match result {
+        Ok(attempt) => {
+            super::print_json(&json!({ "resolved": attempt }));
+            0
+        }
+        Err(message) => {
+            super::print_json(&json!({ "kind": "not-resolved", "message": message }));
             super::EXIT_CALL_FAILED
         }
     }
@@ -118,6 +152,7 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
             super::print_json(&Value::Array(calls));
             Ok(0)
         }
+        LedgerCommand::Resolve { .. } => unreachable!("handled before the ledger is opened read-only"),
         LedgerCommand::Export => {
             for call in ledger.calls(None)? {
                 println!("{}", json!({ "type": "call", "record": call }));

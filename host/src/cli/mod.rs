@@ -54,6 +54,12 @@ enum Command {
         /// The arguments as a JSON object; `-` reads them from stdin.
         args: String,
     },
+    /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
+    Recover {
+        /// The config file.
+        #[arg(long, default_value = "toolguard.toml")]
+        config: PathBuf,
+    },
     /// Read the ledger: tool calls, attempts, their states.
     Ledger {
         /// The config file (names the data directory).
@@ -100,6 +106,7 @@ pub fn main() -> ExitCode {
                 call::run(&config, session, call_id, tool, args).await
             }
             Command::Ledger { config, command } => ledger::run(&config, command),
+            Command::Recover { config } => recover(&config).await,
             Command::Sandbox { addr, mode } => {
                 let mode = match mode {
                     SandboxMode::Stripe => toolguard_sandbox::Mode::Stripe,
@@ -137,6 +144,18 @@ async fn load(path: &std::path::Path) -> Result<crate::Runtime, u8> {
         Ok(rt) => Ok(rt),
         Err(e) => fail(e.to_string()),
     }
+}
+
+/// Loads the host (which runs the recovery pass) and prints what it did.
+/// Exits 1 if anything is left unresolved.
+async fn recover(config: &std::path::Path) -> u8 {
+    let runtime = match load(config).await {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let report = runtime.recovery().cloned().unwrap_or_default();
+    print_json(&serde_json::to_value(&report).unwrap_or_default());
+    if report.unresolved.is_empty() && report.needs_operator.is_empty() { 0 } else { EXIT_CALL_FAILED }
 }
 
 /// Prints pretty JSON to stdout.

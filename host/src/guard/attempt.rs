@@ -185,7 +185,8 @@ impl Guard {
         let age = Duration::from_millis(now_ms().saturating_sub(attempt.created_ms));
         let may_resend = !possibly_sent || (d.honours_keys && age < d.retention);
         let outcome = if may_resend {
-            *in_flight = Some(info(attempt, "the request was cut off while on its way to the provider"));
+            let on_the_wire = AttemptRecord { tries: attempt.tries + 1, ..attempt.clone() };
+            *in_flight = Some(info(&on_the_wire, "the invocation was cut off while the request was on its way"));
             let url = url::Url::parse(&attempt.request.url).expect("stored URLs were parsed before they were stored");
             let wire = wire::build(&attempt.request, url, d, Some(&attempt.key));
             let outcome = super::transport::perform(&self.client, d, &wire, &mut attempt.tries).await;

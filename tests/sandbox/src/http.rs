@@ -105,7 +105,12 @@ async fn create_refund(State(shared): State<Arc<Shared>>, method: Method, uri: U
             r
         }
         Admission::Reject { status, body, transient } => reject(shared.provider.lock().unwrap().mode, status, &body, transient),
-        Admission::Execute => execute(&shared, fault, key.as_deref(), &params).await,
+        // Like a real provider, keep executing when the client goes away:
+        // the work runs in its own task, which a dropped connection cannot cancel.
+        Admission::Execute => {
+            let task = tokio::spawn(async move { execute(&shared, fault, key.as_deref(), &params).await });
+            task.await.unwrap_or_else(|_| json_response(500, &json!({ "error": "sandbox task failed" })))
+        }
     }
 }
 

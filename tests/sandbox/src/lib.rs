@@ -158,8 +158,9 @@ impl Sandbox {
         self.shared.provider.lock().unwrap().clock_offset += by.as_secs();
     }
 
-    /// Keeps new refunds out of listings for `lag` (an eventually consistent
-    /// index); `GET /v1/refunds/{id}` and [`Sandbox::refunds`] see them at once.
+    /// Keeps refunds out of listings until `lag` after their creation (an
+    /// eventually consistent index; applies to existing refunds too);
+    /// `GET /v1/refunds/{id}` and [`Sandbox::refunds`] see them at once.
     pub fn set_list_lag(&self, lag: Duration) {
         self.shared.provider.lock().unwrap().list_lag = lag;
     }

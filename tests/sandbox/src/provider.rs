@@ -27,6 +27,8 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Fault {
+    /// No fault for this request (to aim the next fault at a later one).
+    Pass,
     /// Commit, then answer only after `ms` milliseconds (outliving the client's deadline).
     DelayAfterCommit { ms: u64 },
     /// Wait `ms` milliseconds while the key is marked executing (a concurrent
@@ -73,9 +75,9 @@ pub struct Refund {
     pub status: String,
     pub metadata: BTreeMap<String, String>,
     pub created: u64,
-    /// When listings start to show it (Unix ms): a lagging index, like Square's.
+    /// When it was created (Unix ms); listings show it only `list_lag` later.
     #[serde(skip)]
-    pub listed_from_ms: u64,
+    pub created_ms: u64,
 }
 
 /// What the provider stored under a key.
@@ -285,7 +287,7 @@ impl Provider {
             status: intent.refund_status.clone(),
             metadata,
             created: self.now(),
-            listed_from_ms: now_ms() + self.list_lag.as_millis() as u64,
+            created_ms: now_ms(),
         };
         let body = serde_json::to_value(&refund).unwrap_or_default();
         self.refunds.push(refund);
@@ -299,7 +301,7 @@ impl Provider {
             .iter()
             .rev()
             .filter(|r| payment_intent.is_none_or(|pi| r.payment_intent == pi))
-            .filter(|r| r.listed_from_ms <= now_ms())
+            .filter(|r| r.created_ms + self.list_lag.as_millis() as u64 <= now_ms())
             .take(limit.clamp(1, 100))
             .collect();
         json!({ "object": "list", "url": "/v1/refunds", "has_more": false, "data": data })
