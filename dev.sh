@@ -2,7 +2,9 @@
 # toolguard's one entry point on a fresh machine. It installs what the build
 # needs (the wasm32-wasip2 target; libclang for RocksDB's bindings) and then
 #   ./dev.sh demo [ARGS…]   runs `toolguard demo` (the main job, embedded defaults)
-#   ./dev.sh test [ARGS…]   runs the whole test suite: `cargo test --workspace --locked`
+#   ./dev.sh test [ARGS…]   runs the whole test suite: `cargo test --workspace --locked`, with
+#                           the crash torture harness last and its tally shown (ARGS, if
+#                           given, go to a single `cargo test` instead)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -27,6 +29,11 @@ prerequisites() {
 
 case "${1:-}" in
     demo) shift; prerequisites; exec cargo run --quiet --locked -p toolguard -- demo "$@" ;;
-    test) shift; prerequisites; exec cargo test --workspace --locked "$@" ;;
+    test)
+        shift
+        prerequisites
+        if [ $# -gt 0 ]; then exec cargo test --workspace --locked "$@"; fi
+        cargo test --workspace --locked -- --skip torture
+        exec cargo test --locked -p toolguard --test integration torture -- --nocapture ;;
     *) echo "usage: ./dev.sh demo | ./dev.sh test" >&2; exit 2 ;;
 esac

@@ -4,9 +4,11 @@
 mod cli;
 mod cli_guard;
 mod common;
+mod crash;
 mod guard_boundary;
 mod guard_edges;
 mod loading;
 mod payments;
 mod recovery_edges;
 mod sandbox_limits;
+mod torture;

@@ -1,0 +1,162 @@
+//! Real crashes of the real binary: `toolguard call` as a child process
+//! against the in-process sandbox, killed (SIGKILL, or aborted at a
+//! failpoint) mid-call, then restarted. Edge cases 8 and 9, `toolguard
+//! recover`, and the torture harness.
+
+use crate::payments::{Downstream, config_text};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use toolguard::ledger::{AttemptState, Ledger};
+use toolguard_sandbox::{Fault, Mode, Sandbox};
+
+const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
+/// The payment intent crash tests refund against: large, so every trial fits.
+pub const PI: &str = "pi_crash";
+
+/// A sandbox (on its own runtime, so plain `#[test]`s can drive processes)
+/// and a config file for child hosts.
+pub struct World {
+    pub sandbox: Sandbox,
+    pub config: PathBuf,
+    pub dir: tempfile::TempDir,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl World {
+    pub fn new() -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+        sandbox.add_payment_intent(PI, u64::MAX / 4);
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("toolguard.toml");
+        let d = Downstream { timeout_ms: 5_000, ..Downstream::default() };
+        std::fs::write(&config, config_text(&sandbox.url(), &dir.path().join("data"), &d)).unwrap();
+        Self { sandbox, config, dir, _rt: rt }
+    }
+
+    /// `toolguard call` refunding `amount` cents under `call_id`, started.
+    pub fn spawn_refund(&self, call_id: &str, amount: u64, failpoint: Option<&str>) -> Child {
+        let args = format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"duplicate"}}"#);
+        let mut cmd = Command::new(BIN);
+        cmd.args(["call", "--config", self.config.to_str().unwrap(), "--session", "crash", "--call-id", call_id, "refund", &args])
+            .env("TOOLGUARD_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(point) = failpoint {
+            cmd.env("TOOLGUARD_FAILPOINT", point);
+        }
+        cmd.spawn().expect("spawn toolguard")
+    }
+
+    /// Runs a refund to completion; its stdout as JSON, and whether it succeeded.
+    pub fn refund(&self, call_id: &str, amount: u64) -> (bool, Value) {
+        let out = self.spawn_refund(call_id, amount, None).wait_with_output().unwrap();
+        (out.status.success(), stdout_json(&out))
+    }
+
+    /// Runs `toolguard ARGS… --config <this world's config>`.
+    pub fn toolguard(&self, args: &[&str]) -> Output {
+        Command::new(BIN).args(args).args(["--config", self.config.to_str().unwrap()]).env("TOOLGUARD_LOG", "warn").output().unwrap()
+    }
+
+    /// The host's ledger, read-only (no host is running).
+    pub fn ledger(&self) -> Ledger {
+        Ledger::open_read_only(&ledger_dir(self.dir.path())).unwrap()
+    }
+
+    /// Refunds at the sandbox of exactly `amount` cents.
+    pub fn refunds_of(&self, amount: u64) -> usize {
+        self.sandbox.refunds().iter().filter(|r| r.amount == amount).count()
+    }
+
+    /// POSTs the sandbox received for a refund of `amount` cents.
+    pub fn posts_of(&self, amount: u64) -> Vec<toolguard_sandbox::Observed> {
+        let body = format!("amount={amount}&");
+        self.sandbox.requests().into_iter().filter(|r| r.method == "POST" && r.body.contains(&body)).collect()
+    }
+}
+
+fn ledger_dir(root: &Path) -> PathBuf {
+    root.join("data").join("ledger")
+}
+
+pub fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Waits until `done()` or the deadline; true if it happened.
+pub fn wait_for(deadline: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    done()
+}
+
+#[test]
+fn e08_crash_after_the_attempt_is_written_before_it_is_sent() {
+    let w = World::new();
+    let child = w.spawn_refund("c1", 111, Some("after-attempt-write"));
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "it aborted at the failpoint");
+    assert!(w.posts_of(111).is_empty(), "nothing was sent");
+    let pending = w.ledger().attempts_in_state(AttemptState::Pending).unwrap();
+    assert_eq!(pending.len(), 1, "the attempt was durable before anything left");
+    let key = pending[0].key.clone();
+
+    let (ok, result) = w.refund("c1", 111);
+    assert!(ok, "{result}");
+    assert_eq!(w.refunds_of(111), 1);
+    let posts = w.posts_of(111);
+    assert_eq!(posts.len(), 1, "recovery re-drove it once; the re-run replayed the recorded answer");
+    assert_eq!(posts[0].idempotency_key.as_deref(), Some(key.as_str()), "with the same key");
+}
+
+#[test]
+fn e09_crash_between_the_providers_commit_and_our_outcome_write() {
+    let w = World::new();
+    w.sandbox.inject(Fault::PauseAfterCommit);
+    let mut child = w.spawn_refund("c1", 222, None);
+    assert!(wait_for(Duration::from_secs(20), || w.sandbox.paused() == 1), "the provider committed and is holding its answer");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    w.sandbox.release();
+    assert_eq!(w.refunds_of(222), 1);
+    assert_eq!(w.ledger().attempts_in_state(AttemptState::Pending).unwrap().len(), 1, "our outcome write never happened");
+
+    // `toolguard recover` resolves it (same key: the provider replays).
+    let out = w.toolguard(&["recover"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let report = stdout_json(&out);
+    assert_eq!(report["examined"], 1);
+    assert_eq!(report["settled"].as_array().unwrap().len(), 1);
+    let attempt = w.ledger().attempts().unwrap().remove(0);
+    assert_eq!(attempt.state, AttemptState::Succeeded);
+    assert!(attempt.provider_replayed, "the provider replayed its stored answer");
+
+    let (ok, result) = w.refund("c1", 222);
+    assert!(ok, "{result}");
+    assert_eq!(result["refund_id"], w.sandbox.refunds()[0].id.as_str());
+    assert_eq!(w.refunds_of(222), 1);
+    let posts = w.posts_of(222);
+    assert_eq!(posts.len(), 2, "the original and recovery's re-send");
+    assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key);
+}
+
+#[test]
+fn ledger_resolve_needs_the_host_stopped_and_an_unsettled_attempt() {
+    let w = World::new();
+    let (ok, _) = w.refund("c1", 333);
+    assert!(ok);
+    let key = w.ledger().attempts().unwrap().remove(0).key;
+    let out = w.toolguard(&["ledger", "resolve", &key, "--not-sent"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout_json(&out)["message"].as_str().unwrap().contains("already settled"));
+    let out = w.toolguard(&["ledger", "resolve", &key]);
+    assert_eq!(out.status.code(), Some(2), "--not-sent is required");
+}
