@@ -263,3 +263,20 @@ async fn e30_a_lagging_listing_is_retried_within_the_reconcile_window_without_re
     assert_eq!(h.posts().len(), 1, "no resend");
     assert_eq!(h.refunds(), 1);
 }
+
+#[tokio::test]
+async fn hold_rule_releases_once_reconciliation_settles_the_earlier_call() {
+    // Past retention, so resolution can only come from reconciliation.
+    let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;
+    h.sandbox.set_list_lag(LONG_LAG);
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    assert_eq!(h.refund("c2", 500).await.unwrap_err().kind, ErrorKind::Held);
+    assert_eq!(h.posts().len(), 1, "held: no request");
+    h.sandbox.set_list_lag(Duration::ZERO);
+    let report = h.rt.recover().await.unwrap();
+    assert_eq!((report.examined, report.settled.len()), (1, 1), "{report:?}");
+    assert_eq!(h.posts().len(), 1, "settled by looking, not by sending");
+    h.refund("c2", 500).await.expect("the earlier call is resolved: a new one runs");
+    assert_eq!(h.refunds(), 2);
+}
