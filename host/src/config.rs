@@ -1,10 +1,13 @@
-//! `toolguard.toml`: the data directory, engine settings, host-wide limits
-//! and each plugin (component, optional sha256 pin, limits, non-secret
-//! settings). A bad file fails with the file, the field and what is wrong.
+//! `toolguard.toml`: the operator's part — the data directory, engine
+//! settings, host-wide limits, and each plugin (component, limits, non-secret
+//! settings) — and the reviewer's part, `[policy]` (or a separate
+//! `policy_file`): downstreams, pins, effect classes, grants, budgets,
+//! credentials (see [`crate::policy`]). A bad file fails with the file, the
+//! field and what is wrong.
 //!
-//! Relative paths are resolved against the config file's directory.
+//! Relative paths are resolved against the directory of the file they are in.
 
-use crate::policy::{Downstream, Downstreams, Grant, RawDownstream};
+use crate::policy::{Downstreams, PluginPolicy, Policy, RawPolicy};
 use crate::runtime::limits::{LimitOverrides, Limits};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -25,8 +28,10 @@ pub struct Config {
     pub compile_cache: PathBuf,
     /// Engine-wide settings.
     pub engine: EngineConfig,
-    /// The downstreams plugins may be granted, by name.
+    /// The downstreams plugins may be granted, by name (from the policy).
     pub downstreams: Downstreams,
+    /// Where the policy came from (this file, or its `policy_file`).
+    pub policy_source: String,
     /// Each plugin, in name order.
     pub plugins: Vec<PluginConfig>,
 }
@@ -74,14 +79,12 @@ pub struct PluginConfig {
     pub name: String,
     /// Its component.
     pub component: ComponentSource,
-    /// Lower-case hex sha256 the component must have, if pinned.
-    pub sha256: Option<String>,
     /// The limits its invocations run under.
     pub limits: Limits,
     /// Non-secret settings the plugin reads with `outbound.config`.
     pub settings: BTreeMap<String, String>,
-    /// What it may reach through `outbound` (nothing by default).
-    pub grants: Vec<Grant>,
+    /// The reviewer's policy for it (the default if the policy does not name it).
+    pub policy: PluginPolicy,
 }
 
 /// A config that could not be used: which file, which field, what is wrong.
@@ -107,22 +110,19 @@ struct RawConfig {
     #[serde(default)]
     limits: LimitOverrides,
     #[serde(default)]
-    downstreams: BTreeMap<String, RawDownstream>,
-    #[serde(default)]
     plugins: BTreeMap<String, RawPlugin>,
+    policy: Option<RawPolicy>,
+    policy_file: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPlugin {
     component: String,
-    sha256: Option<String>,
     #[serde(default)]
     limits: LimitOverrides,
     #[serde(default)]
     config: BTreeMap<String, String>,
-    #[serde(default)]
-    grants: Vec<Grant>,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -152,11 +152,7 @@ impl Config {
     /// The text is not valid TOML or a field is wrong.
     pub fn parse(text: &str, file: &str, base: &Path) -> Result<Self, ConfigError> {
         let err = |field: &str, message: String| ConfigError { file: file.into(), field: field.into(), message };
-        let de = toml::Deserializer::parse(text).map_err(|e| err(".", describe_toml_error(text, &e)))?;
-        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
-            err(&field, describe_toml_error(text, e.inner()))
-        })?;
+        let raw: RawConfig = parse_toml(text, file)?;
 
         let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
         let data_dir = resolve(&raw.data_dir);
@@ -168,10 +164,27 @@ impl Config {
         let host_limits = Limits::default().with(&raw.limits);
         check_limits(&host_limits, &engine).map_err(|(f, m)| err(&format!("limits.{f}"), m))?;
 
-        let mut downstreams = Downstreams::new();
-        for (name, d) in raw.downstreams {
-            let d = Downstream::from_raw(&name, d).map_err(|(f, m)| err(&format!("downstreams.{name}.{f}"), m))?;
-            downstreams.insert(name, std::sync::Arc::new(d));
+        let (mut policy, policy_source) = match (raw.policy, raw.policy_file) {
+            (Some(_), Some(_)) => return Err(err("policy_file", "give the policy inline (`[policy]`) or in `policy_file`, not both".into())),
+            (Some(p), None) => (Policy::from_raw(p, base).map_err(|(f, m)| err(&format!("policy.{f}"), m))?, file.to_string()),
+            (None, Some(path)) => {
+                let path = resolve(&path);
+                let name = path.display().to_string();
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| ConfigError { file: name.clone(), field: ".".into(), message: format!("cannot read the policy file: {e}") })?;
+                let raw: RawPolicy = parse_toml(&text, &name)?;
+                let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                let policy = Policy::from_raw(raw, &dir).map_err(|(field, message)| ConfigError { file: name.clone(), field, message })?;
+                (policy, name)
+            }
+            (None, None) => (Policy::default(), file.to_string()),
+        };
+        if let Some(stray) = policy.plugins.keys().find(|p| !raw.plugins.contains_key(*p)) {
+            return Err(ConfigError {
+                file: policy_source.clone(),
+                field: format!("policy.plugins.{stray}"),
+                message: format!("no plugin `{stray}` is configured under [plugins]"),
+            });
         }
 
         let mut plugins = Vec::with_capacity(raw.plugins.len());
@@ -188,25 +201,12 @@ impl Config {
                 }
                 None => ComponentSource::File(resolve(Path::new(&p.component))),
             };
-            if let Some(pin) = &p.sha256
-                && (pin.len() != 64 || !pin.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()))
-            {
-                return Err(err(&at("sha256"), "expected 64 lower-case hex digits (the component's sha256)".into()));
-            }
             let limits = host_limits.with(&p.limits);
             check_limits(&limits, &engine).map_err(|(f, m)| err(&at(&format!("limits.{f}")), m))?;
-            for (i, g) in p.grants.iter().enumerate() {
-                if !downstreams.contains_key(&g.downstream) {
-                    let known = downstreams.keys().cloned().collect::<Vec<_>>().join(", ");
-                    return Err(err(&at(&format!("grants[{i}].downstream")), format!("no downstream `{}`; configured: {known}", g.downstream)));
-                }
-                if g.methods.is_empty() || g.methods.iter().any(|m| m.is_empty() || !m.chars().all(|c| c.is_ascii_uppercase())) {
-                    return Err(err(&at(&format!("grants[{i}].methods")), "list upper-case HTTP methods, e.g. [\"POST\"]".into()));
-                }
-            }
-            plugins.push(PluginConfig { name, component, sha256: p.sha256, limits, settings: p.config, grants: p.grants });
+            let policy = policy.plugins.remove(&name).unwrap_or_default();
+            plugins.push(PluginConfig { name, component, limits, settings: p.config, policy });
         }
-        Ok(Self { data_dir, compile_cache, engine, downstreams, plugins })
+        Ok(Self { data_dir, compile_cache, engine, downstreams: policy.downstreams, policy_source, plugins })
     }
 }
 
@@ -229,6 +229,16 @@ fn check_limits(l: &Limits, engine: &EngineConfig) -> Result<(), (&'static str, 
         ));
     }
     Ok(())
+}
+
+/// Deserialises `text` (named `file` in errors), naming the offending field.
+fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
+    let err = |field: String, message: String| ConfigError { file: file.into(), field, message };
+    let de = toml::Deserializer::parse(text).map_err(|e| err(".".into(), describe_toml_error(text, &e)))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        err(field, describe_toml_error(text, e.inner()))
+    })
 }
 
 /// A TOML error as one line, with the line and column it points at.
@@ -263,8 +273,8 @@ mod tests {
         let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\ncolour = 1\n").unwrap_err();
         assert!(e.message.contains("unknown field `colour`"), "{e}");
 
-        let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\nsha256 = \"abc\"\n").unwrap_err();
-        assert_eq!(e.field, "plugins.a.sha256");
+        let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\n[policy.plugins.a]\nsha256 = \"abc\"\n").unwrap_err();
+        assert_eq!(e.field, "policy.plugins.a.sha256");
 
         let e = parse("[plugins.a]\ncomponent = \"builtin:nope\"\n").unwrap_err();
         assert!(e.message.contains("builtins are"), "{e}");
@@ -278,18 +288,36 @@ mod tests {
 
     #[test]
     fn downstreams_and_grants_are_checked() {
-        let base = "[downstreams.pay]\nurl = \"http://127.0.0.1:4242\"\n[plugins.a]\ncomponent = \"a.wasm\"\n";
-        let ok = parse(&format!("{base}[[plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"POST\"]\npath_prefix = \"/v1\"\n")).unwrap();
-        assert_eq!(ok.plugins[0].grants[0].downstream, "pay");
+        let base = "[plugins.a]\ncomponent = \"a.wasm\"\n[policy.downstreams.pay]\nurl = \"http://127.0.0.1:4242\"\n";
+        let ok = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"POST\"]\npath_prefix = \"/v1\"\n")).unwrap();
+        assert_eq!(ok.plugins[0].policy.grants[0].downstream, "pay");
+        assert!(ok.plugins[0].policy.reviewed);
         assert_eq!(ok.downstreams["pay"].timeout.as_millis(), 8000);
-        let e = parse(&format!("{base}[[plugins.a.grants]]\ndownstream = \"nope\"\n")).unwrap_err();
-        assert_eq!(e.field, "plugins.a.grants[0].downstream");
-        let e = parse(&format!("{base}[[plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"post\"]\n")).unwrap_err();
-        assert_eq!(e.field, "plugins.a.grants[0].methods");
-        let e = parse("[downstreams.pay]\nurl = \"ftp://x\"\n").unwrap_err();
-        assert_eq!(e.field, "downstreams.pay.url");
-        let e = parse("[downstreams.pay]\nurl = \"http://x\"\nkey = [{ transport = \"smoke-signal\" }]\n").unwrap_err();
-        assert!(e.field.starts_with("downstreams.pay.key"), "{e}");
+        let e = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"nope\"\n")).unwrap_err();
+        assert_eq!(e.field, "policy.plugins.a.grants[0].downstream");
+        let e = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"post\"]\n")).unwrap_err();
+        assert_eq!(e.field, "policy.plugins.a.grants[0].methods");
+        let e = parse("[policy.downstreams.pay]\nurl = \"ftp://x\"\n").unwrap_err();
+        assert_eq!(e.field, "policy.downstreams.pay.url");
+        let e = parse("[policy.downstreams.pay]\nurl = \"http://x\"\nkey = [{ transport = \"smoke-signal\" }]\n").unwrap_err();
+        assert!(e.field.starts_with("policy.downstreams.pay.key"), "{e}");
+        let e = parse("[policy.plugins.ghost]\nsha256 = \"\"\n").unwrap_err();
+        assert!(e.field.starts_with("policy.plugins.ghost"), "{e}");
+        let e = parse("[policy.downstreams.pay]\nurl = \"http://x\"\ncredential = { env = \"A\", file = \"b\" }\n").unwrap_err();
+        assert_eq!(e.field, "policy.downstreams.pay.credential");
+    }
+
+    #[test]
+    fn the_policy_may_live_in_its_own_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("policy.toml"), "[downstreams.pay]\nurl = \"http://x\"\n[plugins.a]\nmax_sends_per_call = 2\n").unwrap();
+        let text = "policy_file = \"policy.toml\"\n[plugins.a]\ncomponent = \"a.wasm\"\n";
+        let c = Config::parse(text, "t.toml", dir.path()).unwrap();
+        assert_eq!(c.plugins[0].policy.max_sends_per_call, 2);
+        assert!(c.policy_source.ends_with("policy.toml"));
+        std::fs::write(dir.path().join("policy.toml"), "[plugins.a]\nsha256 = \"x\"\n").unwrap();
+        let e = Config::parse(text, "t.toml", dir.path()).unwrap_err();
+        assert!(e.file.ends_with("policy.toml") && e.field == "plugins.a.sha256", "{e}");
     }
 
     #[test]

@@ -1,13 +1,53 @@
-//! Outbound policy: the downstreams the host knows (how each takes keys,
-//! its timeout, retries and retention) and each plugin's grants (which
-//! downstream, which methods, which path prefix). Deny by default: a request
-//! no grant covers is `denied` and nothing is sent.
+//! The reviewer's policy, and the one place outbound policy is enforced:
+//! the downstreams the host knows (how each takes keys, its timeout, retries,
+//! retention, and the credential the host injects), and per plugin its sha256
+//! pin, the effect class of each tool, its outbound grants (downstream,
+//! methods, path prefix) and its budgets. Deny by default: a request no grant
+//! covers is `denied` and nothing is sent. The format is in `docs/policy.md`.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use url::Url;
+
+/// Default number of sends one tool call may make.
+pub const DEFAULT_MAX_SENDS_PER_CALL: u32 = 8;
+
+/// The side effect a tool has on the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Effect {
+    /// Reads only: may fetch, may not send.
+    ReadOnly,
+    /// Repeating it with the same arguments leaves the world as one call would.
+    Idempotent,
+    /// Every execution is a new effect in the world (held while an identical one is unresolved).
+    Irreversible,
+}
+
+impl Effect {
+    /// The class the host enforces: the reviewer's if given; otherwise the
+    /// plugin's claim may only restrict — `read-only` stays read-only, any
+    /// other claim is treated as `irreversible`.
+    pub fn effective(claimed: Self, reviewed: Option<Self>) -> Self {
+        match (reviewed, claimed) {
+            (Some(r), _) => r,
+            (None, Self::ReadOnly) => Self::ReadOnly,
+            (None, _) => Self::Irreversible,
+        }
+    }
+
+    /// The kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadOnly => "read-only",
+            Self::Idempotent => "idempotent",
+            Self::Irreversible => "irreversible",
+        }
+    }
+}
 
 /// Default per-try timeout of a downstream.
 pub const DEFAULT_TIMEOUT_MS: u64 = 8_000;
@@ -65,6 +105,74 @@ pub struct RawDownstream {
     pub reconcile_ms: Option<u64>,
     /// How the key travels; default a bare `Idempotency-Key` header.
     pub key: Option<Vec<KeyTransport>>,
+    /// A credential the host adds to every request to this downstream.
+    pub credential: Option<CredentialSpec>,
+}
+
+/// Where a credential comes from and how it is sent. Its value is read when
+/// the host starts, never written anywhere, and never visible to a plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialSpec {
+    /// The header carrying it (default `Authorization`).
+    #[serde(default = "default_credential_header")]
+    pub header: String,
+    /// Text before the secret in the header value, e.g. `"Bearer "`.
+    #[serde(default)]
+    pub prefix: String,
+    /// An environment variable of the host holding the secret.
+    pub env: Option<String>,
+    /// A file holding the secret (trailing newline ignored); relative to the config.
+    pub file: Option<PathBuf>,
+}
+
+fn default_credential_header() -> String {
+    "Authorization".into()
+}
+
+impl CredentialSpec {
+    /// Where the secret comes from, for reports (never the value).
+    pub fn source(&self) -> String {
+        match (&self.env, &self.file) {
+            (Some(var), _) => format!("env:{var}"),
+            (None, Some(path)) => format!("file:{}", path.display()),
+            (None, None) => "nowhere".into(),
+        }
+    }
+
+    /// Reads the secret now.
+    ///
+    /// # Errors
+    /// The variable is unset or empty, or the file cannot be read.
+    pub fn resolve(&self) -> Result<Secret, String> {
+        let raw = match (&self.env, &self.file) {
+            (Some(var), _) => std::env::var(var).map_err(|_| format!("environment variable `{var}` is not set"))?,
+            (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+            (None, None) => return Err("no `env` or `file` given".into()),
+        };
+        let secret = raw.trim_end_matches(['\n', '\r']);
+        if secret.is_empty() {
+            return Err(format!("the credential from {} is empty", self.source()));
+        }
+        Ok(Secret(format!("{}{secret}", self.prefix).into()))
+    }
+}
+
+/// A secret header value. Its `Debug` shows nothing.
+#[derive(Clone)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    /// The value, for the one place that puts it on the wire.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
 }
 
 /// A downstream the host may send to.
@@ -88,6 +196,10 @@ pub struct Downstream {
     pub reconcile_window: Duration,
     /// Every way the key is attached to a request (at least one).
     pub keys: Vec<KeyTransport>,
+    /// The credential the host injects, if any.
+    pub credential: Option<CredentialSpec>,
+    /// Its value, once the host has read it (`Guard::new`).
+    pub secret: Option<Secret>,
 }
 
 impl Downstream {
@@ -95,7 +207,7 @@ impl Downstream {
     ///
     /// # Errors
     /// `(field, message)` for the first problem found.
-    pub fn from_raw(name: &str, raw: RawDownstream) -> Result<Self, (String, String)> {
+    pub fn from_raw(name: &str, raw: RawDownstream, base: &Path) -> Result<Self, (String, String)> {
         let origin = Url::parse(&raw.url).map_err(|e| ("url".to_string(), format!("not a URL: {e}")))?;
         if !matches!(origin.scheme(), "http" | "https") || origin.host_str().is_none() {
             return Err(("url".into(), "expected an http or https URL with a host".into()));
@@ -107,6 +219,17 @@ impl Downstream {
         if keys.is_empty() {
             return Err(("key".into(), "at least one key transport is needed".into()));
         }
+        let credential = match raw.credential {
+            Some(c) if c.env.is_some() == c.file.is_some() => {
+                return Err(("credential".into(), "give exactly one of `env` or `file`".into()));
+            }
+            Some(c) if c.header.trim().is_empty() => return Err(("credential.header".into(), "must not be empty".into())),
+            Some(mut c) => {
+                c.file = c.file.map(|f| if f.is_absolute() { f } else { base.join(f) });
+                Some(c)
+            }
+            None => None,
+        };
         let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
         if timeout_ms == 0 {
             return Err(("timeout_ms".into(), "must be greater than 0".into()));
@@ -121,20 +244,24 @@ impl Downstream {
             retention: Duration::from_secs(3600 * raw.retention_hours.unwrap_or(DEFAULT_RETENTION_HOURS)),
             reconcile_window: Duration::from_millis(raw.reconcile_ms.unwrap_or(DEFAULT_RECONCILE_MS)),
             keys,
+            credential,
+            secret: None,
         })
     }
 
-    /// Header names that carry the key to this downstream, lower-case.
-    pub fn key_headers(&self) -> impl Iterator<Item = String> + '_ {
-        self.keys.iter().filter_map(|k| match k {
+    /// Header names only the host sets on requests to this downstream (the
+    /// key headers and the credential's), lower-case.
+    pub fn host_headers(&self) -> impl Iterator<Item = String> + '_ {
+        let keys = self.keys.iter().filter_map(|k| match k {
             KeyTransport::Header { name } | KeyTransport::SfString { name } => Some(name.to_ascii_lowercase()),
             _ => None,
-        })
+        });
+        keys.chain(self.credential.iter().map(|c| c.header.to_ascii_lowercase()))
     }
 }
 
-/// One outbound grant of a plugin (`[[plugins.NAME.grants]]`).
-#[derive(Debug, Clone, Deserialize)]
+/// One outbound grant of a plugin (`[[policy.plugins.NAME.grants]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Grant {
     /// The downstream it opens.
@@ -153,6 +280,117 @@ fn read_methods() -> Vec<String> {
 
 /// The downstreams by name.
 pub type Downstreams = BTreeMap<String, Arc<Downstream>>;
+
+/// The reviewer's policy for one plugin. A plugin the policy does not name
+/// gets the default: not reviewed, no pin, no grants, claims only restrict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginPolicy {
+    /// Whether the policy names this plugin at all.
+    pub reviewed: bool,
+    /// Lower-case hex sha256 the component must have, if pinned.
+    pub sha256: Option<String>,
+    /// The effect class of each reviewed tool.
+    pub tools: BTreeMap<String, Effect>,
+    /// What it may reach through `outbound` (nothing by default).
+    pub grants: Vec<Grant>,
+    /// Sends one tool call may make.
+    pub max_sends_per_call: u32,
+    /// Calls of its irreversible tools one session may make per hour, if limited.
+    pub max_irreversible_calls_per_session_hour: Option<u32>,
+}
+
+impl Default for PluginPolicy {
+    fn default() -> Self {
+        Self {
+            reviewed: false,
+            sha256: None,
+            tools: BTreeMap::new(),
+            grants: Vec::new(),
+            max_sends_per_call: DEFAULT_MAX_SENDS_PER_CALL,
+            max_irreversible_calls_per_session_hour: None,
+        }
+    }
+}
+
+/// The reviewer's policy as written (`[policy]`, or a `policy_file`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    #[serde(default)]
+    pub downstreams: BTreeMap<String, RawDownstream>,
+    #[serde(default)]
+    pub plugins: BTreeMap<String, RawPluginPolicy>,
+}
+
+/// One plugin's policy as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPluginPolicy {
+    pub sha256: Option<String>,
+    #[serde(default)]
+    pub tools: BTreeMap<String, RawToolPolicy>,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    pub max_sends_per_call: Option<u32>,
+    pub max_irreversible_calls_per_session_hour: Option<u32>,
+}
+
+/// One tool's policy as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawToolPolicy {
+    /// The class the reviewer assigns.
+    pub effect: Effect,
+}
+
+/// The checked policy.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    pub downstreams: Downstreams,
+    pub plugins: BTreeMap<String, PluginPolicy>,
+}
+
+impl Policy {
+    /// Checks a written policy; file paths resolve against `base`.
+    ///
+    /// # Errors
+    /// `(field, message)` for the first problem, the field relative to the policy's root.
+    pub fn from_raw(raw: RawPolicy, base: &Path) -> Result<Self, (String, String)> {
+        let mut downstreams = Downstreams::new();
+        for (name, d) in raw.downstreams {
+            let d = Downstream::from_raw(&name, d, base).map_err(|(f, m)| (format!("downstreams.{name}.{f}"), m))?;
+            downstreams.insert(name, Arc::new(d));
+        }
+        let mut plugins = BTreeMap::new();
+        for (name, p) in raw.plugins {
+            let at = |f: &str| format!("plugins.{name}.{f}");
+            if let Some(pin) = &p.sha256
+                && (pin.len() != 64 || !pin.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()))
+            {
+                return Err((at("sha256"), "expected 64 lower-case hex digits (the component's sha256)".into()));
+            }
+            for (i, g) in p.grants.iter().enumerate() {
+                if !downstreams.contains_key(&g.downstream) {
+                    let known = downstreams.keys().cloned().collect::<Vec<_>>().join(", ");
+                    return Err((at(&format!("grants[{i}].downstream")), format!("no downstream `{}`; configured: {known}", g.downstream)));
+                }
+                if g.methods.is_empty() || g.methods.iter().any(|m| m.is_empty() || !m.chars().all(|c| c.is_ascii_uppercase())) {
+                    return Err((at(&format!("grants[{i}].methods")), "list upper-case HTTP methods, e.g. [\"POST\"]".into()));
+                }
+            }
+            let policy = PluginPolicy {
+                reviewed: true,
+                sha256: p.sha256,
+                tools: p.tools.into_iter().map(|(t, tp)| (t, tp.effect)).collect(),
+                grants: p.grants,
+                max_sends_per_call: p.max_sends_per_call.unwrap_or(DEFAULT_MAX_SENDS_PER_CALL),
+                max_irreversible_calls_per_session_hour: p.max_irreversible_calls_per_session_hour,
+            };
+            plugins.insert(name, policy);
+        }
+        Ok(Self { downstreams, plugins })
+    }
+}
 
 /// Why a request may not go out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,8 +451,9 @@ mod tests {
             retention_hours: None,
             reconcile_ms: None,
             key: None,
+            credential: None,
         };
-        BTreeMap::from([("pay".to_string(), Arc::new(Downstream::from_raw("pay", raw).unwrap()))])
+        BTreeMap::from([("pay".to_string(), Arc::new(Downstream::from_raw("pay", raw, Path::new(".")).unwrap()))])
     }
 
     fn grant(methods: &[&str], prefix: &str) -> Grant {

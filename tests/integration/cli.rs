@@ -19,6 +19,8 @@ fn example_config(dir: &Path) -> PathBuf {
         1,
     );
     assert!(text.contains("compile_cache"), "the example config must set data_dir");
+    let key_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/sandbox-api-key");
+    let text = text.replacen("file = \"examples/sandbox-api-key\"", &format!("file = {:?}", key_file.display().to_string()), 1);
     let fixture = format!(
         "\n[plugins.misbehave]\ncomponent = {:?}\n[plugins.misbehave.config]\ngreeting = \"hi\"\n",
         wasm("misbehave").display().to_string()

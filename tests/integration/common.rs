@@ -23,10 +23,9 @@ pub fn plugin(name: &str, crate_name: &str, limits: Limits) -> PluginConfig {
     PluginConfig {
         name: name.into(),
         component: ComponentSource::File(wasm(crate_name)),
-        sha256: None,
         limits,
         settings: Default::default(),
-        grants: Vec::new(),
+        policy: Default::default(),
     }
 }
 

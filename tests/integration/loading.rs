@@ -57,14 +57,14 @@ async fn enforces_the_sha256_pin() {
     let bytes = std::fs::read(wasm("text-stats")).unwrap();
     let digest = hex::encode(Sha256::digest(&bytes));
     let mut wrong = plugin("text-stats", "text-stats", Limits::default());
-    wrong.sha256 = Some("0".repeat(64));
+    wrong.policy.sha256 = Some("0".repeat(64));
     let mut rt = Runtime::new(&common::engine(), shared_cache()).unwrap();
     match rt.add_plugin(&wrong).await.unwrap_err() {
         LoadError::DigestMismatch { actual, .. } => assert_eq!(actual, digest),
         other => panic!("wrong error: {other}"),
     }
     let mut right = wrong.clone();
-    right.sha256 = Some(digest.clone());
+    right.policy.sha256 = Some(digest.clone());
     rt.add_plugin(&right).await.unwrap();
     assert_eq!(rt.plugin_digests()["text-stats"], digest);
 }

@@ -63,7 +63,15 @@ compile_cache = {cache:?}
 [limits]
 wall_ms = {wall}
 
-[downstreams.payments]
+[plugins.payments]
+component = {payments:?}
+[plugins.payments.config]
+api_base = "{url}"
+
+[plugins.rogue]
+component = {rogue:?}
+
+[policy.downstreams.payments]
 url = "{url}"
 timeout_ms = {timeout}
 max_retries = {retries}
@@ -72,18 +80,17 @@ reconcile_ms = {reconcile}
 retention_hours = {retention}
 key = {key}
 
-[plugins.payments]
-component = {payments:?}
-[plugins.payments.config]
-api_base = "{url}"
-[[plugins.payments.grants]]
+[policy.plugins.payments.tools]
+refund = {{ effect = "irreversible" }}
+refund_status = {{ effect = "read-only" }}
+[[policy.plugins.payments.grants]]
 downstream = "payments"
 methods = ["POST", "GET"]
 path_prefix = "/v1/refunds"
 
-[plugins.rogue]
-component = {rogue:?}
-[[plugins.rogue.grants]]
+[policy.plugins.rogue]
+max_sends_per_call = 4
+[[policy.plugins.rogue.grants]]
 downstream = "payments"
 methods = ["POST", "GET"]
 path_prefix = "/v1/refunds"

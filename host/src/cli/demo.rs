@@ -33,17 +33,21 @@ pub async fn run() -> u8 {
 fn config_text(url: &str) -> String {
     format!(
         r#"
-[downstreams.payments]
+[plugins.payments]
+component = "builtin:payments"
+[plugins.payments.config]
+api_base = "{url}"
+
+[policy.downstreams.payments]
 url = "{url}"
 timeout_ms = {DEADLINE_MS}
 reconcile_ms = {RECONCILE_MS}
 key = [{{ transport = "header", name = "Idempotency-Key" }}, {{ transport = "form-field", name = "metadata[toolguard_key]" }}]
 
-[plugins.payments]
-component = "builtin:payments"
-[plugins.payments.config]
-api_base = "{url}"
-[[plugins.payments.grants]]
+[policy.plugins.payments.tools]
+refund = {{ effect = "irreversible" }}
+refund_status = {{ effect = "read-only" }}
+[[policy.plugins.payments.grants]]
 downstream = "payments"
 methods = ["POST", "GET"]
 path_prefix = "/v1/refunds"

@@ -18,9 +18,7 @@ pub struct CallGuard {
     record: CallRecord,
     /// Whether `record` is in the ledger yet (it is written with the first attempt).
     persisted: bool,
-    effect: Effect,
-    grants: Arc<[Grant]>,
-    reconciler: Option<Arc<dyn Reconciler>>,
+    rules: super::CallRules,
     next_step: u32,
     /// The first send whose outcome is not settled, if any.
     unsettled: Option<AttemptInfo>,
@@ -45,12 +43,10 @@ impl CallGuard {
         guard: Arc<Guard>,
         record: CallRecord,
         persisted: bool,
-        effect: Effect,
-        grants: Arc<[Grant]>,
-        reconciler: Option<Arc<dyn Reconciler>>,
+        rules: super::CallRules,
         lock: tokio::sync::OwnedMutexGuard<()>,
     ) -> Self {
-        Self { guard, record, persisted, effect, grants, reconciler, next_step: 0, unsettled: None, in_flight: None, _lock: lock }
+        Self { guard, record, persisted, rules, next_step: 0, unsettled: None, in_flight: None, _lock: lock }
     }
 
     /// The tool call this guard serves.
@@ -65,13 +61,19 @@ impl CallGuard {
 
     /// `outbound.send`: see `docs/guard.md`.
     pub async fn send(&mut self, req: types::Request) -> Result<types::Response, OutboundError> {
-        if self.effect == Effect::ReadOnly {
+        if self.rules.effect == Effect::ReadOnly {
             return Err(OutboundError::Denied(format!(
                 "`{}` is a read-only tool: it may fetch but not send; nothing was sent",
                 self.record.tool
             )));
         }
-        let (downstream, url) = policy::authorize(&self.grants, &self.guard.downstreams, &req.method, &req.url).map_err(refusal)?;
+        if self.next_step >= self.rules.max_sends {
+            return Err(OutboundError::Denied(format!(
+                "send budget spent: a call of `{}` may send {} time(s) (max_sends_per_call); nothing was sent",
+                self.record.tool, self.rules.max_sends
+            )));
+        }
+        let (downstream, url) = policy::authorize(&self.rules.grants, &self.guard.downstreams, &req.method, &req.url).map_err(refusal)?;
         let headers: Vec<(String, String)> = req.headers.into_iter().map(|h| (h.name, h.value)).collect();
         let request = wire::stored(&req.method, url.as_str(), headers, &req.body);
         wire::check(&request, &downstream).map_err(OutboundError::Invalid)?;
@@ -104,7 +106,7 @@ impl CallGuard {
                 (self.write_pending(fresh).await?, false)
             }
         };
-        let reconciler = self.reconciler.clone();
+        let reconciler = self.rules.reconciler.clone();
         let driven = self.guard.drive(&mut attempt, &downstream, reconciler.as_deref(), &self.record, possibly_sent, &mut self.in_flight).await;
         match driven {
             Driven::Answered(response) => Ok(to_response(response)),
@@ -118,7 +120,7 @@ impl CallGuard {
 
     /// `outbound.fetch`: a `GET`/`HEAD` inside the grants; not keyed, not recorded.
     pub async fn fetch(&mut self, req: types::Request) -> Result<types::Response, OutboundError> {
-        fetch(&self.guard, &self.grants, req).await
+        fetch(&self.guard, &self.rules.grants, req).await
     }
 
     fn fresh_attempt(&self, step: u32, generation: u32, fingerprint: String, d: &Downstream, request: StoredRequest) -> AttemptRecord {

@@ -55,6 +55,21 @@ pub struct CallIdentity {
     pub args_digest: String,
 }
 
+/// The reviewer's rules a tool call runs under.
+pub struct CallRules {
+    /// The tool's effective effect class.
+    pub effect: Effect,
+    /// What the plugin may reach.
+    pub grants: Arc<[Grant]>,
+    /// The plugin's `reconcile`, if it has one.
+    pub reconciler: Option<Arc<dyn Reconciler>>,
+    /// Sends one tool call may make.
+    pub max_sends: u32,
+    /// For an irreversible tool: the most calls of the plugin's irreversible
+    /// tools (named) one session may make per hour.
+    pub session_hour_budget: Option<(u32, Vec<String>)>,
+}
+
 /// What admission decided.
 pub enum Admission {
     /// The call completed before: its stored outcome, no plugin run.
@@ -92,6 +107,17 @@ impl Guard {
     /// The HTTP client cannot be built (no TLS roots, for instance).
     pub fn new(ledger: Ledger, downstreams: Downstreams) -> Result<Self, String> {
         let _ = rustls::crypto::ring::default_provider().install_default();
+        // Credentials are read now, once: a missing one stops the host at start.
+        let mut resolved = Downstreams::new();
+        for (name, d) in downstreams {
+            let mut d = (*d).clone();
+            if let Some(spec) = &d.credential {
+                let secret = spec.resolve().map_err(|e| format!("the credential of downstream `{name}` ({}): {e}", spec.source()))?;
+                d.secret = Some(secret);
+            }
+            resolved.insert(name, Arc::new(d));
+        }
+        let downstreams = resolved;
         let client = reqwest::Client::builder()
             // A redirect could lead outside the grants; the plugin sees the 3xx instead.
             .redirect(reqwest::redirect::Policy::none())
@@ -113,13 +139,7 @@ impl Guard {
     /// # Errors
     /// `conflict` when the call id was used with another tool or arguments;
     /// `held` under the hold rule; `internal` when the ledger cannot be read.
-    pub async fn admit(
-        self: &Arc<Self>,
-        id: CallIdentity,
-        effect: Effect,
-        grants: Arc<[Grant]>,
-        reconciler: Option<Arc<dyn Reconciler>>,
-    ) -> Result<Admission, CallError> {
+    pub async fn admit(self: &Arc<Self>, id: CallIdentity, rules: CallRules) -> Result<Admission, CallError> {
         let lock = {
             let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             map.retain(|_, l| Arc::strong_count(l) > 1);
@@ -146,8 +166,11 @@ impl Guard {
             },
             Some(r) => (r, true),
             None => {
-                if effect == Effect::Irreversible {
+                if rules.effect == Effect::Irreversible {
                     self.hold_rule(&id).await?;
+                    if let Some((max, tools)) = &rules.session_hour_budget {
+                        self.session_budget(&id, *max, tools).await?;
+                    }
                 }
                 let record = CallRecord {
                     session: id.session,
@@ -163,7 +186,31 @@ impl Guard {
                 (record, false)
             }
         };
-        Ok(Admission::Run(CallGuard::new(self.clone(), record, persisted, effect, grants, reconciler, lock)))
+        Ok(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules, lock)))
+    }
+
+    /// Refuses a new irreversible call once the session has made `max` calls
+    /// of `tools` in the last hour.
+    async fn session_budget(&self, id: &CallIdentity, max: u32, tools: &[String]) -> Result<(), CallError> {
+        let ledger = self.ledger.clone();
+        let (session, tools) = (id.session.clone(), tools.to_vec());
+        let since = now_ms().saturating_sub(3_600_000);
+        let recent = blocking(move || ledger.calls(Some(&session)))
+            .await
+            .map_err(internal)?
+            .iter()
+            .filter(|c| tools.contains(&c.tool) && c.created_ms >= since)
+            .count();
+        if recent >= max as usize {
+            return Err(CallError::new(
+                ErrorKind::Denied,
+                format!(
+                    "session budget spent: this session made {recent} irreversible calls of this plugin in the last hour, \
+                     the most its policy allows (max_irreversible_calls_per_session_hour = {max}). Nothing was run"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The hold rule: a *new* tool call of an irreversible tool with the same

@@ -16,8 +16,9 @@ const FORBIDDEN_HEADERS: &[&str] = &[
     "connection",
 ];
 
-/// A request ready to send: the plugin's, with the key attached.
-#[derive(Debug, Clone)]
+/// A request ready to send: the plugin's, with the key (and any credential)
+/// attached. Deliberately not `Debug`: it may carry a secret.
+#[derive(Clone)]
 pub struct Wire {
     pub method: String,
     pub url: url::Url,
@@ -32,7 +33,7 @@ pub struct Wire {
 /// # Errors
 /// What the plugin did wrong and what to do instead.
 pub fn check_headers(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
-    let key_headers: Vec<String> = d.key_headers().collect();
+    let key_headers: Vec<String> = d.host_headers().collect();
     for (name, _) in &request.headers {
         let lower = name.to_ascii_lowercase();
         if FORBIDDEN_HEADERS.contains(&lower.as_str()) || key_headers.contains(&lower) {
@@ -76,9 +77,13 @@ pub fn check(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
 }
 
 /// The wire form of a checked request, with `key` attached by every
-/// transport the downstream configures (`None`: an unkeyed fetch).
+/// transport the downstream configures (`None`: an unkeyed fetch) and the
+/// downstream's credential, if it has one.
 pub fn build(request: &StoredRequest, url: url::Url, downstream: &Downstream, key: Option<&str>) -> Wire {
     let mut headers = request.headers.clone();
+    if let (Some(spec), Some(secret)) = (&downstream.credential, &downstream.secret) {
+        headers.push((spec.header.clone(), secret.expose().to_string()));
+    }
     let mut body = request.body.to_bytes();
     if let Some(key) = key {
         for transport in &downstream.keys {
@@ -124,8 +129,9 @@ mod tests {
             retention_hours: None,
             reconcile_ms: None,
             key: Some(keys),
+            credential: None,
         };
-        Downstream::from_raw("d", raw).unwrap()
+        Downstream::from_raw("d", raw, std::path::Path::new(".")).unwrap()
     }
 
     fn request(headers: &[(&str, &str)], body: &str) -> StoredRequest {

@@ -9,7 +9,7 @@ use super::sandbox::Slot;
 use super::state::CallContext;
 use super::{CallOutput, CallRequest, Runtime};
 use crate::error::{CallError, ErrorKind};
-use crate::guard::{Admission, CallIdentity, Reconciler, keys};
+use crate::guard::{Admission, CallIdentity, CallRules, Reconciler, keys};
 use crate::ledger::StoredOutcome;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -31,8 +31,14 @@ impl Runtime {
                     args_digest: keys::args_digest(&canonical),
                     args: args.clone(),
                 };
-                let reconciler = PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>);
-                match guard.admit(id, tool.effect, plugin.ctx.grants.clone(), reconciler).await? {
+                let rules = CallRules {
+                    effect: tool.effect,
+                    grants: plugin.ctx.grants.clone(),
+                    reconciler: PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>),
+                    max_sends: plugin.ctx.max_sends_per_call,
+                    session_hour_budget: plugin.ctx.max_irreversible_calls_per_session_hour.map(|max| (max, self.irreversible_tools(plugin))),
+                };
+                match guard.admit(id, rules).await? {
                     Admission::Replay(stored) => return replayed(stored),
                     Admission::Run(call) => Some(call),
                 }
@@ -59,6 +65,17 @@ impl Runtime {
             _ => result,
         };
         result.map(|value| CallOutput { value, replayed: false })
+    }
+}
+
+impl Runtime {
+    /// The names of `plugin`'s irreversible tools.
+    fn irreversible_tools(&self, plugin: &super::plugin::LoadedPlugin) -> Vec<String> {
+        self.tools
+            .values()
+            .filter(|(_, t)| t.plugin == *plugin.ctx.name && t.effect == super::Effect::Irreversible)
+            .map(|(_, t)| t.name.clone())
+            .collect()
     }
 }
 

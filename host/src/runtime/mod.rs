@@ -173,7 +173,7 @@ impl Runtime {
         let name = config.name.clone();
         let bytes = read_component(config)?;
         let digest = hex::encode(Sha256::digest(&bytes));
-        if let Some(expected) = &config.sha256
+        if let Some(expected) = &config.policy.sha256
             && *expected != digest
         {
             return Err(LoadError::DigestMismatch { plugin: name, expected: expected.clone(), actual: digest });
@@ -196,7 +196,9 @@ impl Runtime {
             name: name.as_str().into(),
             settings: config.settings.clone(),
             limits: config.limits,
-            grants: config.grants.clone().into(),
+            grants: config.policy.grants.clone().into(),
+            max_sends_per_call: config.policy.max_sends_per_call,
+            max_irreversible_calls_per_session_hour: config.policy.max_irreversible_calls_per_session_hour,
         });
         let loaded = Arc::new(LoadedPlugin { ctx, digest, pre, reconcile });
 
@@ -214,7 +216,7 @@ impl Runtime {
             })
             .await;
         let specs = specs.map_err(|f| LoadError::Describe { plugin: name.clone(), reason: f.to_string() })?;
-        let tools = plugin::check_specs(&name, specs)?;
+        let tools = plugin::check_specs(&name, specs, &config.policy.tools)?;
         for tool in &tools {
             if let Some((other, _)) = self.tools.get(&tool.name) {
                 let first = self.plugins[*other].ctx.name.to_string();

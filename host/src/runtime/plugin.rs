@@ -4,25 +4,14 @@ use super::bindings::{PluginPre, types};
 use super::state::{HostState, PluginContext};
 use crate::error::LoadError;
 use crate::schema::Schema;
-use serde::Serialize;
+pub use crate::policy::Effect;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Most tools one plugin may offer.
 const MAX_TOOLS: usize = 256;
 /// Longest tool description accepted, in bytes.
 const MAX_DESCRIPTION: usize = 8 << 10;
-
-/// The side effect a tool has on the world.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Effect {
-    /// Reads only.
-    ReadOnly,
-    /// Repeating it with the same arguments leaves the world as one call would.
-    Idempotent,
-    /// Every execution is a new effect in the world.
-    Irreversible,
-}
 
 impl From<types::Effect> for Effect {
     fn from(e: types::Effect) -> Self {
@@ -43,8 +32,13 @@ pub struct ToolInfo {
     pub plugin: String,
     /// What it does, for the model.
     pub description: String,
-    /// The effect class the plugin claims.
+    /// The effect class the plugin claims (a hint).
+    pub claimed: Effect,
+    /// The effect class the host enforces: the reviewer's, or the claim
+    /// restricted (see [`Effect::effective`]).
     pub effect: Effect,
+    /// Whether the reviewer classified this tool.
+    pub reviewed: bool,
     /// Schema the arguments must satisfy.
     pub input_schema: Schema,
     /// Schema the result must satisfy, if the plugin promised one.
@@ -63,12 +57,14 @@ pub(crate) struct LoadedPlugin {
     pub reconcile: Option<wasmtime::component::ComponentExportIndex>,
 }
 
-/// Checks what `describe` returned and turns it into tools.
+/// Checks what `describe` returned and turns it into tools, each with the
+/// effect class the reviewer's `classes` give it.
 ///
 /// # Errors
-/// No tools, too many, a bad or repeated name, or a schema that does not
-/// compile or does not describe an object.
-pub(crate) fn check_specs(plugin: &str, specs: Vec<types::ToolSpec>) -> Result<Vec<ToolInfo>, LoadError> {
+/// No tools, too many, a bad or repeated name, a schema that does not
+/// compile or does not describe an object, or a class for a tool the plugin
+/// does not offer.
+pub(crate) fn check_specs(plugin: &str, specs: Vec<types::ToolSpec>, classes: &BTreeMap<String, Effect>) -> Result<Vec<ToolInfo>, LoadError> {
     let bad = |tool: &str, reason: String| LoadError::BadTool { plugin: plugin.into(), tool: tool.into(), reason };
     if specs.is_empty() || specs.len() > MAX_TOOLS {
         let reason = format!("describe returned {} tools; a plugin offers 1 to {MAX_TOOLS}", specs.len());
@@ -93,14 +89,21 @@ pub(crate) fn check_specs(plugin: &str, specs: Vec<types::ToolSpec>) -> Result<V
             Some(text) => Some(object_schema(text).map_err(|e| bad(&name, format!("output-schema: {e}")))?),
             None => None,
         };
+        let claimed = Effect::from(spec.effect);
+        let reviewed = classes.get(&name).copied();
         tools.push(ToolInfo {
+            effect: Effect::effective(claimed, reviewed),
+            reviewed: reviewed.is_some(),
+            claimed,
             name,
             plugin: plugin.into(),
             description: spec.description,
-            effect: spec.effect.into(),
             input_schema,
             output_schema,
         });
+    }
+    if let Some(stray) = classes.keys().find(|c| !tools.iter().any(|t| &t.name == *c)) {
+        return Err(bad(stray, "the policy classifies this tool, but the plugin does not offer it".into()));
     }
     Ok(tools)
 }

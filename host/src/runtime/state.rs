@@ -21,6 +21,10 @@ pub struct PluginContext {
     pub limits: Limits,
     /// What `outbound` may reach.
     pub grants: Arc<[Grant]>,
+    /// Sends one tool call may make.
+    pub max_sends_per_call: u32,
+    /// Calls of its irreversible tools one session may make per hour.
+    pub max_irreversible_calls_per_session_hour: Option<u32>,
 }
 
 /// Who is calling: the ids the guard scopes its keys to.
