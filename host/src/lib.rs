@@ -2,7 +2,8 @@
 //! and guarantees that no side effect happens twice or outside the guard.
 //!
 //! The pieces, one module per concept:
-//! - [`config`]: `toolguard.toml`, the operator's file.
+//! - [`config`]: `toolguard.toml`, the operator's file (and the reviewer's `[policy]`).
+//! - [`audit`]: what each component can reach, against the policy.
 //! - [`imports`]: what a component imports, classified against the allowlist.
 //! - [`runtime`]: the engine, plugin loading and one sandboxed invocation.
 //! - [`outbound`]: the host side of the plugin's only way out.
@@ -14,6 +15,7 @@
 //! - [`builtin`]: the example plugins embedded in the binary.
 //! - [`cli`]: the `toolguard` command line.
 
+pub mod audit;
 pub mod builtin;
 pub mod cli;
 pub mod config;

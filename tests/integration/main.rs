@@ -1,12 +1,14 @@
 //! Integration tests of the toolguard host: one test binary (wasmtime and
 //! RocksDB make every binary large), one module per area.
 
+mod audit;
 mod cli;
 mod cli_guard;
 mod common;
 mod crash;
 mod guard_boundary;
 mod guard_edges;
+mod hostile;
 mod loading;
 mod payments;
 mod recovery_edges;

@@ -1,6 +1,7 @@
 //! The `toolguard` command line: argument parsing, logging set-up and
 //! dispatch. Each subcommand lives in its own module.
 
+mod audit;
 mod call;
 mod demo;
 mod ledger;
@@ -54,6 +55,20 @@ enum Command {
         /// The arguments as a JSON object; `-` reads them from stdin.
         args: String,
     },
+    /// Audit every component's imports and tools against the reviewer's policy (exit 1 on FAIL).
+    Audit {
+        /// The config file (with its policy).
+        #[arg(long, default_value = "toolguard.toml")]
+        config: PathBuf,
+        /// Extra components to audit (not in the config: they fail as unreviewed).
+        components: Vec<PathBuf>,
+        /// Print the documented JSON report instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Show which component digests ran with which grants, from the ledger.
+        #[arg(long)]
+        history: bool,
+    },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
         /// The config file.
@@ -76,6 +91,9 @@ enum Command {
         /// Whose idempotency semantics to follow.
         #[arg(long, value_enum, default_value = "stripe")]
         mode: SandboxMode,
+        /// Require `Authorization: Bearer <KEY>` on every /v1 request.
+        #[arg(long)]
+        api_key: Option<String>,
     },
 }
 
@@ -107,13 +125,14 @@ pub fn main() -> ExitCode {
             }
             Command::Ledger { config, command } => ledger::run(&config, command),
             Command::Recover { config } => recover(&config).await,
-            Command::Sandbox { addr, mode } => {
+            Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
+            Command::Sandbox { addr, mode, api_key } => {
                 let mode = match mode {
                     SandboxMode::Stripe => toolguard_sandbox::Mode::Stripe,
                     SandboxMode::Ietf => toolguard_sandbox::Mode::Ietf,
                     SandboxMode::Adyen => toolguard_sandbox::Mode::Adyen,
                 };
-                sandbox::run(&addr, mode).await
+                sandbox::run(&addr, mode, api_key.as_deref()).await
             }
         }
     });

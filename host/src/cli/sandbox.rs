@@ -7,7 +7,7 @@ use toolguard_sandbox::{Mode, Sandbox};
 pub const DEFAULT_INTENTS: &[(&str, u64)] = &[("pi_demo", 5_000), ("pi_1001", 10_000), ("pi_1002", 25_000)];
 
 /// Serves the sandbox on `addr`; returns the exit status.
-pub async fn run(addr: &str, mode: Mode) -> u8 {
+pub async fn run(addr: &str, mode: Mode, api_key: Option<&str>) -> u8 {
     let sandbox = match Sandbox::start(addr, mode, toolguard_sandbox::DEFAULT_RETENTION).await {
         Ok(s) => s,
         Err(e) => {
@@ -15,6 +15,7 @@ pub async fn run(addr: &str, mode: Mode) -> u8 {
             return 1;
         }
     };
+    sandbox.require_api_key(api_key);
     for (id, amount) in DEFAULT_INTENTS {
         sandbox.add_payment_intent(id, *amount);
     }

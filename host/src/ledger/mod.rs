@@ -9,13 +9,15 @@
 //! - `attempts`: idempotency key → [`AttemptRecord`] JSON.
 //! - `attempts_by_state`: state tag ‖ key → ∅.
 //! - `call_attempts`: (session, call id) ‖ step → key.
+//! - `grant_history`: plugin ‖ 0 ‖ time → [`GrantRecord`] JSON: which component
+//!   digest ran with which effective grants, from when.
 //!
 //! Durability is chosen per write ([`Durability`]); why each write is synced
 //! or not is in `docs/ledger.md`.
 
 pub mod records;
 
-pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, Resolution, StoredOutcome};
+pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, GrantRecord, Resolution, StoredOutcome};
 
 use crate::guard::keys::KeySecret;
 use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
@@ -27,7 +29,8 @@ const CF_CALLS: &str = "calls";
 const CF_ATTEMPTS: &str = "attempts";
 const CF_BY_STATE: &str = "attempts_by_state";
 const CF_CALL_ATTEMPTS: &str = "call_attempts";
-const ALL_CFS: [&str; 5] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS];
+const CF_GRANT_HISTORY: &str = "grant_history";
+const ALL_CFS: [&str; 6] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY];
 /// The on-disk schema this code reads and writes.
 const SCHEMA: &[u8] = b"1";
 
@@ -237,6 +240,40 @@ impl Ledger {
             out.extend(f(&k, &v));
         }
         Ok(out)
+    }
+
+    /// Records that `record.plugin` runs `record.digest` with `record.grants`,
+    /// unless that is already its latest entry. Synced: it is audit evidence.
+    /// Returns whether a new entry was written.
+    ///
+    /// # Errors
+    /// A read or the write failed.
+    pub fn record_grants(&self, record: &GrantRecord) -> Result<bool, LedgerError> {
+        let mut prefix = record.plugin.as_bytes().to_vec();
+        prefix.push(0);
+        let history: Vec<GrantRecord> = self.scan(CF_GRANT_HISTORY, &prefix, |_, v| serde_json::from_slice(v).ok())?;
+        if history.last().is_some_and(|last| last.digest == record.digest && last.grants == record.grants) {
+            return Ok(false);
+        }
+        let mut key = prefix;
+        key.extend_from_slice(&record.recorded_ms.to_be_bytes());
+        let value = serde_json::to_vec(record).map_err(|e| self.err(e))?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_GRANT_HISTORY), key, value);
+        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| self.err(e))?;
+        Ok(true)
+    }
+
+    /// Every grant-history entry, oldest first.
+    ///
+    /// # Errors
+    /// A read failed or a record is damaged.
+    pub fn grant_history(&self) -> Result<Vec<GrantRecord>, LedgerError> {
+        let raw = self.scan(CF_GRANT_HISTORY, &[], |_, v| Some(v.to_vec()))?;
+        let mut all: Vec<GrantRecord> =
+            raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| self.err(format!("damaged record: {e}")))).collect::<Result<_, _>>()?;
+        all.sort_by_key(|r| r.recorded_ms);
+        Ok(all)
     }
 
     /// Applies `write` atomically with the given durability.

@@ -201,3 +201,15 @@ pub struct AttemptRecord {
     pub created_ms: u64,
     pub updated_ms: u64,
 }
+
+/// One entry of the grant history: a plugin's component and the grants it
+/// ran with, from `recorded_ms` until its next entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GrantRecord {
+    pub plugin: String,
+    /// sha256 of the component.
+    pub digest: String,
+    /// The effective grants: tools and classes, outbound grants, credentials by name, budgets.
+    pub grants: Value,
+    pub recorded_ms: u64,
+}

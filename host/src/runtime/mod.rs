@@ -134,6 +134,32 @@ impl Runtime {
         guard.recover(&reconciler_for).await.map_err(|e| e.to_string())
     }
 
+    /// Records each plugin's digest and effective grants in the ledger's
+    /// grant history (only what changed since its last entry).
+    async fn record_grants(&self, config: &Config) -> Result<(), String> {
+        let Some(guard) = self.guard() else { return Ok(()) };
+        let digests = self.plugin_digests();
+        let now = crate::ledger::records::now_ms();
+        let records: Vec<crate::ledger::GrantRecord> = config
+            .plugins
+            .iter()
+            .map(|p| {
+                let tools: Vec<&ToolInfo> = self.tools().filter(|t| t.plugin == p.name).collect();
+                crate::ledger::GrantRecord {
+                    plugin: p.name.clone(),
+                    digest: digests.get(&p.name).cloned().unwrap_or_default(),
+                    grants: crate::audit::effective_grants(p, &tools, &config.downstreams),
+                    recorded_ms: now,
+                }
+            })
+            .collect();
+        let ledger = guard.ledger().clone();
+        tokio::task::spawn_blocking(move || records.iter().try_for_each(|r| ledger.record_grants(r).map(|_| ())))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
     /// What the start-up recovery pass of [`Runtime::from_config`] did.
     pub fn recovery(&self) -> Option<&RecoveryReport> {
         self.recovery.as_ref()
@@ -160,6 +186,7 @@ impl Runtime {
         if !refused.is_empty() {
             return Err(StartError::Plugins(refused));
         }
+        runtime.record_grants(config).await.map_err(StartError::Guard)?;
         // Every unsettled attempt is resolved before any new work proceeds.
         runtime.recovery = Some(runtime.recover().await.map_err(StartError::Guard)?);
         Ok(runtime)

@@ -36,8 +36,7 @@ pub(crate) enum Fault {
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Limit(m) => write!(f, "limit exceeded: {m}"),
-            Self::Trap(m) => write!(f, "trapped: {m}"),
+            Self::Limit(m) | Self::Trap(m) => f.write_str(m),
         }
     }
 }

@@ -89,7 +89,7 @@ impl PluginLog {
     pub fn tail(&self) -> Option<String> {
         let b = self.lock();
         let lines: Vec<&str> =
-            b.tail.iter().map(String::as_str).filter(|l| !l.starts_with("note: run with `RUST_BACKTRACE")).collect();
+            b.tail.iter().map(String::as_str).filter(|l| !l.trim().is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE")).collect();
         (!lines.is_empty()).then(|| lines.join(" | "))
     }
 

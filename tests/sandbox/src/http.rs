@@ -45,6 +45,17 @@ fn dropped() -> Response {
     r
 }
 
+/// The 401 to answer if the sandbox requires an API key and this request lacks it.
+fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+    let required = shared.api_key.lock().unwrap().clone()?;
+    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(required.as_str()) {
+        return None;
+    }
+    let body = crate::provider::stripe_error("invalid_request_error", "api_key_invalid", "Invalid API Key provided.");
+    Some(json_response(401, &body))
+}
+
 /// Records the request and tells the observers, before anything else happens.
 fn observe(shared: &Shared, method: &Method, uri: &Uri, headers: &HeaderMap, body: &str) -> Observed {
     let observed = Observed {
@@ -65,6 +76,9 @@ fn observe(shared: &Shared, method: &Method, uri: &Uri, headers: &HeaderMap, bod
 
 async fn create_refund(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: String) -> Response {
     let observed = observe(&shared, &method, &uri, &headers, &body);
+    if let Some(denied) = unauthorized(&shared, &headers) {
+        return denied;
+    }
     let params: BTreeMap<String, String> = form_urlencoded::parse(body.as_bytes()).into_owned().collect();
     let fingerprint = format!("POST /v1/refunds?{}", serde_json::to_string(&params).unwrap_or_default());
 
@@ -165,6 +179,9 @@ async fn execute(shared: &Shared, fault: Option<Fault>, key: Option<&str>, param
 /// creation, so a key reused across the two endpoints is refused.
 async fn cancel_refund(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, Path(id): Path<String>) -> Response {
     let observed = observe(&shared, &method, &uri, &headers, "");
+    if let Some(denied) = unauthorized(&shared, &headers) {
+        return denied;
+    }
     let mut p = shared.provider.lock().unwrap();
     let key = match p.parse_key(observed.idempotency_key.as_deref()) {
         Ok(key) => key,
@@ -194,6 +211,9 @@ async fn cancel_refund(State(shared): State<Arc<Shared>>, method: Method, uri: U
 
 async fn list_refunds(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {
     observe(&shared, &method, &uri, &headers, "");
+    if let Some(denied) = unauthorized(&shared, &headers) {
+        return denied;
+    }
     let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(10);
     let list = shared.provider.lock().unwrap().list_refunds(q.get("payment_intent").map(String::as_str), limit);
     json_response(200, &list)
@@ -201,6 +221,9 @@ async fn list_refunds(State(shared): State<Arc<Shared>>, method: Method, uri: Ur
 
 async fn get_refund(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, Path(id): Path<String>) -> Response {
     observe(&shared, &method, &uri, &headers, "");
+    if let Some(denied) = unauthorized(&shared, &headers) {
+        return denied;
+    }
     let p = shared.provider.lock().unwrap();
     match p.refunds.iter().find(|r| r.id == id) {
         Some(r) => json_response(200, &serde_json::to_value(r).unwrap_or_default()),

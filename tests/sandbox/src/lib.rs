@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     seq: AtomicU64,
     release: tokio::sync::watch::Sender<u64>,
     paused: AtomicUsize,
+    /// The API key `/v1` requests must carry as `Authorization: Bearer …`, if any.
+    api_key: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -101,6 +103,7 @@ impl Sandbox {
             seq: AtomicU64::new(0),
             release: tokio::sync::watch::channel(0).0,
             paused: AtomicUsize::new(0),
+            api_key: Mutex::new(None),
         });
         let server = tokio::spawn(serve(listener, http::router(shared.clone())));
         Ok(Self { shared, addr, server })
@@ -163,6 +166,12 @@ impl Sandbox {
     /// `GET /v1/refunds/{id}` and [`Sandbox::refunds`] see them at once.
     pub fn set_list_lag(&self, lag: Duration) {
         self.shared.provider.lock().unwrap().list_lag = lag;
+    }
+
+    /// Requires `Authorization: Bearer <key>` on every `/v1` request (401
+    /// otherwise), as Stripe does; `None` lets anyone in.
+    pub fn require_api_key(&self, key: Option<&str>) {
+        *self.shared.api_key.lock().unwrap() = key.map(str::to_string);
     }
 
     /// Lets every request held by `PauseAfterCommit` answer.

@@ -173,3 +173,21 @@ async fn refund_statuses_can_start_pending_and_change_later() {
     assert_eq!(list["data"][0]["status"], "succeeded");
     assert_eq!(list["object"], "list");
 }
+
+#[tokio::test]
+async fn an_api_key_can_be_required() {
+    let s = sandbox(Mode::Stripe).await;
+    s.require_api_key(Some("sk_test_x"));
+    let c = Client::new(&s);
+    let (status, _, body) = c.refund(Some("k"), "payment_intent=pi_1&amount=1").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("api_key_invalid")));
+    let ok = reqwest::Client::new()
+        .post(format!("{}/v1/refunds", s.url()))
+        .header("Authorization", "Bearer sk_test_x")
+        .body("payment_intent=pi_1&amount=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(s.refunds().len(), 1);
+}

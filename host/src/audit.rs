@@ -1,0 +1,389 @@
+//! `toolguard audit`: what each component can reach, proved from its bytes
+//! and the reviewer's policy — its digest and pin, every imported and
+//! exported interface with its functions, each import's class (granted /
+//! inert / forbidden), each tool's claimed and granted effect class, its
+//! outbound grants, the credentials injected for it (by name, never value),
+//! its budgets, and a verdict with reasons. The JSON form is documented in
+//! `docs/audit.md` and `docs/audit.schema.json`.
+
+use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
+use crate::imports::{self, ImportClass};
+use crate::policy::{Downstreams, Effect};
+use crate::runtime::{Runtime, ToolInfo};
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+/// The version of the JSON report's schema.
+pub const SCHEMA: &str = "toolguard-audit/1";
+
+/// PASS or FAIL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Verdict {
+    PASS,
+    FAIL,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub schema: &'static str,
+    /// The config file audited.
+    pub config: String,
+    /// Where the policy came from.
+    pub policy: String,
+    /// FAIL if any component fails.
+    pub verdict: Verdict,
+    pub components: Vec<ComponentReport>,
+}
+
+/// One component.
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentReport {
+    /// The plugin name (a file's stem for a component not in the config).
+    pub plugin: String,
+    /// `builtin:NAME` or the file.
+    pub source: String,
+    /// Lower-case hex sha256 of the component, if it could be read.
+    pub sha256: Option<String>,
+    pub pin: PinReport,
+    /// Imported interfaces (and bare functions), each classified.
+    pub imports: Vec<InterfaceReport>,
+    /// Exported interfaces (and bare functions).
+    pub exports: Vec<InterfaceReport>,
+    pub tools: Vec<ToolReport>,
+    pub grants: Vec<GrantReport>,
+    pub credentials: Vec<CredentialReport>,
+    pub budgets: BudgetReport,
+    pub verdict: Verdict,
+    /// Why it fails (empty on PASS).
+    pub reasons: Vec<String>,
+    /// Observations that do not fail it.
+    pub notes: Vec<String>,
+}
+
+/// The sha256 pin.
+#[derive(Debug, Clone, Serialize)]
+pub struct PinReport {
+    /// `match`, `mismatch`, `unpinned`, or `builtin` (embedded, so pinned by this binary).
+    pub status: &'static str,
+    /// The pin in the policy, if any.
+    pub expected: Option<String>,
+}
+
+/// One imported or exported interface.
+#[derive(Debug, Clone, Serialize)]
+pub struct InterfaceReport {
+    /// E.g. `wasi:io/poll@0.2.6`.
+    pub name: String,
+    /// For imports: how the host treats it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<ImportClass>,
+    pub functions: Vec<String>,
+}
+
+/// One tool.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolReport {
+    pub name: String,
+    /// The class the plugin claims.
+    pub claimed: Effect,
+    /// The class the host enforces.
+    pub granted: Effect,
+    /// Whether the reviewer classified it.
+    pub reviewed: bool,
+    /// Whether it can make side-effecting requests at all (not read-only, and grants exist).
+    pub may_send: bool,
+}
+
+/// One outbound grant.
+#[derive(Debug, Clone, Serialize)]
+pub struct GrantReport {
+    pub downstream: String,
+    /// The URL prefix it opens: the downstream's origin and base path plus the path prefix.
+    pub url: String,
+    pub methods: Vec<String>,
+}
+
+/// A credential the host injects on a granted downstream.
+#[derive(Debug, Clone, Serialize)]
+pub struct CredentialReport {
+    pub downstream: String,
+    pub header: String,
+    /// `env:NAME` or `file:PATH` — never the value.
+    pub source: String,
+    /// Whether it can be read right now.
+    pub available: bool,
+}
+
+/// The plugin's budgets.
+#[derive(Debug, Clone, Serialize)]
+pub struct BudgetReport {
+    pub max_sends_per_call: u32,
+    pub max_irreversible_calls_per_session_hour: Option<u32>,
+}
+
+/// Audits every plugin of `config`, then each extra component file.
+///
+/// # Errors
+/// The engine cannot be set up.
+pub async fn audit(config: &Config, config_path: &Path, extra: &[PathBuf]) -> Result<Report, String> {
+    let mut components = Vec::new();
+    for plugin in &config.plugins {
+        components.push(audit_one(&config.engine, &config.compile_cache, plugin, &config.downstreams).await?);
+    }
+    for path in extra {
+        let name = path.file_stem().map_or_else(|| "component".into(), |s| s.to_string_lossy().into_owned());
+        let plugin = PluginConfig {
+            name,
+            component: ComponentSource::File(path.clone()),
+            limits: Default::default(),
+            settings: Default::default(),
+            policy: Default::default(),
+        };
+        components.push(audit_one(&config.engine, &config.compile_cache, &plugin, &config.downstreams).await?);
+    }
+    let verdict = if components.iter().all(|c| c.verdict == Verdict::PASS) { Verdict::PASS } else { Verdict::FAIL };
+    Ok(Report {
+        schema: SCHEMA,
+        config: config_path.display().to_string(),
+        policy: config.policy_source.clone(),
+        verdict,
+        components,
+    })
+}
+
+async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, downstreams: &Downstreams) -> Result<ComponentReport, String> {
+    let policy = &plugin.policy;
+    let mut reasons = Vec::new();
+    let mut notes = Vec::new();
+    let bytes = match &plugin.component {
+        ComponentSource::Builtin(b) => crate::builtin::component(b).map(<[u8]>::to_vec).ok_or_else(|| format!("no builtin `{b}`")),
+        ComponentSource::File(p) => std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display())),
+    };
+    let (sha256, imports, exports) = match &bytes {
+        Ok(bytes) => {
+            let (imports, exports) = match interfaces(bytes) {
+                Ok(found) => found,
+                Err(e) => {
+                    reasons.push(format!("not a usable component: {e}"));
+                    (Vec::new(), Vec::new())
+                }
+            };
+            (Some(hex::encode(Sha256::digest(bytes))), imports, exports)
+        }
+        Err(e) => {
+            reasons.push(e.clone());
+            (None, Vec::new(), Vec::new())
+        }
+    };
+    let builtin = matches!(plugin.component, ComponentSource::Builtin(_));
+    let pin = match (&policy.sha256, &sha256) {
+        (Some(expected), Some(actual)) if expected == actual => PinReport { status: "match", expected: Some(expected.clone()) },
+        (Some(expected), actual) => {
+            reasons.push(format!("sha256 {} does not match the pin {expected}", actual.as_deref().unwrap_or("?")));
+            PinReport { status: "mismatch", expected: Some(expected.clone()) }
+        }
+        (None, _) if builtin => PinReport { status: "builtin", expected: None },
+        (None, _) => {
+            reasons.push(format!("not pinned: set policy.plugins.{}.sha256 to the reviewed build's digest", plugin.name));
+            PinReport { status: "unpinned", expected: None }
+        }
+    };
+    let forbidden: Vec<&str> = imports.iter().filter(|i| i.class == Some(ImportClass::Forbidden)).map(|i| i.name.as_str()).collect();
+    if !forbidden.is_empty() {
+        reasons.push(format!("imports interfaces the host never grants: {}", forbidden.join(", ")));
+    }
+    if !policy.reviewed {
+        reasons.push(format!(
+            "not in the policy: no [policy.plugins.{}], so its tools' classes are unreviewed and it has no grants",
+            plugin.name
+        ));
+    }
+
+    // Load it (compile, link, describe) when nothing above already rules it out.
+    let mut tools = Vec::new();
+    if reasons.iter().all(|r| !r.starts_with("sha256") && !r.starts_with("imports") && !r.starts_with("not a usable") && !r.starts_with("cannot read")) {
+        let mut runtime = Runtime::new(engine, cache.to_path_buf()).map_err(|e| e.to_string())?;
+        match runtime.add_plugin(plugin).await {
+            Ok(()) => tools = runtime.tools().map(|t| tool_report(t, policy.grants.is_empty())).collect(),
+            Err(e) => reasons.push(e.to_string()),
+        }
+    }
+    for t in tools.iter().filter(|t| !t.reviewed && policy.reviewed) {
+        notes.push(format!("the class of tool `{}` is not reviewed: enforced as {}", t.name, t.granted.as_str()));
+    }
+    for t in tools.iter().filter(|t| t.claimed != t.granted) {
+        notes.push(format!("tool `{}` claims {} but is enforced as {}", t.name, t.claimed.as_str(), t.granted.as_str()));
+    }
+    let grants = grant_reports(plugin, downstreams);
+    let credentials = credential_reports(plugin, downstreams);
+    for c in credentials.iter().filter(|c| !c.available) {
+        notes.push(format!("the credential for `{}` ({}) is not available here; the host will not start without it", c.downstream, c.source));
+    }
+    let verdict = if reasons.is_empty() { Verdict::PASS } else { Verdict::FAIL };
+    Ok(ComponentReport {
+        plugin: plugin.name.clone(),
+        source: plugin.component.to_string(),
+        sha256,
+        pin,
+        imports,
+        exports,
+        tools,
+        grants,
+        credentials,
+        budgets: BudgetReport {
+            max_sends_per_call: policy.max_sends_per_call,
+            max_irreversible_calls_per_session_hour: policy.max_irreversible_calls_per_session_hour,
+        },
+        verdict,
+        reasons,
+        notes,
+    })
+}
+
+fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
+    ToolReport { name: t.name.clone(), claimed: t.claimed, granted: t.effect, reviewed: t.reviewed, may_send: t.effect != Effect::ReadOnly && !no_grants }
+}
+
+fn grant_reports(plugin: &PluginConfig, downstreams: &Downstreams) -> Vec<GrantReport> {
+    plugin
+        .policy
+        .grants
+        .iter()
+        .map(|g| {
+            let base = downstreams.get(&g.downstream).map_or_else(String::new, |d| d.origin.as_str().trim_end_matches('/').to_string());
+            let prefix = g.path_prefix.trim_start_matches('/');
+            GrantReport { downstream: g.downstream.clone(), url: format!("{base}/{prefix}"), methods: g.methods.clone() }
+        })
+        .collect()
+}
+
+fn credential_reports(plugin: &PluginConfig, downstreams: &Downstreams) -> Vec<CredentialReport> {
+    let mut names: Vec<&str> = plugin.policy.grants.iter().map(|g| g.downstream.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let spec = downstreams.get(name)?.credential.as_ref()?;
+            Some(CredentialReport {
+                downstream: name.into(),
+                header: spec.header.clone(),
+                source: spec.source(),
+                available: spec.resolve().is_ok(),
+            })
+        })
+        .collect()
+}
+
+/// The component's imports (classified) and exports, with their functions,
+/// decoded from its embedded WIT.
+fn interfaces(bytes: &[u8]) -> Result<(Vec<InterfaceReport>, Vec<InterfaceReport>), String> {
+    imports::component_imports(bytes)?; // validates, and refuses core modules
+    let decoded = wit_parser::decoding::decode(bytes).map_err(|e| format!("{e:#}"))?;
+    let wit_parser::decoding::DecodedWasm::Component(resolve, world) = decoded else {
+        return Err("a WIT package, not a component".into());
+    };
+    let describe = |items: &wit_parser::IndexMap<wit_parser::WorldKey, wit_parser::WorldItem>, classify: bool| -> Vec<InterfaceReport> {
+        items
+            .iter()
+            .filter_map(|(key, item)| {
+                let name = resolve.name_world_key(key);
+                let functions = match item {
+                    wit_parser::WorldItem::Interface { id, .. } => resolve.interfaces[*id].functions.keys().cloned().collect(),
+                    wit_parser::WorldItem::Function(f) => vec![f.name.clone()],
+                    wit_parser::WorldItem::Type { .. } => return None,
+                };
+                Some(InterfaceReport { class: classify.then(|| imports::classify(&name)), name, functions })
+            })
+            .collect()
+    };
+    let world = &resolve.worlds[world];
+    Ok((describe(&world.imports, true), describe(&world.exports, false)))
+}
+
+/// The effective grants of a loaded plugin, as recorded in the grant history.
+pub fn effective_grants(plugin: &PluginConfig, tools: &[&ToolInfo], downstreams: &Downstreams) -> Value {
+    let tools: Vec<Value> = tools.iter().map(|t| json!({ "name": t.name, "effect": t.effect, "reviewed": t.reviewed })).collect();
+    let credentials: Vec<Value> = credential_reports(plugin, downstreams)
+        .into_iter()
+        .map(|c| json!({ "downstream": c.downstream, "header": c.header, "source": c.source }))
+        .collect();
+    json!({
+        "tools": tools,
+        "grants": grant_reports(plugin, downstreams),
+        "credentials": credentials,
+        "budgets": {
+            "max_sends_per_call": plugin.policy.max_sends_per_call,
+            "max_irreversible_calls_per_session_hour": plugin.policy.max_irreversible_calls_per_session_hour,
+        },
+    })
+}
+
+/// The human rendering of a report.
+pub fn render(report: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "toolguard audit — config {}, policy {}\n", report.config, report.policy);
+    for c in &report.components {
+        let _ = writeln!(out, "{}  {:?}", c.plugin, c.verdict);
+        let _ = writeln!(out, "  component    {}", c.source);
+        let pin = match c.pin.status {
+            "builtin" => " (embedded: pinned by this binary)",
+            "match" => " (matches the pin)",
+            "mismatch" => " (DOES NOT MATCH the pin)",
+            _ => " (unpinned)",
+        };
+        let _ = writeln!(out, "  sha256       {}{pin}", c.sha256.as_deref().unwrap_or("-"));
+        for (i, imp) in c.imports.iter().enumerate() {
+            let class = imp.class.map_or("", |k| match k {
+                ImportClass::Granted => "granted",
+                ImportClass::Inert => "inert",
+                ImportClass::Forbidden => "FORBIDDEN",
+            });
+            let label = if i == 0 { "imports" } else { "" };
+            let _ = writeln!(out, "  {label:<12} {:<40} {class:<9} [{}]", imp.name, imp.functions.join(", "));
+        }
+        for (i, exp) in c.exports.iter().enumerate() {
+            let label = if i == 0 { "exports" } else { "" };
+            let _ = writeln!(out, "  {label:<12} {:<40} [{}]", exp.name, exp.functions.join(", "));
+        }
+        for (i, t) in c.tools.iter().enumerate() {
+            let label = if i == 0 { "tools" } else { "" };
+            let reviewed = if t.reviewed { "reviewed" } else { "unreviewed" };
+            let _ = writeln!(
+                out,
+                "  {label:<12} {:<16} claimed {:<13} granted {:<13} {reviewed}{}",
+                t.name,
+                t.claimed.as_str(),
+                t.granted.as_str(),
+                if t.may_send { ", may send" } else { "" }
+            );
+        }
+        if c.grants.is_empty() {
+            let _ = writeln!(out, "  grants       none: it reaches nothing");
+        }
+        for (i, g) in c.grants.iter().enumerate() {
+            let label = if i == 0 { "grants" } else { "" };
+            let _ = writeln!(out, "  {label:<12} {} {} ({})", g.methods.join(","), g.url, g.downstream);
+        }
+        for c in &c.credentials {
+            let state = if c.available { "available" } else { "NOT available" };
+            let _ = writeln!(out, "  credential   {}: {} from {} ({state})", c.downstream, c.header, c.source);
+        }
+        let per_hour = c.budgets.max_irreversible_calls_per_session_hour.map_or("unlimited".to_string(), |n| n.to_string());
+        let _ = writeln!(out, "  budgets      {} sends per call; {per_hour} irreversible calls per session per hour", c.budgets.max_sends_per_call);
+        for r in &c.reasons {
+            let _ = writeln!(out, "  FAIL         {r}");
+        }
+        for n in &c.notes {
+            let _ = writeln!(out, "  note         {n}");
+        }
+        out.push('\n');
+    }
+    let failed = report.components.iter().filter(|c| c.verdict == Verdict::FAIL).count();
+    let _ = writeln!(out, "verdict: {:?} ({failed} of {} components fail)", report.verdict, report.components.len());
+    out
+}

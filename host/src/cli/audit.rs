@@ -1,0 +1,53 @@
+//! `toolguard audit`: every component against the reviewer's policy, or the
+//! grant history. Exits 1 on any FAIL, so it can gate a CI pipeline.
+
+use crate::ledger::Ledger;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+/// Runs the audit (or prints the history); returns the exit status.
+pub async fn run(config_path: &Path, components: &[PathBuf], json: bool, history: bool) -> u8 {
+    let config = match crate::Config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            super::print_json(&json!({ "kind": "config-error", "message": e.to_string() }));
+            return super::EXIT_CONFIG;
+        }
+    };
+    if history {
+        return print_history(&config, json);
+    }
+    let report = match crate::audit::audit(&config, config_path, components).await {
+        Ok(r) => r,
+        Err(message) => {
+            super::print_json(&json!({ "kind": "internal", "message": message }));
+            return super::EXIT_CALL_FAILED;
+        }
+    };
+    if json {
+        super::print_json(&serde_json::to_value(&report).unwrap_or_default());
+    } else {
+        print!("{}", crate::audit::render(&report));
+    }
+    if report.verdict == crate::audit::Verdict::PASS { 0 } else { super::EXIT_CALL_FAILED }
+}
+
+fn print_history(config: &crate::Config, json: bool) -> u8 {
+    let history = Ledger::open_read_only(&config.data_dir.join("ledger")).and_then(|l| l.grant_history());
+    let history = match history {
+        Ok(h) => h,
+        Err(e) => {
+            super::print_json(&json!({ "kind": "config-error", "message": e.to_string() }));
+            return super::EXIT_CONFIG;
+        }
+    };
+    if json {
+        super::print_json(&serde_json::to_value(&history).unwrap_or_default());
+        return 0;
+    }
+    println!("{:<24} {:<14} {:<16} GRANTS", "FROM (UTC ms)", "PLUGIN", "SHA256");
+    for r in &history {
+        println!("{:<24} {:<14} {:<16} {}", r.recorded_ms, r.plugin, &r.digest[..r.digest.len().min(12)], r.grants);
+    }
+    0
+}
