@@ -111,3 +111,20 @@ async fn an_unreachable_downstream_is_a_transport_error_and_nothing_stays_pendin
 }
 
 use crate::payments::Harness;
+
+#[tokio::test]
+async fn the_per_session_hourly_budget_of_irreversible_calls_is_enforced() {
+    let h = harness(Downstream { refunds_per_session_hour: 2, ..Downstream::default() }).await;
+    h.refund("c1", 100).await.unwrap();
+    h.refund("c2", 200).await.unwrap();
+    let err = h.refund("c3", 300).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Denied, "{err}");
+    assert!(err.message.contains("max_irreversible_calls_per_session_hour"), "{}", err.message);
+    assert_eq!(h.posts().len(), 2, "nothing sent for the third");
+    // Replays do not count again, reads are not irreversible, other sessions have their own budget.
+    assert!(h.refund("c1", 100).await.unwrap().replayed);
+    h.call("c4", "refund_status", &format!(r#"{{"payment_intent":"{PI}"}}"#)).await.unwrap();
+    let other = toolguard::CallRequest { session: "s2".into(), call_id: "c1".into(), tool: "refund".into(), args_json: crate::payments::refund_args(300) };
+    h.rt.call(&other).await.unwrap();
+    assert_eq!(h.refunds(), 3);
+}

@@ -23,6 +23,8 @@ pub struct Downstream {
     pub backoff_ms: u64,
     /// The plugins' wall-clock budget per invocation.
     pub wall_ms: u64,
+    /// The payments plugin's `max_irreversible_calls_per_session_hour`.
+    pub refunds_per_session_hour: u32,
     /// TOML array of key transports.
     pub key: &'static str,
 }
@@ -41,6 +43,7 @@ impl Default for Downstream {
             retention_hours: 24,
             backoff_ms: 10,
             wall_ms: 30_000,
+            refunds_per_session_hour: 1_000,
             key: r#"[{ transport = "header", name = "Idempotency-Key" }, { transport = "form-field", name = "metadata[toolguard_key]" }]"#,
         }
     }
@@ -80,6 +83,8 @@ reconcile_ms = {reconcile}
 retention_hours = {retention}
 key = {key}
 
+[policy.plugins.payments]
+max_irreversible_calls_per_session_hour = {per_hour}
 [policy.plugins.payments.tools]
 refund = {{ effect = "irreversible" }}
 refund_status = {{ effect = "read-only" }}
@@ -102,6 +107,7 @@ path_prefix = "/v1/refunds"
         reconcile = d.reconcile_ms,
         backoff = d.backoff_ms,
         wall = d.wall_ms,
+        per_hour = d.refunds_per_session_hour,
         retention = d.retention_hours,
         key = d.key,
         payments = wasm("payments").display().to_string(),
