@@ -89,8 +89,8 @@ fn default_key_header() -> String {
     DEFAULT_KEY_HEADER.into()
 }
 
-/// A downstream as written in the config (`[downstreams.NAME]`).
-#[derive(Debug, Clone, Deserialize)]
+/// A downstream as written in the config (`[policy.downstreams.NAME]`).
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDownstream {
     /// Scheme, host, optional port and optional base path: `https://api.stripe.com`.
@@ -442,17 +442,7 @@ mod tests {
     use super::*;
 
     fn downstreams() -> Downstreams {
-        let raw = RawDownstream {
-            url: "http://127.0.0.1:4242".into(),
-            timeout_ms: None,
-            max_retries: None,
-            backoff_ms: None,
-            honours_keys: None,
-            retention_hours: None,
-            reconcile_ms: None,
-            key: None,
-            credential: None,
-        };
+        let raw = RawDownstream { url: "http://127.0.0.1:4242".into(), ..RawDownstream::default() };
         BTreeMap::from([("pay".to_string(), Arc::new(Downstream::from_raw("pay", raw, Path::new(".")).unwrap()))])
     }
 

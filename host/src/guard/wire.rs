@@ -120,17 +120,7 @@ mod tests {
     use crate::policy::RawDownstream;
 
     fn downstream(keys: Vec<KeyTransport>) -> Downstream {
-        let raw = RawDownstream {
-            url: "http://127.0.0.1:1".into(),
-            timeout_ms: None,
-            max_retries: None,
-            backoff_ms: None,
-            honours_keys: None,
-            retention_hours: None,
-            reconcile_ms: None,
-            key: Some(keys),
-            credential: None,
-        };
+        let raw = RawDownstream { url: "http://127.0.0.1:1".into(), key: Some(keys), ..RawDownstream::default() };
         Downstream::from_raw("d", raw, std::path::Path::new(".")).unwrap()
     }
 
