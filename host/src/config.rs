@@ -28,6 +28,8 @@ pub struct Config {
     pub compile_cache: PathBuf,
     /// Engine-wide settings.
     pub engine: EngineConfig,
+    /// How `toolguard serve` speaks MCP.
+    pub mcp: McpConfig,
     /// The downstreams plugins may be granted, by name (from the policy).
     pub downstreams: Downstreams,
     /// Where the policy came from (this file, or its `policy_file`).
@@ -51,6 +53,51 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self { pooling: true, pool_instances: DEFAULT_POOL_INSTANCES, memory_ceiling_mb: DEFAULT_MEMORY_CEILING_MB }
+    }
+}
+
+/// What to do with a side-effecting MCP `tools/call` that carries no tool-call id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum MissingCallId {
+    /// Refuse it with an `isError` result saying what to send (the default).
+    #[default]
+    Refuse,
+    /// Weaker, opt-in: use a digest of the tool and arguments as the call id,
+    /// so identical calls in a session are one call — a blind retry is
+    /// deduplicated, but so is a genuine repeat.
+    DeriveFromArguments,
+}
+
+/// `[mcp]`: how `toolguard serve` speaks MCP (see `docs/mcp.md`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// The session of calls whose client names none.
+    pub default_session: String,
+    /// See [`MissingCallId`].
+    pub missing_call_id: MissingCallId,
+    /// An environment variable holding the bearer token HTTP clients must
+    /// send; required when `--http` binds beyond loopback.
+    pub token_env: Option<String>,
+    /// The session principal of clients that present the token.
+    pub token_principal: String,
+    /// Host names (or `host:port`) accepted besides loopback, for DNS-rebinding protection.
+    pub allowed_hosts: Vec<String>,
+    /// Largest HTTP request body accepted.
+    pub max_request_bytes: usize,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            default_session: "default".into(),
+            missing_call_id: MissingCallId::Refuse,
+            token_env: None,
+            token_principal: "token-holder".into(),
+            allowed_hosts: Vec::new(),
+            max_request_bytes: 1 << 20,
+        }
     }
 }
 
@@ -113,6 +160,8 @@ struct RawConfig {
     plugins: BTreeMap<String, RawPlugin>,
     policy: Option<RawPolicy>,
     policy_file: Option<PathBuf>,
+    #[serde(default)]
+    mcp: McpConfig,
 }
 
 #[derive(Deserialize)]
@@ -206,7 +255,10 @@ impl Config {
             let policy = policy.plugins.remove(&name).unwrap_or_default();
             plugins.push(PluginConfig { name, component, limits, settings: p.config, policy });
         }
-        Ok(Self { data_dir, compile_cache, engine, downstreams: policy.downstreams, policy_source, plugins })
+        if raw.mcp.max_request_bytes < 1024 {
+            return Err(err("mcp.max_request_bytes", "must be at least 1024".into()));
+        }
+        Ok(Self { data_dir, compile_cache, engine, mcp: raw.mcp, downstreams: policy.downstreams, policy_source, plugins })
     }
 }
 

@@ -62,6 +62,28 @@ impl ErrorKind {
     }
 }
 
+impl ErrorKind {
+    /// What a caller (a model) should do next, in one sentence.
+    pub fn recovery_move(self) -> &'static str {
+        match self {
+            Self::UnknownTool => "List the tools and call one that exists.",
+            Self::InvalidArgs => "Fix the arguments to match the tool's input schema and call again.",
+            Self::PluginTrap | Self::InvalidResult => "The tool is faulty; retrying will not help. Report it.",
+            Self::LimitExceeded => "The call used up a limit; retry only with smaller input.",
+            Self::ToolFailed => "Read the reason; change the request before trying again.",
+            Self::Denied => "The host's policy forbids this; do not retry it.",
+            Self::Conflict => "A different request needs a new tool-call id.",
+            Self::OutcomeUnknown => {
+                "Do not repeat it under a new tool-call id; check its status first. Retrying the same tool-call id is safe."
+            }
+            Self::Held => "Check the earlier call's status first, or retry that earlier tool-call id.",
+            Self::Transport => "Nothing reached the provider; retrying the same tool call is safe.",
+            Self::InvalidRequest => "The tool built a request the host refuses; retrying will not help. Report it.",
+            Self::Internal => "The host failed; retry the same tool call later.",
+        }
+    }
+}
+
 impl std::str::FromStr for ErrorKind {
     type Err = String;
 

@@ -13,6 +13,7 @@
 //! - [`schema`]: JSON Schema validation of tool arguments and results.
 //! - [`error`]: the error kinds a caller sees.
 //! - [`builtin`]: the example plugins embedded in the binary.
+//! - [`mcp`]: `toolguard serve`, the tools as an MCP server.
 //! - [`cli`]: the `toolguard` command line.
 
 pub mod audit;
@@ -23,6 +24,7 @@ pub mod error;
 pub mod guard;
 pub mod imports;
 pub mod ledger;
+pub mod mcp;
 pub mod outbound;
 pub mod policy;
 pub mod runtime;

@@ -10,6 +10,7 @@ mod guard_boundary;
 mod guard_edges;
 mod hostile;
 mod loading;
+mod mcp;
 mod payments;
 mod recovery_edges;
 mod sandbox_limits;

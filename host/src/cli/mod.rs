@@ -30,6 +30,15 @@ struct Cli {
 enum Command {
     /// Show the host at work on embedded defaults (no config, no network).
     Demo,
+    /// Serve the tools over MCP: stdio by default, Streamable HTTP with --http.
+    Serve {
+        /// The config file.
+        #[arg(long, default_value = "toolguard.toml")]
+        config: PathBuf,
+        /// Serve Streamable HTTP on this address (e.g. 127.0.0.1:8765) instead of stdio.
+        #[arg(long)]
+        http: Option<std::net::SocketAddr>,
+    },
     /// List the tools of the configured plugins, with their schemas.
     Tools {
         /// The config file.
@@ -119,6 +128,7 @@ pub fn main() -> ExitCode {
     let code = runtime.block_on(async {
         match cli.command {
             Command::Demo => demo::run().await,
+            Command::Serve { config, http } => serve(&config, http).await,
             Command::Tools { config, json } => tools::run(&config, json).await,
             Command::Call { config, session, call_id, tool, args } => {
                 call::run(&config, session, call_id, tool, args).await
@@ -143,7 +153,7 @@ pub fn main() -> ExitCode {
 /// `EnvFilter` directive; the default shows plugin output and warnings.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGUARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
 }
@@ -175,6 +185,36 @@ async fn recover(config: &std::path::Path) -> u8 {
     let report = runtime.recovery().cloned().unwrap_or_default();
     print_json(&serde_json::to_value(&report).unwrap_or_default());
     if report.unresolved.is_empty() && report.needs_operator.is_empty() { 0 } else { EXIT_CALL_FAILED }
+}
+
+/// Loads the host and serves MCP until the client (stdio) or the process (HTTP) ends.
+async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8 {
+    let config = match crate::Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("toolguard serve: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    let runtime = match crate::Runtime::from_config(&config).await {
+        Ok(rt) => std::sync::Arc::new(rt),
+        Err(e) => {
+            eprintln!("toolguard serve: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    let host = crate::mcp::McpHost::new(runtime, config.mcp.clone());
+    let served = match http {
+        Some(addr) => crate::mcp::http::serve(host, addr).await,
+        None => host.serve_stdio().await,
+    };
+    match served {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("toolguard serve: {e:#}");
+            EXIT_CONFIG
+        }
+    }
 }
 
 /// Prints pretty JSON to stdout.

@@ -286,6 +286,11 @@ impl Runtime {
         self.core.allocator
     }
 
+    /// Whether `plugin` has any outbound grant (reaches beyond the host).
+    pub fn has_grants(&self, plugin: &str) -> bool {
+        self.plugins.iter().any(|p| &*p.ctx.name == plugin && !p.ctx.grants.is_empty())
+    }
+
     /// Whether `plugin` exports `reconcile`.
     pub fn can_reconcile(&self, plugin: &str) -> bool {
         self.plugins.iter().any(|p| &*p.ctx.name == plugin && p.reconcile.is_some())

@@ -1,0 +1,64 @@
+//! MCP over Streamable HTTP, hardened: loopback by default; a bearer token
+//! required when binding anywhere else; Host validation against DNS
+//! rebinding always on (loopback plus the configured `allowed_hosts`);
+//! request bodies capped.
+
+use super::McpHost;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The path the MCP endpoint is served on.
+pub const PATH: &str = "/mcp";
+
+/// Serves `host` on `addr` until the process ends. Prints the URL on stderr
+/// once listening.
+///
+/// # Errors
+/// A non-loopback bind without a token, a token variable that is unset,
+/// or the address cannot be bound.
+pub async fn serve(host: McpHost, addr: SocketAddr) -> anyhow::Result<()> {
+    let config = host.config.clone();
+    let token = match &config.token_env {
+        Some(var) => Some(std::env::var(var).map_err(|_| anyhow::anyhow!("mcp.token_env names `{var}`, which is not set"))?),
+        None => None,
+    };
+    if !addr.ip().is_loopback() {
+        anyhow::ensure!(token.is_some(), "binding {addr} beyond loopback needs a bearer token: set [mcp] token_env");
+        anyhow::ensure!(
+            !config.allowed_hosts.is_empty(),
+            "binding {addr} beyond loopback needs [mcp] allowed_hosts: the host names clients use (DNS-rebinding protection)"
+        );
+    }
+    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1", "[::1]"].iter().map(|h| h.to_string()).collect();
+    hosts.extend(config.allowed_hosts.iter().cloned());
+    let mcp_config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(hosts)
+        .with_max_request_body_bytes(config.max_request_bytes);
+    let service = StreamableHttpService::new(move || Ok(host.clone()), Arc::new(LocalSessionManager::default()), mcp_config);
+    let token = Arc::new(token);
+    let app = axum::Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn(move |req, next| {
+        let token = token.clone();
+        async move { bearer(token.as_deref(), req, next).await }
+    }));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    eprintln!("toolguard: MCP on http://{}{PATH}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// Lets a request through only with the right bearer token (if one is set).
+async fn bearer(token: Option<&str>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let Some(expected) = token else { return next.run(req).await };
+    let given = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
+        return next.run(req).await;
+    }
+    (axum::http::StatusCode::UNAUTHORIZED, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], "a valid bearer token is required\n").into_response()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,125 @@
+//! `toolguard serve`: the loaded tools as an MCP server, over stdio or
+//! Streamable HTTP, with the official Rust SDK (rmcp). Both protocol eras
+//! are answered (2025-11-25 with its `initialize` handshake, and the
+//! stateless 2026-07-28). The tool-call and session ids that scope the
+//! guard's keys come from `_meta` (see [`ids`] and `docs/mcp.md`).
+
+pub mod http;
+pub mod ids;
+pub mod results;
+
+use crate::config::McpConfig;
+use crate::error::ErrorKind;
+use crate::policy::Effect;
+use crate::runtime::{CallRequest, Runtime};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The MCP face of a runtime. Cheap to clone: the HTTP transport makes one per request.
+#[derive(Clone)]
+pub struct McpHost {
+    runtime: Arc<Runtime>,
+    /// Tools in name order (the list is the same for every client).
+    tools: Arc<BTreeMap<String, (Tool, Effect)>>,
+    config: Arc<McpConfig>,
+}
+
+impl McpHost {
+    /// The MCP view of `runtime`'s tools.
+    pub fn new(runtime: Arc<Runtime>, config: McpConfig) -> Self {
+        let tools = runtime
+            .tools()
+            .map(|t| {
+                let input: JsonObject = t.input_schema.json().as_object().cloned().unwrap_or_default();
+                let mut tool = Tool::new(t.name.clone(), t.description.clone(), Arc::new(input));
+                if let Some(output) = t.output_schema.as_ref().and_then(|s| s.json().as_object().cloned()) {
+                    tool = tool.with_raw_output_schema(Arc::new(output));
+                }
+                let read_only = t.effect == Effect::ReadOnly;
+                let annotations = ToolAnnotations::new()
+                    .read_only(read_only)
+                    .destructive(t.effect == Effect::Irreversible)
+                    // Repeating an idempotent (or read-only) call changes nothing more,
+                    // and the guard deduplicates by tool-call id; an irreversible one is a new effect.
+                    .idempotent(t.effect != Effect::Irreversible)
+                    .open_world(runtime.has_grants(&t.plugin));
+                (t.name.clone(), (tool.with_annotations(annotations), t.effect))
+            })
+            .collect();
+        Self { runtime, tools: Arc::new(tools), config: Arc::new(config) }
+    }
+
+    /// Serves MCP over stdin/stdout until the client goes away.
+    ///
+    /// # Errors
+    /// The transport failed.
+    pub async fn serve_stdio(self) -> anyhow::Result<()> {
+        let running = self.serve(rmcp::transport::stdio()).await?;
+        running.waiting().await?;
+        Ok(())
+    }
+
+    /// The authenticated principal of an HTTP request (the bearer middleware
+    /// has already checked the token), if there is one.
+    fn principal(&self, cx: &RequestContext<RoleServer>) -> Option<String> {
+        let parts = cx.extensions.get::<axum::http::request::Parts>()?;
+        parts.headers.get(axum::http::header::AUTHORIZATION)?;
+        self.config.token_env.as_ref().map(|_| self.config.token_principal.clone())
+    }
+}
+
+impl ServerHandler for McpHost {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("toolguard", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Tools run under toolguard: side effects are idempotent per tool call. Send the model's tool-call id \
+                 as _meta[\"toolguard/toolCallId\"] and the conversation as _meta[\"toolguard/sessionId\"]. On \
+                 outcome-unknown or held, check status before repeating under a new id.",
+            )
+    }
+
+    async fn list_tools(&self, _request: Option<PaginatedRequestParams>, _cx: RequestContext<RoleServer>) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.values().map(|(t, _)| t.clone()).collect()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.get(name).map(|(t, _)| t.clone())
+    }
+
+    async fn call_tool(&self, request: CallToolRequestParams, cx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+        let Some((_, effect)) = self.tools.get(request.name.as_ref()) else {
+            return Err(ErrorData::invalid_params(format!("Unknown tool: {}", request.name), None));
+        };
+        let args_json = serde_json::to_string(&request.arguments.unwrap_or_default()).unwrap_or_else(|_| "{}".into());
+        let meta = &cx.meta.0.0;
+        let side_effects = *effect != Effect::ReadOnly;
+        let call_id = ids::call_id(meta).or_else(|| ids::fallback_call_id(side_effects, &request.name, &args_json, &self.config));
+        let Some(call_id) = call_id else {
+            let text = format!(
+                "invalid-args: `{}` has side effects, so toolguard needs the model's tool-call id to make retries safe. \
+                 Send it as _meta[\"{}\"] (and the conversation as _meta[\"{}\"]) on tools/call.",
+                request.name,
+                ids::CALL_ID_KEY,
+                ids::SESSION_KEY
+            );
+            let mut r = CallToolResult::error(vec![ContentBlock::text(text)]);
+            r.structured_content = Some(serde_json::json!({ "kind": ErrorKind::InvalidArgs, "missing": ids::CALL_ID_KEY }));
+            return Ok(r.into());
+        };
+        let session = ids::session(meta, self.principal(&cx).as_deref(), &self.config);
+        let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json };
+        let result = match self.runtime.call(&call).await {
+            Ok(out) => results::success(out),
+            Err(e) if e.kind == ErrorKind::UnknownTool => return Err(ErrorData::invalid_params(e.message, None)),
+            Err(e) => results::error_result(&e),
+        };
+        Ok(result.into())
+    }
+}

@@ -1,0 +1,274 @@
+//! `toolguard serve` against real MCP clients: the official conformance
+//! suite (Node), the official Python SDK over stdio and HTTP (counting
+//! refunds at the sandbox), and the HTTP hardening.
+//!
+//! The external tools come from `./dev.sh test`, which installs them into a
+//! cache and exports `TOOLGUARD_NODE`, `TOOLGUARD_CONFORMANCE`,
+//! `TOOLGUARD_CONFORMANCE_2026` and `TOOLGUARD_PYTHON`.
+
+use crate::common::{shared_cache, wasm};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use toolguard_sandbox::{Mode, Sandbox};
+
+const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
+
+fn tool(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set: run the tests with ./dev.sh test, which installs the MCP clients"))
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+/// A running `toolguard serve --http`, killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `toolguard serve --http 127.0.0.1:0` on `config` and waits for its URL.
+fn serve_http(config: &Path, env: &[(&str, &str)]) -> Server {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", config.to_str().unwrap(), "--http", "127.0.0.1:0"])
+        .envs(env.iter().copied())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("serve exited before listening").unwrap();
+        if let Some(url) = line.strip_prefix("toolguard: MCP on ") {
+            break url.trim().to_string();
+        }
+    };
+    // Keep draining its logs so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Server { child, url }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn conformance_config(dir: &Path) -> PathBuf {
+    let text = format!(
+        "data_dir = \"data\"\ncompile_cache = {:?}\n[plugins.conformance]\ncomponent = {:?}\n[policy.plugins.conformance]\n",
+        shared_cache().display().to_string(),
+        wasm("conformance").display().to_string()
+    );
+    write(dir, "conformance.toml", &text)
+}
+
+/// Runs one conformance suite against a fresh server; panics with its output unless it passes.
+fn run_conformance(cli: &str, args: &[&str], baseline: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(&conformance_config(dir.path()), &[]);
+    let out = Command::new(tool("TOOLGUARD_NODE"))
+        .arg(cli)
+        .args(["server", "--url", &server.url])
+        .args(args)
+        .arg("--expected-failures")
+        .arg(repo(baseline))
+        .arg("-o")
+        .arg(dir.path().join("results"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "conformance failed:\n{text}");
+    assert!(text.contains("Baseline check passed"), "{text}");
+    for must in ["server-initialize", "ping", "tools-list", "tools-call-simple-text", "tools-call-image", "tools-call-error", "dns-rebinding-protection"] {
+        if text.contains(&format!("{must}:")) {
+            assert!(text.contains(&format!("✓ {must}:")), "{must} must pass:\n{text}");
+        }
+    }
+    println!("{}", text.lines().filter(|l| l.starts_with('✓') || l.starts_with('✗') || l.starts_with("Total")).collect::<Vec<_>>().join("\n"));
+}
+
+#[test]
+fn conformance_2025_11_25_passes_with_only_unserved_features_in_the_baseline() {
+    run_conformance(&tool("TOOLGUARD_CONFORMANCE"), &["--suite", "all"], "tests/conformance/baseline.yml");
+}
+
+#[test]
+fn conformance_2026_07_28_passes_with_only_unserved_features_in_the_baseline() {
+    run_conformance(&tool("TOOLGUARD_CONFORMANCE_2026"), &["--requirements", "2026-07-28"], "tests/conformance/baseline-2026-07-28.yml");
+}
+
+#[test]
+fn the_baselines_hold_no_scenario_a_tool_host_must_serve() {
+    for baseline in ["tests/conformance/baseline.yml", "tests/conformance/baseline-2026-07-28.yml"] {
+        let text = std::fs::read_to_string(repo(baseline)).unwrap();
+        let listed: Vec<&str> = text.lines().filter_map(|l| l.trim().strip_prefix("- ")).collect();
+        assert!(!listed.is_empty());
+        for served in ["server-initialize", "ping", "tools-list", "tools-call-simple-text", "tools-call-image", "tools-call-audio",
+            "tools-call-embedded-resource", "tools-call-mixed-content", "tools-call-error", "json-schema-2020-12", "dns-rebinding-protection",
+            "http-header-validation", "server-sse-multiple-streams"] {
+            assert!(!listed.contains(&served), "{baseline} must not excuse {served}");
+        }
+        // Every listed scenario sits under a comment that gives its reason.
+        let mut reason = false;
+        for line in text.lines().map(str::trim) {
+            match line {
+                l if l.starts_with('#') => reason = true,
+                l if l.starts_with("- ") => assert!(reason, "{baseline}: `{l}` has no reason above it"),
+                _ => reason = false,
+            }
+        }
+    }
+}
+
+/// A sandbox and a refund host config for the Python client (key as a header only, so
+/// reconciliation cannot settle a timeout and the hold rule has something to hold).
+fn refund_world(dir: &Path) -> (tokio::runtime::Runtime, Sandbox, PathBuf) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent("pi_mcp", 100_000);
+    let url = sandbox.url();
+    let text = format!(
+        r#"
+data_dir = "data"
+compile_cache = {cache:?}
+[plugins.payments]
+component = {payments:?}
+[plugins.payments.config]
+api_base = "{url}"
+[policy.downstreams.payments]
+url = "{url}"
+timeout_ms = 500
+reconcile_ms = 200
+key = [{{ transport = "header" }}]
+[policy.plugins.payments.tools]
+refund = {{ effect = "irreversible" }}
+refund_status = {{ effect = "read-only" }}
+[[policy.plugins.payments.grants]]
+downstream = "payments"
+methods = ["POST", "GET"]
+path_prefix = "/v1/refunds"
+"#,
+        cache = shared_cache().display().to_string(),
+        payments = wasm("payments").display().to_string(),
+    );
+    let config = write(dir, "refunds.toml", &text);
+    (rt, sandbox, config)
+}
+
+/// Runs the Python client; its steps by name.
+fn python_client(args: &[&str]) -> std::collections::BTreeMap<String, Value> {
+    let out = Command::new(tool("TOOLGUARD_PYTHON")).arg(repo("tests/mcp/client.py")).args(args).output().unwrap();
+    assert!(out.status.success(), "python client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| (v["step"].as_str().unwrap().to_string(), v))
+        .collect()
+}
+
+fn check_refund_scenario(steps: &std::collections::BTreeMap<String, Value>, sandbox: &Sandbox, era: &str) {
+    let list = &steps["list"];
+    assert_eq!(list["protocol"], era);
+    assert_eq!(list["tools"]["refund"]["readOnlyHint"], false);
+    assert_eq!(list["tools"]["refund"]["destructiveHint"], true);
+    assert_eq!(list["tools"]["refund"]["idempotentHint"], false);
+    assert_eq!(list["tools"]["refund_status"]["readOnlyHint"], true);
+    let ok = |name: &str| {
+        assert_eq!(steps[name]["is_error"], false, "{name}: {}", steps[name]);
+        &steps[name]["structured"]
+    };
+    let error = |name: &str, kind: &str| {
+        assert_eq!(steps[name]["is_error"], true, "{name}: {}", steps[name]);
+        assert_eq!(steps[name]["structured"]["kind"], kind, "{name}: {}", steps[name]);
+        steps[name]["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(ok("first")["status"], "succeeded");
+    assert!(error("no-id", "invalid-args").contains("toolguard/toolCallId"));
+    assert!(error("timeout", "outcome-unknown").contains("refund_status"));
+    let held = error("blind-repeat", "held");
+    assert!(held.contains("call-B"), "{held}");
+    let retried = ok("retry").clone();
+    assert_eq!(ok("replay"), &retried, "the replay returns the same refund");
+    assert_eq!(steps["replay"]["meta"]["toolguard/replayed"], true);
+    assert_ne!(ok("repeat-after-resolution")["refund_id"], retried["refund_id"], "a genuine repeat once resolved");
+    assert_eq!(ok("status")["refunds"].as_array().unwrap().len(), 3);
+    // At the provider: call-A, call-B (once, despite its timeout, retry and replay), call-C.
+    assert_eq!(sandbox.refunds().len(), 3);
+    let b_posts: Vec<_> = sandbox.requests().into_iter().filter(|r| r.method == "POST").map(|r| r.idempotency_key).collect();
+    assert_eq!(b_posts.len(), 4, "A, B, B's retry (same key), C: {b_posts:?}");
+    assert_eq!(b_posts[1], b_posts[2]);
+}
+
+#[test]
+fn the_python_sdk_over_stdio_in_the_2026_era() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = refund_world(dir.path());
+    let steps = python_client(&["stdio", config.to_str().unwrap(), BIN, "auto", &sandbox.url()]);
+    check_refund_scenario(&steps, &sandbox, "2026-07-28");
+}
+
+#[test]
+fn the_python_sdk_over_http_in_the_2025_era() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = refund_world(dir.path());
+    let server = serve_http(&config, &[]);
+    let steps = python_client(&["http", &server.url, "legacy", &sandbox.url()]);
+    check_refund_scenario(&steps, &sandbox, "2025-11-25");
+}
+
+/// POSTs `body` to the MCP endpoint with extra headers; the status code.
+fn post(url: &str, headers: &[(&str, &str)], body: String) -> u16 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut req = reqwest::Client::new()
+            .post(url)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .body(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send().await.unwrap().status().as_u16()
+    })
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
+#[test]
+fn http_is_hardened() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = std::fs::read_to_string(conformance_config(dir.path())).unwrap();
+    text.push_str("[mcp]\ntoken_env = \"TG_TEST_TOKEN\"\nmax_request_bytes = 4096\n");
+    let config = write(dir.path(), "hardened.toml", &text);
+
+    // Beyond loopback without allowed hosts: refused at start.
+    let out = Command::new(BIN)
+        .args(["serve", "--config", config.to_str().unwrap(), "--http", "0.0.0.0:0"])
+        .env("TG_TEST_TOKEN", "t0ken")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("allowed_hosts"), "{}", String::from_utf8_lossy(&out.stderr));
+    let plain = write(dir.path(), "plain.toml", &std::fs::read_to_string(conformance_config(dir.path())).unwrap());
+    let out = Command::new(BIN).args(["serve", "--config", plain.to_str().unwrap(), "--http", "0.0.0.0:0"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a bearer token"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let server = serve_http(&config, &[("TG_TEST_TOKEN", "t0ken")]);
+    assert_eq!(post(&server.url, &[], INITIALIZE.into()), 401, "no token");
+    assert_eq!(post(&server.url, &[("Authorization", "Bearer wrong")], INITIALIZE.into()), 401, "wrong token");
+    assert_eq!(post(&server.url, &[("Authorization", "Bearer t0ken")], INITIALIZE.into()), 200);
+    let rebinding = post(&server.url, &[("Authorization", "Bearer t0ken"), ("Host", "evil.example:80")], INITIALIZE.into());
+    assert!(rebinding == 403 || rebinding == 421 || rebinding == 400, "a foreign Host is refused: {rebinding}");
+    let huge = INITIALIZE.replace("\"t\",", &format!("\"{}\",", "x".repeat(8_000)));
+    assert_eq!(post(&server.url, &[("Authorization", "Bearer t0ken")], huge), 413, "bodies over max_request_bytes");
+}
