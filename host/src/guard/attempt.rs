@@ -132,6 +132,7 @@ impl CallGuard {
             session: r.session.clone(),
             call_id: r.call_id.clone(),
             tool: r.tool.clone(),
+            args_digest: r.args_digest.clone(),
             step,
             generation,
             fingerprint,

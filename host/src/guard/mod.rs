@@ -215,38 +215,34 @@ impl Guard {
 
     /// The hold rule: a *new* tool call of an irreversible tool with the same
     /// session, tool and arguments as an earlier call whose attempt is still
-    /// unresolved is not executed.
+    /// unresolved — unknown, or pending without its call running (a crash or a
+    /// cut-off invocation left it) — is not executed. An identical call that
+    /// is merely in flight does not hold a new one.
     async fn hold_rule(&self, id: &CallIdentity) -> Result<(), CallError> {
         let ledger = self.ledger.clone();
-        let probe = id.clone();
-        let earlier = blocking(move || -> Result<Option<(CallRecord, AttemptRecord)>, crate::ledger::LedgerError> {
-            for call in ledger.calls(Some(&probe.session))? {
-                if call.call_id == probe.call_id || call.tool != probe.tool || call.args_digest != probe.args_digest {
-                    continue;
-                }
-                if call.state == CallState::Completed {
-                    continue;
-                }
-                if let Some(a) = ledger.attempts_of_call(&call.session, &call.call_id)?.into_iter().find(|a| a.state.is_unsettled()) {
-                    return Ok(Some((call, a)));
-                }
-            }
-            Ok(None)
-        })
-        .await
-        .map_err(internal)?;
-        let Some((call, attempt)) = earlier else { return Ok(()) };
+        let (session, tool, digest) = (id.session.clone(), id.tool.clone(), id.args_digest.clone());
+        let candidates = blocking(move || ledger.unsettled_like(&session, &tool, &digest)).await.map_err(internal)?;
+        let earlier = candidates.into_iter().find(|a| {
+            a.call_id != id.call_id && (a.state == crate::ledger::AttemptState::Unknown || !self.in_progress(&a.session, &a.call_id))
+        });
+        let Some(attempt) = earlier else { return Ok(()) };
         let message = format!(
             "Not executed: an identical earlier call of `{}` (tool call `{}`) has an outcome that is still unknown, \
              so repeating it could do it twice. Check its status first (for refunds: refund_status), or retry tool \
              call `{}` itself, which is safe. Once it is resolved, a new call with these arguments will run.",
-            id.tool, call.call_id, call.call_id
+            id.tool, attempt.call_id, attempt.call_id
         );
         Err(CallError::new(ErrorKind::Held, message).with_detail(json!({
-            "earlier_call_id": call.call_id,
+            "earlier_call_id": attempt.call_id,
             "earlier_key": attempt.key,
             "earlier_state": attempt.state.as_str(),
         })))
+    }
+
+    /// Whether a run of tool call (session, call id) holds its lock right now.
+    fn in_progress(&self, session: &str, call_id: &str) -> bool {
+        let map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(&(session.to_string(), call_id.to_string())).is_some_and(|l| l.try_lock().is_err())
     }
 
     /// Ends a tool call: an unsettled send makes it `outcome-unknown` whatever

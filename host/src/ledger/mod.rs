@@ -11,6 +11,8 @@
 //! - `call_attempts`: (session, call id) ‖ step → key.
 //! - `grant_history`: plugin ‖ 0 ‖ time → [`GrantRecord`] JSON: which component
 //!   digest ran with which effective grants, from when.
+//! - `unsettled`: (session, tool, args digest) ‖ call id ‖ step → key, for
+//!   attempts pending or unknown: the hold rule's index.
 //!
 //! Durability is chosen per write ([`Durability`]); why each write is synced
 //! or not is in `docs/ledger.md`.
@@ -30,7 +32,8 @@ const CF_ATTEMPTS: &str = "attempts";
 const CF_BY_STATE: &str = "attempts_by_state";
 const CF_CALL_ATTEMPTS: &str = "call_attempts";
 const CF_GRANT_HISTORY: &str = "grant_history";
-const ALL_CFS: [&str; 6] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY];
+const CF_UNSETTLED: &str = "unsettled";
+const ALL_CFS: [&str; 7] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED];
 /// The on-disk schema this code reads and writes.
 const SCHEMA: &[u8] = b"1";
 
@@ -57,6 +60,8 @@ pub struct Ledger {
     db: Arc<DB>,
     dir: PathBuf,
     secret: KeySecret,
+    /// Writes committed so far: (synced, buffered).
+    counts: Arc<[std::sync::atomic::AtomicU64; 2]>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -116,7 +121,7 @@ impl Ledger {
         }
         let secret = db.get_cf(meta, b"secret").map_err(|e| err(e.to_string()))?;
         let secret: [u8; 32] = secret.as_deref().and_then(|s| s.try_into().ok()).ok_or_else(|| err("the key secret is missing or damaged".into()))?;
-        Ok(Self { db: Arc::new(db), dir: dir.to_path_buf(), secret: KeySecret(secret) })
+        Ok(Self { db: Arc::new(db), dir: dir.to_path_buf(), secret: KeySecret(secret), counts: Arc::default() })
     }
 
     /// The secret keys are derived with.
@@ -199,6 +204,17 @@ impl Ledger {
     pub fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
         let prefix = call_key(session, call_id);
         let keys = self.scan(CF_CALL_ATTEMPTS, &prefix, |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
+        keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
+    }
+
+    /// Unsettled (pending or unknown) attempts of any tool call in `session`
+    /// with this tool and argument digest: the hold rule's candidates.
+    ///
+    /// # Errors
+    /// A read failed or a record is damaged.
+    pub fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let prefix = action_prefix(session, tool, args_digest);
+        let keys = self.scan(CF_UNSETTLED, &prefix, |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
         keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
     }
 
@@ -300,8 +316,23 @@ impl Ledger {
             let mut by_call = call_key(&attempt.session, &attempt.call_id);
             by_call.extend_from_slice(&attempt.step.to_be_bytes());
             batch.put_cf(self.cf(CF_CALL_ATTEMPTS), by_call, attempt.key.as_bytes());
+            let unsettled = unsettled_key(attempt);
+            if attempt.state.is_unsettled() {
+                batch.put_cf(self.cf(CF_UNSETTLED), unsettled, attempt.key.as_bytes());
+            } else {
+                batch.delete_cf(self.cf(CF_UNSETTLED), unsettled);
+            }
         }
-        self.db.write_opt(batch, &write_options(durability)).map_err(|e| self.err(e))
+        self.db.write_opt(batch, &write_options(durability)).map_err(|e| self.err(e))?;
+        let slot = usize::from(durability == Durability::Buffered);
+        self.counts[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many writes this handle (and its clones) committed: (synced, buffered).
+    pub fn write_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed))
     }
 }
 
@@ -347,6 +378,24 @@ fn call_key(session: &str, call_id: &str) -> Vec<u8> {
     let mut k = session_prefix(session);
     k.extend_from_slice(&(call_id.len() as u32).to_be_bytes());
     k.extend_from_slice(call_id.as_bytes());
+    k
+}
+
+/// Length-prefixed (session, tool, args digest): one action, whatever its call id.
+fn action_prefix(session: &str, tool: &str, args_digest: &str) -> Vec<u8> {
+    let mut k = Vec::new();
+    for field in [session, tool, args_digest] {
+        k.extend_from_slice(&(field.len() as u32).to_be_bytes());
+        k.extend_from_slice(field.as_bytes());
+    }
+    k
+}
+
+fn unsettled_key(a: &AttemptRecord) -> Vec<u8> {
+    let mut k = action_prefix(&a.session, &a.tool, &a.args_digest);
+    k.extend_from_slice(&(a.call_id.len() as u32).to_be_bytes());
+    k.extend_from_slice(a.call_id.as_bytes());
+    k.extend_from_slice(&a.step.to_be_bytes());
     k
 }
 

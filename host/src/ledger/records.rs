@@ -173,6 +173,9 @@ pub struct AttemptRecord {
     pub session: String,
     pub call_id: String,
     pub tool: String,
+    /// The argument digest of its tool call (for the hold rule's index).
+    #[serde(default)]
+    pub args_digest: String,
     /// Ordinal of this send within its tool call.
     pub step: u32,
     /// How many keys this step had before this one (raised only by an operator).
