@@ -140,6 +140,7 @@ pub async fn audit(config: &Config, config_path: &Path, extra: &[PathBuf]) -> Re
             component: ComponentSource::File(path.clone()),
             limits: Default::default(),
             settings: Default::default(),
+            tool_prefix: String::new(),
             policy: Default::default(),
         };
         components.push(audit_one(&config.engine, &config.compile_cache, &plugin, &config.downstreams).await?);

@@ -130,6 +130,9 @@ pub struct PluginConfig {
     pub limits: Limits,
     /// Non-secret settings the plugin reads with `outbound.config`.
     pub settings: BTreeMap<String, String>,
+    /// Prepended to each of its tools' names as the host serves them (to keep
+    /// two plugins' tools apart); the plugin still sees its own names.
+    pub tool_prefix: String,
     /// The reviewer's policy for it (the default if the policy does not name it).
     pub policy: PluginPolicy,
 }
@@ -172,6 +175,8 @@ struct RawPlugin {
     limits: LimitOverrides,
     #[serde(default)]
     config: BTreeMap<String, String>,
+    #[serde(default)]
+    tool_prefix: String,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -252,8 +257,11 @@ impl Config {
             };
             let limits = host_limits.with(&p.limits);
             check_limits(&limits, &engine).map_err(|(f, m)| err(&at(&format!("limits.{f}")), m))?;
+            if !p.tool_prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') || p.tool_prefix.len() > 32 {
+                return Err(err(&at("tool_prefix"), "up to 32 of A-Z a-z 0-9 _ -".into()));
+            }
             let policy = policy.plugins.remove(&name).unwrap_or_default();
-            plugins.push(PluginConfig { name, component, limits, settings: p.config, policy });
+            plugins.push(PluginConfig { name, component, limits, settings: p.config, tool_prefix: p.tool_prefix, policy });
         }
         if raw.mcp.max_request_bytes < 1024 {
             return Err(err("mcp.max_request_bytes", "must be at least 1024".into()));

@@ -25,6 +25,7 @@ pub fn plugin(name: &str, crate_name: &str, limits: Limits) -> PluginConfig {
         component: ComponentSource::File(wasm(crate_name)),
         limits,
         settings: Default::default(),
+        tool_prefix: String::new(),
         policy: Default::default(),
     }
 }

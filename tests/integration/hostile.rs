@@ -103,6 +103,7 @@ impl Hostile {
             component: ComponentSource::File(wasm(crate_name)),
             limits: Limits::default(),
             settings: Default::default(),
+            tool_prefix: String::new(),
             policy: Default::default(),
         };
         plugin.policy.sha256 = pin;

@@ -145,3 +145,18 @@ async fn describe_yields_checked_tools_with_schemas() {
     let greeting = common::call(&rt, "greet", r#"{"name":"Ada"}"#).await.unwrap();
     assert_eq!(greeting["greeting"], "Hello, Ada!");
 }
+
+#[tokio::test]
+async fn a_tool_prefix_serves_one_component_twice_under_distinct_names() {
+    let mut a = plugin("stats-a", "text-stats", Limits::default());
+    a.tool_prefix = "a_".into();
+    let mut b = plugin("stats-b", "text-stats", Limits::default());
+    b.tool_prefix = "b_".into();
+    let rt = common::runtime(&[a, b]).await;
+    let names: Vec<&str> = rt.tools().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a_text_stats", "b_text_stats"]);
+    for tool in names {
+        let out = common::call(&rt, tool, r#"{"text":"x y"}"#).await.unwrap();
+        assert_eq!(out["words"], 2, "{tool}: the plugin is invoked under its own name");
+    }
+}

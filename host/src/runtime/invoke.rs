@@ -45,7 +45,7 @@ impl Runtime {
             }
         };
         let call = CallContext { session: req.session.clone(), call_id: req.call_id.clone(), tool: tool.name.clone() };
-        let name = tool.name.clone();
+        let name = tool.plugin_tool.clone();
         let (returned, call_guard) = self
             .core
             .sandboxed(plugin, call, call_guard, Slot::Invoke, move |store, instance| {

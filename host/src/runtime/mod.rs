@@ -221,6 +221,7 @@ impl Runtime {
         let reconcile = reconcile::find_export(&component);
         let ctx = Arc::new(PluginContext {
             name: name.as_str().into(),
+            tool_prefix: config.tool_prefix.as_str().into(),
             settings: config.settings.clone(),
             limits: config.limits,
             grants: config.policy.grants.clone().into(),
@@ -243,7 +244,7 @@ impl Runtime {
             })
             .await;
         let specs = specs.map_err(|f| LoadError::Describe { plugin: name.clone(), reason: f.to_string() })?;
-        let tools = plugin::check_specs(&name, specs, &config.policy.tools)?;
+        let tools = plugin::check_specs(&name, &config.tool_prefix, specs, &config.policy.tools)?;
         for tool in &tools {
             if let Some((other, _)) = self.tools.get(&tool.name) {
                 let first = self.plugins[*other].ctx.name.to_string();

@@ -26,8 +26,10 @@ impl From<types::Effect> for Effect {
 /// One tool as the host serves it.
 #[derive(Debug)]
 pub struct ToolInfo {
-    /// Unique name across the host.
+    /// Unique name across the host (the plugin's tool prefix and its own name).
     pub name: String,
+    /// The name the plugin itself knows the tool by.
+    pub plugin_tool: String,
     /// The plugin that offers it.
     pub plugin: String,
     /// What it does, for the model.
@@ -64,7 +66,12 @@ pub(crate) struct LoadedPlugin {
 /// No tools, too many, a bad or repeated name, a schema that does not
 /// compile or does not describe an object, or a class for a tool the plugin
 /// does not offer.
-pub(crate) fn check_specs(plugin: &str, specs: Vec<types::ToolSpec>, classes: &BTreeMap<String, Effect>) -> Result<Vec<ToolInfo>, LoadError> {
+pub(crate) fn check_specs(
+    plugin: &str,
+    prefix: &str,
+    specs: Vec<types::ToolSpec>,
+    classes: &BTreeMap<String, Effect>,
+) -> Result<Vec<ToolInfo>, LoadError> {
     let bad = |tool: &str, reason: String| LoadError::BadTool { plugin: plugin.into(), tool: tool.into(), reason };
     if specs.is_empty() || specs.len() > MAX_TOOLS {
         let reason = format!("describe returned {} tools; a plugin offers 1 to {MAX_TOOLS}", specs.len());
@@ -72,7 +79,8 @@ pub(crate) fn check_specs(plugin: &str, specs: Vec<types::ToolSpec>, classes: &B
     }
     let mut tools: Vec<ToolInfo> = Vec::with_capacity(specs.len());
     for spec in specs {
-        let name = spec.name;
+        let plugin_tool = spec.name;
+        let name = format!("{prefix}{plugin_tool}");
         let name_ok = (1..=64).contains(&name.len())
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !name_ok {
@@ -90,8 +98,9 @@ pub(crate) fn check_specs(plugin: &str, specs: Vec<types::ToolSpec>, classes: &B
             None => None,
         };
         let claimed = Effect::from(spec.effect);
-        let reviewed = classes.get(&name).copied();
+        let reviewed = classes.get(&plugin_tool).copied();
         tools.push(ToolInfo {
+            plugin_tool,
             effect: Effect::effective(claimed, reviewed),
             reviewed: reviewed.is_some(),
             claimed,
@@ -102,7 +111,7 @@ pub(crate) fn check_specs(plugin: &str, specs: Vec<types::ToolSpec>, classes: &B
             output_schema,
         });
     }
-    if let Some(stray) = classes.keys().find(|c| !tools.iter().any(|t| &t.name == *c)) {
+    if let Some(stray) = classes.keys().find(|c| !tools.iter().any(|t| &t.plugin_tool == *c)) {
         return Err(bad(stray, "the policy classifies this tool, but the plugin does not offer it".into()));
     }
     Ok(tools)

@@ -66,7 +66,9 @@ impl Reconciler for PluginReconciler {
                 tries: attempt.tries,
             };
             let call = CallContext { session: attempt.session.clone(), call_id: attempt.call_id.clone(), tool: tool.to_string() };
-            let (func, tool) = (self.func, tool.to_string());
+            // The plugin knows its tools without the host's prefix.
+            let own = tool.strip_prefix(&*self.plugin.ctx.tool_prefix).unwrap_or(tool);
+            let (func, tool) = (self.func, own.to_string());
             let (found, _) = self
                 .core
                 .sandboxed(&self.plugin, call, None, Slot::Reconcile, move |store, instance| {

@@ -15,6 +15,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 pub struct PluginContext {
     /// The plugin's configured name.
     pub name: Arc<str>,
+    /// Prepended to its tools' names as served.
+    pub tool_prefix: Arc<str>,
     /// Non-secret settings served by `outbound.config`.
     pub settings: BTreeMap<String, String>,
     /// The limits each invocation runs under.
