@@ -14,9 +14,11 @@
 //! - [`error`]: the error kinds a caller sees.
 //! - [`builtin`]: the example plugins embedded in the binary.
 //! - [`mcp`]: `toolguard serve`, the tools as an MCP server.
+//! - [`bench`]: `toolguard bench`, the performance figures.
 //! - [`cli`]: the `toolguard` command line.
 
 pub mod audit;
+pub mod bench;
 pub mod builtin;
 pub mod cli;
 pub mod config;

@@ -78,6 +78,19 @@ enum Command {
         #[arg(long)]
         history: bool,
     },
+    /// Measure: the disk's fsync bound, guarded calls at 1–256 in flight, the
+    /// guard's CPU path, sandboxes, replays, MCP over HTTP, memory.
+    Bench {
+        /// Where to measure (the data directory's filesystem).
+        #[arg(long, default_value = ".toolguard/bench")]
+        dir: PathBuf,
+        /// A short run (about 1/20 of the work) that checks the benchmarks work.
+        #[arg(long)]
+        quick: bool,
+        /// Also print the figures as JSON at the end.
+        #[arg(long)]
+        json: bool,
+    },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
         /// The config file.
@@ -135,6 +148,7 @@ pub fn main() -> ExitCode {
             }
             Command::Ledger { config, command } => ledger::run(&config, command),
             Command::Recover { config } => recover(&config).await,
+            Command::Bench { dir, quick, json } => bench(dir, quick, json).await,
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
             Command::Sandbox { addr, mode, api_key } => {
                 let mode = match mode {
@@ -213,6 +227,23 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
         Err(e) => {
             eprintln!("toolguard serve: {e:#}");
             EXIT_CONFIG
+        }
+    }
+}
+
+/// Runs the benchmarks; exit 1 only if one could not run (targets are reported, not enforced).
+async fn bench(dir: PathBuf, quick: bool, json: bool) -> u8 {
+    let scale = crate::bench::Scale { factor: if quick { 0.05 } else { 1.0 } };
+    match crate::bench::run(dir, scale).await {
+        Ok(figures) => {
+            if json {
+                print_json(&serde_json::to_value(&figures).unwrap_or_default());
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("toolguard bench: {e:#}");
+            EXIT_CALL_FAILED
         }
     }
 }

@@ -34,6 +34,15 @@ const CF_CALL_ATTEMPTS: &str = "call_attempts";
 const CF_GRANT_HISTORY: &str = "grant_history";
 const CF_UNSETTLED: &str = "unsettled";
 const ALL_CFS: [&str; 7] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED];
+/// Memory all memtables together may use before RocksDB flushes them.
+const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
+
+fn cf_options() -> Options {
+    let mut o = Options::default();
+    o.set_write_buffer_size(8 << 20);
+    o
+}
+
 /// The on-disk schema this code reads and writes.
 const SCHEMA: &[u8] = b"1";
 
@@ -83,7 +92,9 @@ impl Ledger {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_keep_log_file_num(4);
-        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+        // Bounded memory: memtables across all families share one budget.
+        opts.set_db_write_buffer_size(LEDGER_MEMTABLE_BUDGET);
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| err(describe_open_error(&e)))?;
         let ledger = Self::init(db, dir, true)?;
         Ok(ledger)

@@ -19,6 +19,19 @@ pub const PATH: &str = "/mcp";
 /// A non-loopback bind without a token, a token variable that is unset,
 /// or the address cannot be bound.
 pub async fn serve(host: McpHost, addr: SocketAddr) -> anyhow::Result<()> {
+    let app = router(host, addr)?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    eprintln!("toolguard: MCP on http://{}{PATH}", listener.local_addr()?);
+    axum::serve(no_delay(listener), app).await?;
+    Ok(())
+}
+
+/// The hardened MCP endpoint for a server that will bind `addr`.
+///
+/// # Errors
+/// A non-loopback `addr` without a token or allowed hosts, or a token
+/// variable that is unset.
+pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let config = host.config.clone();
     let token = match &config.token_env {
         Some(var) => Some(std::env::var(var).map_err(|_| anyhow::anyhow!("mcp.token_env names `{var}`, which is not set"))?),
@@ -38,14 +51,19 @@ pub async fn serve(host: McpHost, addr: SocketAddr) -> anyhow::Result<()> {
         .with_max_request_body_bytes(config.max_request_bytes);
     let service = StreamableHttpService::new(move || Ok(host.clone()), Arc::new(LocalSessionManager::default()), mcp_config);
     let token = Arc::new(token);
-    let app = axum::Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn(move |req, next| {
+    Ok(axum::Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn(move |req, next| {
         let token = token.clone();
         async move { bearer(token.as_deref(), req, next).await }
-    }));
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    eprintln!("toolguard: MCP on http://{}{PATH}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
-    Ok(())
+    })))
+}
+
+/// The listener with Nagle's algorithm off on every connection: small
+/// responses (an SSE event) go out at once instead of waiting on a delayed ACK.
+pub fn no_delay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Addr = SocketAddr> {
+    use axum::serve::ListenerExt as _;
+    listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
 }
 
 /// Lets a request through only with the right bearer token (if one is set).

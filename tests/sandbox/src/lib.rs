@@ -196,6 +196,7 @@ impl Drop for Sandbox {
 async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
+        let _ = stream.set_nodelay(true);
         let app = app.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {

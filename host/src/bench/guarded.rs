@@ -1,0 +1,222 @@
+//! (b) guarded calls through the whole path — admission, a fresh sandbox,
+//! the synced attempt, an HTTP request to an in-process zero-latency
+//! provider, the buffered outcome and completion — at 1, 8, 64 and 256 in
+//! flight; (c) the guard's CPU path alone; (e) replays of a completed call.
+
+use super::disk::Bound;
+use super::{Figure, Scale, Stats, ms, us};
+use crate::guard::keys;
+use crate::ledger::records::{AttemptRecord, AttemptState, StoredBody, StoredRequest, now_ms};
+use crate::ledger::{Durability, Ledger, LedgerWrite};
+use crate::{CallRequest, Config, Runtime};
+use serde_json::json;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// A provider that answers every refund at once with the same object.
+pub(crate) async fn null_provider() -> anyhow::Result<String> {
+    let body = json!({ "id": "re_bench", "object": "refund", "amount": 1, "currency": "usd",
+        "payment_intent": "pi_bench", "reason": "duplicate", "status": "succeeded", "metadata": {}, "created": 0 })
+    .to_string();
+    let app = axum::Router::new().route(
+        "/v1/refunds",
+        axum::routing::post(move || {
+            let body = body.clone();
+            async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(crate::mcp::http::no_delay(listener), app).await;
+    });
+    Ok(url)
+}
+
+/// A host with the payments plugin granted `provider`, its data in `dir`.
+pub(crate) async fn refund_host(dir: &Path, provider: &str) -> anyhow::Result<Runtime> {
+    let text = format!(
+        r#"
+data_dir = "data"
+[engine]
+pool_instances = 320
+[plugins.payments]
+component = "builtin:payments"
+[plugins.payments.config]
+api_base = "{provider}"
+[policy.downstreams.payments]
+url = "{provider}"
+[policy.plugins.payments.tools]
+refund = {{ effect = "irreversible" }}
+refund_status = {{ effect = "read-only" }}
+[[policy.plugins.payments.grants]]
+downstream = "payments"
+methods = ["POST"]
+path_prefix = "/v1/refunds"
+"#
+    );
+    let config = Config::parse(&text, "<bench>", dir)?;
+    Ok(Runtime::from_config(&config).await?)
+}
+
+fn refund(call_id: String, amount: usize) -> CallRequest {
+    CallRequest {
+        session: "bench".into(),
+        call_id,
+        tool: "refund".into(),
+        args_json: format!(r#"{{"payment_intent":"pi_bench","amount_cents":{},"reason":"duplicate"}}"#, amount % 1_000_000 + 1),
+    }
+}
+
+/// Runs `total` calls made by `in_flight` concurrent workers; their latencies
+/// and the wall time.
+pub(crate) async fn drive<F, Fut>(in_flight: usize, total: usize, call: F) -> anyhow::Result<(Vec<Duration>, Duration)>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let call = Arc::new(call);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..in_flight)
+        .map(|_| {
+            let (call, next) = (call.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return Ok::<_, String>(samples);
+                    }
+                    let t = Instant::now();
+                    call(i).await?;
+                    samples.push(t.elapsed());
+                }
+            })
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(total);
+    for w in workers {
+        samples.extend(w.await?.map_err(|e| anyhow::anyhow!(e))?);
+    }
+    Ok((samples, started.elapsed()))
+}
+
+/// (b): guarded refunds at 1, 8, 64 and 256 in flight.
+///
+/// # Errors
+/// Set-up failed or a call failed.
+pub async fn throughput(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+    let provider = null_provider().await?;
+    let scratch = tempfile::tempdir_in(dir)?;
+    let runtime = Arc::new(refund_host(scratch.path(), &provider).await?);
+    let mut figures = Vec::new();
+    for in_flight in [1usize, 8, 64, 256] {
+        let total = scale.n(if in_flight == 1 { 300 } else { 2_000 });
+        let rt = runtime.clone();
+        let offset = in_flight * 1_000_000;
+        let (mut samples, wall) = drive(in_flight, total, move |i| {
+            let rt = rt.clone();
+            async move { rt.call(&refund(format!("b{}", offset + i), i)).await.map(|_| ()).map_err(|e| e.to_string()) }
+        })
+        .await?;
+        let stats = Stats::of(&mut samples);
+        let per_sec = total as f64 / wall.as_secs_f64();
+        let limit = bound.records_per_sec(in_flight);
+        let label = |what: &str| format!("(b) guarded calls, {in_flight:>3} in flight, {what}");
+        let mut rate = Figure::new(label("calls/s"), per_sec, "calls/s").against(
+            if in_flight >= 64 { "batched-fsync bound (a)" } else { "fsync bound (a) × in flight" },
+            per_sec / limit,
+        );
+        if in_flight == 64 {
+            rate = rate.target("≥ 0.8× the batched bound", per_sec >= 0.8 * limit);
+        }
+        figures.push(rate);
+        let mut p50 = Figure::new(label("p50"), ms(stats.p50), "ms").against("one fsync (a)", ms(stats.p50) / ms(bound.sync.p50));
+        if in_flight == 1 {
+            p50 = p50.target("≤ one fsync + 0.3 ms", ms(stats.p50) <= ms(bound.sync.p50) + 0.3);
+        }
+        figures.push(p50);
+        figures.push(Figure::new(label("p99"), ms(stats.p99), "ms"));
+    }
+    Ok(figures)
+}
+
+/// (c): canonicalise, digest, mint, encode and an unsynced put, per call.
+///
+/// # Errors
+/// The scratch ledger cannot be opened or written.
+pub async fn cpu_path(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+    let scratch = tempfile::tempdir_in(dir)?;
+    let ledger = Ledger::open(&scratch.path().join("ledger"))?;
+    let n = scale.n(50_000);
+    let per_call = tokio::task::spawn_blocking(move || -> anyhow::Result<Duration> {
+        let args = json!({ "payment_intent": "pi_bench", "amount_cents": 1500, "reason": "requested_by_customer" });
+        let request = StoredRequest { method: "POST".into(), url: "http://127.0.0.1:1/v1/refunds".into(), headers: vec![], body: StoredBody::from_bytes(b"payment_intent=pi_bench&amount=1500") };
+        let started = Instant::now();
+        for i in 0..n {
+            let call_id = format!("c{i}");
+            let canonical = keys::canonical_args(&args).map_err(anyhow::Error::msg)?;
+            let digest = keys::args_digest(&canonical);
+            let input = keys::KeyInput { session: "bench", call_id: &call_id, tool: "refund", args_digest: &digest, step: 0, generation: 0 };
+            let key = keys::mint(ledger.secret(), input);
+            let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, b"payment_intent=pi_bench&amount=1500");
+            let attempt = AttemptRecord {
+                key,
+                session: "bench".into(),
+                call_id,
+                tool: "refund".into(),
+                args_digest: digest,
+                step: 0,
+                generation: 0,
+                fingerprint,
+                downstream: "payments".into(),
+                request: request.clone(),
+                state: AttemptState::Pending,
+                response: None,
+                last_error: None,
+                tries: 0,
+                provider_replayed: false,
+                resolution: None,
+                created_ms: now_ms(),
+                updated_ms: now_ms(),
+            };
+            ledger.commit(LedgerWrite::new().attempt(attempt), Durability::Buffered)?;
+        }
+        Ok(started.elapsed() / n as u32)
+    })
+    .await??;
+    Ok(vec![Figure::new("(c) guard CPU path per call (canonicalise … unsynced put)", us(per_call), "µs")
+        .against("one fsync (a)", per_call.as_secs_f64() / bound.sync.p50.as_secs_f64())
+        .target("≤ 20 µs", us(per_call) <= 20.0)])
+}
+
+/// (e): replays of one completed tool call, 8 in flight.
+///
+/// # Errors
+/// Set-up failed or a replay failed.
+pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+    let provider = null_provider().await?;
+    let scratch = tempfile::tempdir_in(dir)?;
+    let runtime = Arc::new(refund_host(scratch.path(), &provider).await?);
+    runtime.call(&refund("done".into(), 1)).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let total = scale.n(100_000);
+    let rt = runtime.clone();
+    let (_, wall) = drive(8, total, move |_| {
+        let rt = rt.clone();
+        async move {
+            match rt.call(&refund("done".into(), 1)).await {
+                Ok(out) if out.replayed => Ok(()),
+                Ok(_) => Err("not replayed".into()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    let per_sec = total as f64 / wall.as_secs_f64();
+    Ok(vec![Figure::new("(e) replays of a completed tool call (ledger hit), 8 in flight", per_sec, "replays/s")
+        .against("synced appends/s (a)", per_sec / bound.appends_per_sec)
+        .target("≥ 100k/s", per_sec >= 100_000.0)])
+}

@@ -1,0 +1,133 @@
+//! `toolguard bench`: the figures of `docs/benchmarks.md`, each printed with
+//! a ratio to a baseline measured in the same run (the disk's own fsync
+//! rate above all). Benchmarks report targets; nothing here asserts them.
+//!
+//! - [`disk`]: (a) sequential synced appends and batches of 64 — the bound.
+//! - [`guarded`]: (b) guarded calls at 1/8/64/256 in flight, (c) the guard's
+//!   CPU path, (e) replays.
+//! - [`host`]: (d) a fresh sandbox + one invoke, (f) MCP over HTTP, (g) RSS.
+
+pub mod disk;
+pub mod guarded;
+pub mod host;
+
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How much work each benchmark does.
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    /// Multiplies the iteration counts (1.0: the documented run).
+    pub factor: f64,
+}
+
+impl Scale {
+    /// `n` scaled, at least 10.
+    pub fn n(&self, n: usize) -> usize {
+        ((n as f64 * self.factor) as usize).max(10)
+    }
+}
+
+/// One reported figure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    /// Which benchmark (a–g) and what.
+    pub name: String,
+    pub value: f64,
+    pub unit: &'static str,
+    /// What it is compared with, measured in the same run.
+    pub baseline: Option<String>,
+    pub ratio: Option<f64>,
+    /// The target from the issue, in words.
+    pub target: Option<String>,
+    /// Whether the target is met (`None`: no target).
+    pub met: Option<bool>,
+}
+
+impl Figure {
+    fn new(name: impl Into<String>, value: f64, unit: &'static str) -> Self {
+        Self { name: name.into(), value, unit, baseline: None, ratio: None, target: None, met: None }
+    }
+
+    fn against(mut self, baseline: impl Into<String>, ratio: f64) -> Self {
+        self.baseline = Some(baseline.into());
+        self.ratio = Some(ratio);
+        self
+    }
+
+    fn target(mut self, target: impl Into<String>, met: bool) -> Self {
+        self.target = Some(target.into());
+        self.met = Some(met);
+        self
+    }
+}
+
+/// Latency statistics of a set of samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub p50: Duration,
+    pub p99: Duration,
+    pub mean: Duration,
+}
+
+impl Stats {
+    /// Statistics of `samples` (which it sorts).
+    pub fn of(samples: &mut [Duration]) -> Self {
+        samples.sort_unstable();
+        let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+        let total: Duration = samples.iter().sum();
+        Self { p50: at(0.50), p99: at(0.99), mean: total / samples.len().max(1) as u32 }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Runs every benchmark in `dir` (the data directory's filesystem) and
+/// prints each figure as it comes; returns them all.
+///
+/// # Errors
+/// A benchmark could not set up (no engine, no ledger, a port).
+pub async fn run(dir: PathBuf, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+    std::fs::create_dir_all(&dir)?;
+    let mut figures = Vec::new();
+    let mut report = |f: Vec<Figure>| {
+        for f in &f {
+            println!("{}", line(f));
+        }
+        figures.extend(f);
+    };
+    println!("toolguard bench — build profile: {}, data dir: {}\n", profile(), dir.display());
+    let bound = disk::measure(&dir, scale).await?;
+    report(bound.figures());
+    report(guarded::throughput(&dir, &bound, scale).await?);
+    report(guarded::cpu_path(&dir, &bound, scale).await?);
+    report(host::fresh_sandbox(&dir, &bound, scale).await?);
+    report(guarded::replays(&dir, &bound, scale).await?);
+    report(host::mcp_http(&dir, &bound, scale).await?);
+    report(host::memory(&dir, scale).await?);
+    Ok(figures)
+}
+
+/// One figure as a line of the report.
+pub fn line(f: &Figure) -> String {
+    let mut s = format!("{:<58} {:>12.2} {:<9}", f.name, f.value, f.unit);
+    if let (Some(b), Some(r)) = (&f.baseline, f.ratio) {
+        s.push_str(&format!("  {r:>6.3}× {b}"));
+    }
+    if let (Some(t), Some(met)) = (&f.target, f.met) {
+        s.push_str(&format!("  [target {t}: {}]", if met { "met" } else { "NOT met" }));
+    }
+    s
+}
+
+/// The profile this binary was built with.
+pub fn profile() -> &'static str {
+    if cfg!(debug_assertions) { "dev (debug assertions; figures are not representative)" } else { "optimised" }
+}
