@@ -41,6 +41,38 @@ pub struct Guard {
     downstreams: Downstreams,
     /// One lock per tool call in progress: concurrent duplicates wait for it.
     in_flight: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    /// Recently completed calls: their outcomes never change, so replaying
+    /// one needs no ledger read.
+    completed: Mutex<Completed>,
+}
+
+/// How many completed calls the replay cache keeps.
+const COMPLETED_CACHE: usize = 16_384;
+
+/// A bounded, first-in-first-out map of completed calls.
+#[derive(Default)]
+struct Completed {
+    calls: HashMap<(String, String), Arc<CallRecord>>,
+    order: std::collections::VecDeque<(String, String)>,
+}
+
+impl Completed {
+    fn get(&self, session: &str, call_id: &str) -> Option<Arc<CallRecord>> {
+        // Borrowed lookups on a tuple key need an owned key; the strings are short.
+        self.calls.get(&(session.to_string(), call_id.to_string())).cloned()
+    }
+
+    fn insert(&mut self, record: Arc<CallRecord>) {
+        let key = (record.session.clone(), record.call_id.clone());
+        if self.calls.insert(key.clone(), record).is_none() {
+            self.order.push_back(key);
+            if self.order.len() > COMPLETED_CACHE
+                && let Some(old) = self.order.pop_front()
+            {
+                self.calls.remove(&old);
+            }
+        }
+    }
 }
 
 /// The tool call as the guard identifies it.
@@ -124,7 +156,7 @@ impl Guard {
             .no_proxy()
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Self { ledger, client, downstreams, in_flight: Mutex::new(HashMap::new()) })
+        Ok(Self { ledger, client, downstreams, in_flight: Mutex::new(HashMap::new()), completed: Mutex::default() })
     }
 
     /// The ledger the guard records into.
@@ -140,6 +172,10 @@ impl Guard {
     /// `conflict` when the call id was used with another tool or arguments;
     /// `held` under the hold rule; `internal` when the ledger cannot be read.
     pub async fn admit(self: &Arc<Self>, id: CallIdentity, rules: CallRules) -> Result<Admission, CallError> {
+        let cached = self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id.session, &id.call_id);
+        if let Some(done) = cached {
+            return replay_or_conflict(&id, &done);
+        }
         let lock = {
             let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             map.retain(|_, l| Arc::strong_count(l) > 1);
@@ -150,20 +186,12 @@ impl Guard {
         let (session, call_id) = (id.session.clone(), id.call_id.clone());
         let existing = blocking(move || ledger.call(&session, &call_id)).await.map_err(internal)?;
         let (record, persisted) = match existing {
-            Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => {
-                return Err(CallError::new(
-                    ErrorKind::Conflict,
-                    format!(
-                        "tool call `{}` was first made as `{}` with other arguments; a changed request needs a new tool-call id. Nothing was sent",
-                        id.call_id, r.tool
-                    ),
-                )
-                .with_detail(json!({ "first_args": r.args, "first_tool": r.tool })));
+            Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
+            Some(r) if r.state == CallState::Completed && r.outcome.is_some() => {
+                let r = Arc::new(r);
+                self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(r.clone());
+                return replay_or_conflict(&id, &r);
             }
-            Some(r) if r.state == CallState::Completed => match r.outcome {
-                Some(outcome) => return Ok(Admission::Replay(outcome)),
-                None => (r, true),
-            },
             Some(r) => (r, true),
             None => {
                 if rules.effect == Effect::Irreversible {
@@ -265,15 +293,37 @@ impl Guard {
         record.outcome = Some(outcome);
         record.completed_ms = Some(now_ms());
         let call_id = record.call_id.clone();
+        let done = Arc::new(record);
         let ledger = self.ledger.clone();
+        let write = done.clone();
         // Buffered: a lost completion is rebuilt by re-running the plugin,
         // whose sends replay from their recorded attempts.
-        let written = blocking(move || ledger.commit(LedgerWrite::new().call(record), Durability::Buffered)).await;
-        if let Err(e) = written {
-            tracing::warn!(error = %e, %call_id, "could not record the completed tool call; a replay will re-run it");
+        let written = blocking(move || ledger.commit(LedgerWrite::new().call((*write).clone()), Durability::Buffered)).await;
+        match written {
+            Ok(()) => self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(done),
+            Err(e) => tracing::warn!(error = %e, %call_id, "could not record the completed tool call; a replay will re-run it"),
         }
         result
     }
+}
+
+/// A completed call's stored outcome, or a conflict if this is not the same call.
+fn replay_or_conflict(id: &CallIdentity, done: &CallRecord) -> Result<Admission, CallError> {
+    if done.tool != id.tool || done.args_digest != id.args_digest {
+        return Err(conflict(id, done));
+    }
+    Ok(Admission::Replay(done.outcome.clone().expect("completed calls carry their outcome")))
+}
+
+fn conflict(id: &CallIdentity, first: &CallRecord) -> CallError {
+    CallError::new(
+        ErrorKind::Conflict,
+        format!(
+            "tool call `{}` was first made as `{}` with other arguments; a changed request needs a new tool-call id. Nothing was sent",
+            id.call_id, first.tool
+        ),
+    )
+    .with_detail(json!({ "first_args": first.args, "first_tool": first.tool }))
 }
 
 fn internal(e: crate::ledger::LedgerError) -> CallError {
