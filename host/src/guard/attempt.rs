@@ -81,9 +81,25 @@ impl CallGuard {
         let step = self.next_step;
         self.next_step += 1;
 
+        // One trip to the ledger: look the step up and, if it is new, write it
+        // (and the call, the first time) synced before anything leaves.
+        let fresh = self.fresh_attempt(step, 0, fingerprint.clone(), &downstream, request.clone());
+        let first_write = (!self.persisted).then(|| self.record.clone());
         let ledger = self.guard.ledger.clone();
-        let (session, call_id) = (self.record.session.clone(), self.record.call_id.clone());
-        let current = blocking(move || ledger.attempt_at(&session, &call_id, step)).await.map_err(ledger_down)?;
+        let (session, call_id, new) = (self.record.session.clone(), self.record.call_id.clone(), fresh.clone());
+        let current = blocking(move || -> Result<Option<AttemptRecord>, crate::ledger::LedgerError> {
+            let current = ledger.attempt_at(&session, &call_id, step)?;
+            if current.is_none() {
+                let mut write = LedgerWrite::new().attempt(new);
+                if let Some(call) = first_write {
+                    write = write.call(call);
+                }
+                ledger.commit(write, Durability::Synced)?;
+            }
+            Ok(current)
+        })
+        .await
+        .map_err(ledger_down)?;
         let (mut attempt, possibly_sent) = match current {
             Some(a) if a.fingerprint != fingerprint => {
                 return Err(OutboundError::Conflict(format!(
@@ -94,16 +110,17 @@ impl CallGuard {
             }
             Some(a) if a.state.is_final() && a.response.is_some() => return Ok(to_response(a.response.expect("checked"))),
             Some(a) if a.resolution == Some(Resolution::OperatorNotSent) => {
-                let fresh = self.fresh_attempt(step, a.generation + 1, fingerprint, &downstream, request);
-                (self.write_pending(fresh).await?, false)
+                let next = self.fresh_attempt(step, a.generation + 1, fingerprint, &downstream, request);
+                (self.write_pending(next).await?, false)
             }
             // Settled as never sent: try again, same key, recorded as pending first.
             Some(a) if a.state == AttemptState::Failed => (self.write_pending(a).await?, false),
             // Pending or unknown: it may be out there already.
             Some(a) => (a, true),
             None => {
-                let fresh = self.fresh_attempt(step, 0, fingerprint, &downstream, request);
-                (self.write_pending(fresh).await?, false)
+                self.persisted = true;
+                failpoint("after-attempt-write");
+                (fresh, false)
             }
         };
         let reconciler = self.rules.reconciler.clone();

@@ -182,9 +182,21 @@ impl Guard {
             map.entry((id.session.clone(), id.call_id.clone())).or_default().clone()
         };
         let lock = lock.lock_owned().await;
+        // One trip to the ledger: the call, and for a new irreversible one the
+        // hold rule's candidates.
         let ledger = self.ledger.clone();
-        let (session, call_id) = (id.session.clone(), id.call_id.clone());
-        let existing = blocking(move || ledger.call(&session, &call_id)).await.map_err(internal)?;
+        let probe = id.clone();
+        let irreversible = rules.effect == Effect::Irreversible;
+        let (existing, candidates) = blocking(move || -> Result<_, crate::ledger::LedgerError> {
+            let existing = ledger.call(&probe.session, &probe.call_id)?;
+            let candidates = match existing {
+                None if irreversible => ledger.unsettled_like(&probe.session, &probe.tool, &probe.args_digest)?,
+                _ => Vec::new(),
+            };
+            Ok((existing, candidates))
+        })
+        .await
+        .map_err(internal)?;
         let (record, persisted) = match existing {
             Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
             Some(r) if r.state == CallState::Completed && r.outcome.is_some() => {
@@ -195,7 +207,7 @@ impl Guard {
             Some(r) => (r, true),
             None => {
                 if rules.effect == Effect::Irreversible {
-                    self.hold_rule(&id).await?;
+                    self.hold_rule(&id, candidates)?;
                     if let Some((max, tools)) = &rules.session_hour_budget {
                         self.session_budget(&id, *max, tools).await?;
                     }
@@ -246,10 +258,7 @@ impl Guard {
     /// unresolved — unknown, or pending without its call running (a crash or a
     /// cut-off invocation left it) — is not executed. An identical call that
     /// is merely in flight does not hold a new one.
-    async fn hold_rule(&self, id: &CallIdentity) -> Result<(), CallError> {
-        let ledger = self.ledger.clone();
-        let (session, tool, digest) = (id.session.clone(), id.tool.clone(), id.args_digest.clone());
-        let candidates = blocking(move || ledger.unsettled_like(&session, &tool, &digest)).await.map_err(internal)?;
+    fn hold_rule(&self, id: &CallIdentity, candidates: Vec<AttemptRecord>) -> Result<(), CallError> {
         let earlier = candidates.into_iter().find(|a| {
             a.call_id != id.call_id && (a.state == crate::ledger::AttemptState::Unknown || !self.in_progress(&a.session, &a.call_id))
         });
