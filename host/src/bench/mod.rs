@@ -22,6 +22,16 @@ pub struct Scale {
     pub factor: f64,
 }
 
+/// Which benchmarks to run, by letter (`a`–`g`); (a) always runs: the others need its bound.
+#[derive(Debug, Clone)]
+pub struct Selection(pub String);
+
+impl Selection {
+    fn has(&self, letter: char) -> bool {
+        self.0.is_empty() || self.0.contains(letter)
+    }
+}
+
 impl Scale {
     /// `n` scaled, at least 10.
     pub fn n(&self, n: usize) -> usize {
@@ -94,7 +104,7 @@ fn us(d: Duration) -> f64 {
 ///
 /// # Errors
 /// A benchmark could not set up (no engine, no ledger, a port).
-pub async fn run(dir: PathBuf, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+pub async fn run(dir: PathBuf, scale: Scale, only: Selection) -> anyhow::Result<Vec<Figure>> {
     std::fs::create_dir_all(&dir)?;
     let mut figures = Vec::new();
     let mut report = |f: Vec<Figure>| {
@@ -106,12 +116,24 @@ pub async fn run(dir: PathBuf, scale: Scale) -> anyhow::Result<Vec<Figure>> {
     println!("toolguard bench — build profile: {}, data dir: {}\n", profile(), dir.display());
     let bound = disk::measure(&dir, scale).await?;
     report(bound.figures());
-    report(guarded::throughput(&dir, &bound, scale).await?);
-    report(guarded::cpu_path(&dir, &bound, scale).await?);
-    report(host::fresh_sandbox(&dir, &bound, scale).await?);
-    report(guarded::replays(&dir, &bound, scale).await?);
-    report(host::mcp_http(&dir, &bound, scale).await?);
-    report(host::memory(&dir, scale).await?);
+    if only.has('b') {
+        report(guarded::throughput(&dir, &bound, scale).await?);
+    }
+    if only.has('c') {
+        report(guarded::cpu_path(&dir, &bound, scale).await?);
+    }
+    if only.has('d') {
+        report(host::fresh_sandbox(&dir, &bound, scale).await?);
+    }
+    if only.has('e') {
+        report(guarded::replays(&dir, &bound, scale).await?);
+    }
+    if only.has('f') {
+        report(host::mcp_http(&dir, &bound, scale).await?);
+    }
+    if only.has('g') {
+        report(host::memory(&dir, scale).await?);
+    }
     Ok(figures)
 }
 

@@ -90,6 +90,9 @@ enum Command {
         /// Also print the figures as JSON at the end.
         #[arg(long)]
         json: bool,
+        /// Run only these benchmarks, by letter (e.g. `bd`); (a) always runs.
+        #[arg(long, default_value = "")]
+        only: String,
     },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
@@ -148,7 +151,7 @@ pub fn main() -> ExitCode {
             }
             Command::Ledger { config, command } => ledger::run(&config, command),
             Command::Recover { config } => recover(&config).await,
-            Command::Bench { dir, quick, json } => bench(dir, quick, json).await,
+            Command::Bench { dir, quick, json, only } => bench(dir, quick, json, only).await,
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
             Command::Sandbox { addr, mode, api_key } => {
                 let mode = match mode {
@@ -232,9 +235,9 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
 }
 
 /// Runs the benchmarks; exit 1 only if one could not run (targets are reported, not enforced).
-async fn bench(dir: PathBuf, quick: bool, json: bool) -> u8 {
+async fn bench(dir: PathBuf, quick: bool, json: bool, only: String) -> u8 {
     let scale = crate::bench::Scale { factor: if quick { 0.05 } else { 1.0 } };
-    match crate::bench::run(dir, scale).await {
+    match crate::bench::run(dir, scale, crate::bench::Selection(only)).await {
         Ok(figures) => {
             if json {
                 print_json(&serde_json::to_value(&figures).unwrap_or_default());

@@ -259,7 +259,13 @@ impl Ledger {
 
     fn scan<T>(&self, cf: &str, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Option<T>) -> Result<Vec<T>, LedgerError> {
         let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(cf), IteratorMode::From(prefix, rocksdb::Direction::Forward)) {
+        // An upper bound stops RocksDB at the prefix's end even when deleted
+        // keys (tombstones) follow: without it a seek may walk them all.
+        let mut opts = rocksdb::ReadOptions::default();
+        if let Some(upper) = prefix_successor(prefix) {
+            opts.set_iterate_upper_bound(upper);
+        }
+        for item in self.db.iterator_cf_opt(self.cf(cf), opts, IteratorMode::From(prefix, rocksdb::Direction::Forward)) {
             let (k, v) = item.map_err(|e| self.err(e))?;
             if !k.starts_with(prefix) {
                 break;
@@ -392,6 +398,18 @@ fn call_key(session: &str, call_id: &str) -> Vec<u8> {
     k
 }
 
+/// The smallest key greater than every key starting with `prefix`, if any.
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut upper = prefix.to_vec();
+    while let Some(last) = upper.pop() {
+        if last < u8::MAX {
+            upper.push(last + 1);
+            return Some(upper);
+        }
+    }
+    None
+}
+
 /// Length-prefixed (session, tool, args digest): one action, whatever its call id.
 fn action_prefix(session: &str, tool: &str, args_digest: &str) -> Vec<u8> {
     let mut k = Vec::new();
@@ -416,5 +434,34 @@ fn describe_open_error(e: &rocksdb::Error) -> String {
         format!("{text} — another toolguard process holds this ledger; stop it or use another data_dir")
     } else {
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_successor_bounds_exactly_the_prefix() {
+        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_successor(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
+        assert_eq!(prefix_successor(b""), None);
+    }
+
+    #[test]
+    fn scans_stay_inside_their_prefix_past_many_tombstones() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let cf = ledger.cf(CF_UNSETTLED);
+        for i in 0..1_000u32 {
+            let key = [b"b", &i.to_be_bytes()[..]].concat();
+            ledger.db.put_cf(cf, &key, b"x").unwrap();
+            ledger.db.delete_cf(cf, &key).unwrap();
+        }
+        ledger.db.put_cf(cf, b"a1", b"x").unwrap();
+        ledger.db.put_cf(cf, b"c1", b"y").unwrap();
+        assert_eq!(ledger.scan(CF_UNSETTLED, b"a", |k, _| Some(k.to_vec())).unwrap(), vec![b"a1".to_vec()]);
+        assert!(ledger.scan(CF_UNSETTLED, b"b", |k, _| Some(k.to_vec())).unwrap().is_empty());
     }
 }

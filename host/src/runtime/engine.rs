@@ -9,6 +9,9 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 /// Core instances a Rust component creates (main module, shims, fix-ups), with headroom.
 const CORE_INSTANCES_PER_COMPONENT: u32 = 6;
+/// Bytes of each memory and table slot reset in place rather than decommitted
+/// (64 KiB measured best: larger spends more on memset than it saves).
+const KEEP_RESIDENT: usize = 64 << 10;
 /// Tables per component (main module and indirect-call shim), with headroom.
 const TABLES_PER_COMPONENT: u32 = 4;
 
@@ -55,7 +58,11 @@ fn pool(cfg: &EngineConfig) -> PoolingAllocationConfig {
         .total_tables(n * TABLES_PER_COMPONENT)
         .total_stacks(n)
         .max_memories_per_component(1)
-        .max_memory_size(usize::try_from(cfg.memory_ceiling_mb << 20).unwrap_or(usize::MAX));
+        .max_memory_size(usize::try_from(cfg.memory_ceiling_mb << 20).unwrap_or(usize::MAX))
+        // Reset small slots with memset instead of madvise: no syscall, and no
+        // TLB-shootdown IPIs to the other core, per invocation.
+        .linear_memory_keep_resident(KEEP_RESIDENT)
+        .table_keep_resident(KEEP_RESIDENT);
     p
 }
 
