@@ -7,7 +7,7 @@ use super::disk::Bound;
 use super::{Figure, Scale, Stats, ms, us};
 use crate::guard::keys;
 use crate::ledger::records::{AttemptRecord, AttemptState, StoredBody, StoredRequest, now_ms};
-use crate::ledger::{Durability, Ledger, LedgerWrite};
+use crate::ledger::{Durability, Ledger, LedgerWrite, Prior};
 use crate::{CallRequest, Config, Runtime};
 use serde_json::json;
 use std::path::Path;
@@ -183,7 +183,7 @@ pub async fn cpu_path(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
                 created_ms: now_ms(),
                 updated_ms: now_ms(),
             };
-            ledger.commit(LedgerWrite::new().attempt(attempt), Durability::Buffered)?;
+            ledger.commit(LedgerWrite::new().attempt_over(attempt, Prior::Absent), Durability::Buffered)?;
         }
         Ok(started.elapsed() / n as u32)
     })

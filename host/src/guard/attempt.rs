@@ -5,7 +5,7 @@
 use super::transport::Outcome;
 use super::{Guard, Reconciled, Reconciler, blocking, failpoint, keys, wire};
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, Resolution, StoredRequest, StoredResponse, now_ms};
-use crate::ledger::{Durability, LedgerWrite};
+use crate::ledger::{Durability, LedgerWrite, Prior};
 use crate::policy::{self, Downstream, Grant, Refusal};
 use crate::runtime::Effect;
 use crate::runtime::bindings::types::{self, AttemptInfo, OutboundError};
@@ -90,7 +90,7 @@ impl CallGuard {
         let current = blocking(move || -> Result<Option<AttemptRecord>, crate::ledger::LedgerError> {
             let current = ledger.attempt_at(&session, &call_id, step)?;
             if current.is_none() {
-                let mut write = LedgerWrite::new().attempt(new);
+                let mut write = LedgerWrite::new().attempt_over(new, Prior::Absent);
                 if let Some(call) = first_write {
                     write = write.call(call);
                 }
@@ -111,10 +111,10 @@ impl CallGuard {
             Some(a) if a.state.is_final() && a.response.is_some() => return Ok(to_response(a.response.expect("checked"))),
             Some(a) if a.resolution == Some(Resolution::OperatorNotSent) => {
                 let next = self.fresh_attempt(step, a.generation + 1, fingerprint, &downstream, request);
-                (self.write_pending(next).await?, false)
+                (self.write_pending(next, Prior::Absent).await?, false)
             }
             // Settled as never sent: try again, same key, recorded as pending first.
-            Some(a) if a.state == AttemptState::Failed => (self.write_pending(a).await?, false),
+            Some(a) if a.state == AttemptState::Failed => (self.write_pending(a, Prior::Was(AttemptState::Failed)).await?, false),
             // Pending or unknown: it may be out there already.
             Some(a) => (a, true),
             None => {
@@ -168,11 +168,11 @@ impl CallGuard {
 
     /// Makes `attempt` durable as pending (with the call, the first time)
     /// before anything is sent.
-    async fn write_pending(&mut self, mut attempt: AttemptRecord) -> Result<AttemptRecord, OutboundError> {
+    async fn write_pending(&mut self, mut attempt: AttemptRecord, prior: Prior) -> Result<AttemptRecord, OutboundError> {
         attempt.state = AttemptState::Pending;
         attempt.response = None;
         attempt.updated_ms = now_ms();
-        let mut write = LedgerWrite::new().attempt(attempt.clone());
+        let mut write = LedgerWrite::new().attempt_over(attempt.clone(), prior);
         if !self.persisted {
             write = write.call(self.record.clone());
         }
@@ -202,6 +202,8 @@ impl Guard {
         possibly_sent: bool,
         in_flight: &mut Option<AttemptInfo>,
     ) -> Driven {
+        // `attempt` is as the ledger holds it: the caller read or just wrote it.
+        let prior = Prior::Was(attempt.state);
         let age = Duration::from_millis(now_ms().saturating_sub(attempt.created_ms));
         let may_resend = !possibly_sent || (d.honours_keys && age < d.retention);
         let outcome = if may_resend {
@@ -248,7 +250,7 @@ impl Guard {
         };
         let ledger = self.ledger.clone();
         let record = attempt.clone();
-        if let Err(e) = blocking(move || ledger.commit(LedgerWrite::new().attempt(record), durability)).await {
+        if let Err(e) = blocking(move || ledger.commit(LedgerWrite::new().attempt_over(record, prior), durability)).await {
             tracing::error!(error = %e, key = %attempt.key, "could not record an attempt's outcome; recovery will resolve it with the same key");
         }
         *in_flight = None;

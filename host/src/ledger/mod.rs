@@ -226,7 +226,8 @@ impl Ledger {
     pub fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
         let prefix = action_prefix(session, tool, args_digest);
         let keys = self.scan(CF_UNSETTLED, &prefix, |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
-        keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
+        let found: Vec<AttemptRecord> = keys.iter().filter_map(|k| self.attempt(k).transpose()).collect::<Result<_, _>>()?;
+        Ok(found.into_iter().filter(|a| a.state.is_unsettled()).collect())
     }
 
     /// Tool calls, in key order; only those of `session` if given.
@@ -245,7 +246,8 @@ impl Ledger {
     /// A read failed or a record is damaged.
     pub fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, LedgerError> {
         let keys = self.scan(CF_BY_STATE, &[state.tag()], |k, _| Some(String::from_utf8_lossy(&k[1..]).into_owned()))?;
-        keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
+        let found: Vec<AttemptRecord> = keys.iter().filter_map(|k| self.attempt(k).transpose()).collect::<Result<_, _>>()?;
+        Ok(found.into_iter().filter(|a| a.state == state).collect())
     }
 
     /// Every attempt, in key order.
@@ -319,31 +321,48 @@ impl Ledger {
             let value = serde_json::to_vec(call).map_err(|e| self.err(e))?;
             batch.put_cf(self.cf(CF_CALLS), call_key(&call.session, &call.call_id), value);
         }
-        for attempt in &write.attempts {
+        for (attempt, prior) in &write.attempts {
             let value = serde_json::to_vec(attempt).map_err(|e| self.err(e))?;
             batch.put_cf(self.cf(CF_ATTEMPTS), attempt.key.as_bytes(), value);
-            for state in AttemptState::ALL {
-                let index = [&[state.tag()], attempt.key.as_bytes()].concat();
-                if state == attempt.state {
-                    batch.put_cf(self.cf(CF_BY_STATE), index, []);
-                } else {
-                    batch.delete_cf(self.cf(CF_BY_STATE), index);
-                }
-            }
-            let mut by_call = call_key(&attempt.session, &attempt.call_id);
-            by_call.extend_from_slice(&attempt.step.to_be_bytes());
-            batch.put_cf(self.cf(CF_CALL_ATTEMPTS), by_call, attempt.key.as_bytes());
-            let unsettled = unsettled_key(attempt);
-            if attempt.state.is_unsettled() {
-                batch.put_cf(self.cf(CF_UNSETTLED), unsettled, attempt.key.as_bytes());
-            } else {
-                batch.delete_cf(self.cf(CF_UNSETTLED), unsettled);
-            }
+            self.index(&mut batch, attempt, *prior);
         }
         self.db.write_opt(batch, &write_options(durability)).map_err(|e| self.err(e))?;
         let slot = usize::from(durability == Durability::Buffered);
         self.counts[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Keeps the attempt indexes right. With the prior state known only what
+    /// changed is touched; otherwise every other state's entry is deleted blind.
+    fn index(&self, batch: &mut WriteBatch, attempt: &AttemptRecord, prior: Prior) {
+        let by_state = |state: AttemptState| [&[state.tag()], attempt.key.as_bytes()].concat();
+        let stale: &[AttemptState] = match prior {
+            Prior::Absent => &[],
+            Prior::Was(state) if state == attempt.state => &[],
+            Prior::Was(ref state) => std::slice::from_ref(state),
+            Prior::Unread => &AttemptState::ALL,
+        };
+        for state in stale.iter().filter(|s| **s != attempt.state) {
+            batch.delete_cf(self.cf(CF_BY_STATE), by_state(*state));
+        }
+        if prior != Prior::Was(attempt.state) {
+            batch.put_cf(self.cf(CF_BY_STATE), by_state(attempt.state), []);
+        }
+        if !matches!(prior, Prior::Was(_)) {
+            let mut by_call = call_key(&attempt.session, &attempt.call_id);
+            by_call.extend_from_slice(&attempt.step.to_be_bytes());
+            batch.put_cf(self.cf(CF_CALL_ATTEMPTS), by_call, attempt.key.as_bytes());
+        }
+        let was_unsettled = match prior {
+            Prior::Absent => Some(false),
+            Prior::Was(state) => Some(state.is_unsettled()),
+            Prior::Unread => None,
+        };
+        match (was_unsettled, attempt.state.is_unsettled()) {
+            (Some(true), true) | (Some(false), false) => {}
+            (_, true) => batch.put_cf(self.cf(CF_UNSETTLED), unsettled_key(attempt), attempt.key.as_bytes()),
+            (_, false) => batch.delete_cf(self.cf(CF_UNSETTLED), unsettled_key(attempt)),
+        }
     }
 
     /// How many writes this handle (and its clones) committed: (synced, buffered).
@@ -357,7 +376,19 @@ impl Ledger {
 #[derive(Debug, Default, Clone)]
 pub struct LedgerWrite {
     calls: Vec<CallRecord>,
-    attempts: Vec<AttemptRecord>,
+    attempts: Vec<(AttemptRecord, Prior)>,
+}
+
+/// What the ledger held under an attempt's key before a write replaces it.
+/// Knowing it lets a write touch only the index entries that change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prior {
+    /// Not known: every index entry is rewritten.
+    Unread,
+    /// Nothing: the key is new.
+    Absent,
+    /// The attempt, in this state (read or written by the caller).
+    Was(AttemptState),
 }
 
 impl LedgerWrite {
@@ -373,8 +404,14 @@ impl LedgerWrite {
     }
 
     /// Adds (or replaces) an attempt record, keeping its indexes right.
-    pub fn attempt(mut self, attempt: AttemptRecord) -> Self {
-        self.attempts.push(attempt);
+    pub fn attempt(self, attempt: AttemptRecord) -> Self {
+        self.attempt_over(attempt, Prior::Unread)
+    }
+
+    /// Adds an attempt record over what `prior` says the ledger holds for its
+    /// key. A wrong `prior` leaves stale index entries, which reads skip.
+    pub fn attempt_over(mut self, attempt: AttemptRecord, prior: Prior) -> Self {
+        self.attempts.push((attempt, prior));
         self
     }
 }
@@ -463,5 +500,72 @@ mod tests {
         ledger.db.put_cf(cf, b"c1", b"y").unwrap();
         assert_eq!(ledger.scan(CF_UNSETTLED, b"a", |k, _| Some(k.to_vec())).unwrap(), vec![b"a1".to_vec()]);
         assert!(ledger.scan(CF_UNSETTLED, b"b", |k, _| Some(k.to_vec())).unwrap().is_empty());
+    }
+
+    fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
+        let request = records::StoredRequest { method: "POST".into(), url: "http://p/r".into(), headers: vec![], body: records::StoredBody::from_bytes(b"x") };
+        AttemptRecord {
+            key: format!("tg1_{call_id}"),
+            session: "s".into(),
+            call_id: call_id.into(),
+            tool: "refund".into(),
+            args_digest: "d".into(),
+            step: 0,
+            generation: 0,
+            fingerprint: "f".into(),
+            downstream: "payments".into(),
+            request,
+            state,
+            response: None,
+            last_error: None,
+            tries: 0,
+            provider_replayed: false,
+            resolution: None,
+            created_ms: 1,
+            updated_ms: 1,
+        }
+    }
+
+    fn indexes(ledger: &Ledger) -> Vec<Vec<u8>> {
+        [CF_BY_STATE, CF_UNSETTLED, CF_CALL_ATTEMPTS]
+            .iter()
+            .flat_map(|cf| ledger.scan(cf, &[], |k, v| Some([cf.as_bytes(), k, v].concat())).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn writes_over_a_known_prior_leave_the_same_indexes_as_blind_writes() {
+        use AttemptState::*;
+        let paths: [&[AttemptState]; 5] =
+            [&[Pending, Succeeded], &[Pending, Unknown, Succeeded], &[Pending, Failed, Pending, Unknown], &[Pending, Pending, Failed], &[Pending, Unknown, Unknown, Failed]];
+        for path in paths {
+            let (precise, blind) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let (precise, blind) = (Ledger::open(precise.path()).unwrap(), Ledger::open(blind.path()).unwrap());
+            let mut prior = Prior::Absent;
+            for (i, state) in path.iter().enumerate() {
+                for (call_id, ledger) in [("a", &precise), ("b", &precise), ("a", &blind), ("b", &blind)] {
+                    let write_prior = if std::ptr::eq(ledger, &precise) { prior } else { Prior::Unread };
+                    ledger.commit(LedgerWrite::new().attempt_over(attempt(call_id, *state), write_prior), Durability::Buffered).unwrap();
+                }
+                prior = Prior::Was(*state);
+                assert_eq!(indexes(&precise), indexes(&blind), "path {path:?}, after step {i}");
+                let unsettled = precise.unsettled_like("s", "refund", "d").unwrap();
+                assert_eq!(unsettled.len(), if state.is_unsettled() { 2 } else { 0 }, "path {path:?}, after step {i}");
+                assert_eq!(precise.attempts_in_state(*state).unwrap().len(), 2);
+            }
+        }
+    }
+
+    #[test]
+    fn reads_skip_index_entries_a_wrong_prior_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        ledger.commit(LedgerWrite::new().attempt_over(attempt("a", AttemptState::Pending), Prior::Absent), Durability::Buffered).unwrap();
+        // Claims it was Unknown, so the Pending entries stay behind.
+        let wrong = Prior::Was(AttemptState::Unknown);
+        ledger.commit(LedgerWrite::new().attempt_over(attempt("a", AttemptState::Succeeded), wrong), Durability::Buffered).unwrap();
+        assert!(ledger.attempts_in_state(AttemptState::Pending).unwrap().is_empty());
+        assert!(ledger.unsettled_like("s", "refund", "d").unwrap().is_empty());
+        assert_eq!(ledger.attempts_in_state(AttemptState::Succeeded).unwrap().len(), 1);
     }
 }
