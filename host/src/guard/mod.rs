@@ -46,25 +46,42 @@ pub struct Guard {
     completed: Mutex<Completed>,
 }
 
-/// How many completed calls the replay cache keeps.
-const COMPLETED_CACHE: usize = 16_384;
+/// How many completed calls the replay cache keeps: enough for the replays
+/// a model makes within a few turns, small enough to stay a few MiB.
+const COMPLETED_CACHE: usize = 4_096;
+
+/// What the replay cache keeps of a completed call: enough to tell the same
+/// call from a conflicting one, and its outcome.
+struct Done {
+    tool: String,
+    args_digest: String,
+    outcome: Arc<StoredOutcome>,
+}
+
+impl Done {
+    fn of(record: &CallRecord) -> Option<Self> {
+        let outcome = Arc::new(record.outcome.clone()?);
+        Some(Self { tool: record.tool.clone(), args_digest: record.args_digest.clone(), outcome })
+    }
+}
 
 /// A bounded, first-in-first-out map of completed calls.
 #[derive(Default)]
 struct Completed {
-    calls: HashMap<(String, String), Arc<CallRecord>>,
+    calls: HashMap<(String, String), Arc<Done>>,
     order: std::collections::VecDeque<(String, String)>,
 }
 
 impl Completed {
-    fn get(&self, session: &str, call_id: &str) -> Option<Arc<CallRecord>> {
+    fn get(&self, session: &str, call_id: &str) -> Option<Arc<Done>> {
         // Borrowed lookups on a tuple key need an owned key; the strings are short.
         self.calls.get(&(session.to_string(), call_id.to_string())).cloned()
     }
 
-    fn insert(&mut self, record: Arc<CallRecord>) {
+    fn insert(&mut self, record: &CallRecord) {
+        let Some(done) = Done::of(record) else { return };
         let key = (record.session.clone(), record.call_id.clone());
-        if self.calls.insert(key.clone(), record).is_none() {
+        if self.calls.insert(key.clone(), Arc::new(done)).is_none() {
             self.order.push_back(key);
             if self.order.len() > COMPLETED_CACHE
                 && let Some(old) = self.order.pop_front()
@@ -173,8 +190,13 @@ impl Guard {
     /// `held` under the hold rule; `internal` when the ledger cannot be read.
     pub async fn admit(self: &Arc<Self>, id: CallIdentity, rules: CallRules) -> Result<Admission, CallError> {
         let cached = self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id.session, &id.call_id);
-        if let Some(done) = cached {
-            return replay_or_conflict(&id, &done);
+        // A hit with other arguments falls through to the ledger, which holds
+        // what the conflict error shows.
+        if let Some(done) = cached
+            && done.tool == id.tool
+            && done.args_digest == id.args_digest
+        {
+            return Ok(Admission::Replay((*done.outcome).clone()));
         }
         let lock = {
             let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -200,9 +222,8 @@ impl Guard {
         let (record, persisted) = match existing {
             Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
             Some(r) if r.state == CallState::Completed && r.outcome.is_some() => {
-                let r = Arc::new(r);
-                self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(r.clone());
-                return replay_or_conflict(&id, &r);
+                self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(&r);
+                return Ok(Admission::Replay(r.outcome.expect("checked above")));
             }
             Some(r) => (r, true),
             None => {
@@ -302,26 +323,16 @@ impl Guard {
         record.outcome = Some(outcome);
         record.completed_ms = Some(now_ms());
         let call_id = record.call_id.clone();
-        let done = Arc::new(record);
         let ledger = self.ledger.clone();
-        let write = done.clone();
         // Buffered: a lost completion is rebuilt by re-running the plugin,
         // whose sends replay from their recorded attempts.
-        let written = blocking(move || ledger.commit(LedgerWrite::new().call((*write).clone()), Durability::Buffered)).await;
+        let written = blocking(move || ledger.commit(LedgerWrite::new().call(record.clone()), Durability::Buffered).map(|()| record)).await;
         match written {
-            Ok(()) => self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(done),
+            Ok(record) => self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(&record),
             Err(e) => tracing::warn!(error = %e, %call_id, "could not record the completed tool call; a replay will re-run it"),
         }
         result
     }
-}
-
-/// A completed call's stored outcome, or a conflict if this is not the same call.
-fn replay_or_conflict(id: &CallIdentity, done: &CallRecord) -> Result<Admission, CallError> {
-    if done.tool != id.tool || done.args_digest != id.args_digest {
-        return Err(conflict(id, done));
-    }
-    Ok(Admission::Replay(done.outcome.clone().expect("completed calls carry their outcome")))
 }
 
 fn conflict(id: &CallIdentity, first: &CallRecord) -> CallError {

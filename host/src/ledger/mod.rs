@@ -365,6 +365,15 @@ impl Ledger {
         }
     }
 
+    /// RocksDB's own estimate of the memory it holds, in bytes: memtables,
+    /// table readers (indexes and filters) and the block cache.
+    pub fn memory_usage(&self) -> u64 {
+        let cfs = ALL_CFS.iter().map(|n| self.cf(n));
+        let prop = |name: &str, cf: &rocksdb::ColumnFamily| self.db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
+        let tables: u64 = cfs.map(|cf| prop("rocksdb.cur-size-all-mem-tables", cf) + prop("rocksdb.estimate-table-readers-mem", cf)).sum();
+        tables + prop("rocksdb.block-cache-usage", self.cf(CF_CALLS))
+    }
+
     /// How many writes this handle (and its clones) committed: (synced, buffered).
     pub fn write_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
