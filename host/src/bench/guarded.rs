@@ -6,7 +6,7 @@
 use super::disk::Bound;
 use super::{Figure, Scale, Stats, ms, us};
 use crate::guard::keys;
-use crate::ledger::records::{AttemptRecord, AttemptState, StoredBody, StoredRequest, now_ms};
+use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, CallState, StoredBody, StoredRequest, now_ms};
 use crate::ledger::{Durability, Ledger, LedgerWrite, Prior};
 use crate::{CallRequest, Config, Runtime};
 use serde_json::json;
@@ -104,7 +104,9 @@ where
     Ok((samples, started.elapsed()))
 }
 
-/// (b): guarded refunds at 1, 8, 64 and 256 in flight.
+/// (b): guarded refunds at 1, 8, 64 and 256 in flight, with what bounds
+/// them on this machine measured alongside: the ledger's synced write alone,
+/// bare HTTP requests to the same provider, and the CPU each call costs.
 ///
 /// # Errors
 /// Set-up failed or a call failed.
@@ -112,16 +114,19 @@ pub async fn throughput(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Resu
     let provider = null_provider().await?;
     let scratch = tempfile::tempdir_in(dir)?;
     let runtime = Arc::new(refund_host(scratch.path(), &provider).await?);
-    let mut figures = Vec::new();
+    let mut figures = baselines(&scratch.path().join("baseline-ledger"), &provider, bound, scale).await?;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
     for in_flight in [1usize, 8, 64, 256] {
         let total = scale.n(if in_flight == 1 { 300 } else { 2_000 });
         let rt = runtime.clone();
         let offset = in_flight * 1_000_000;
+        let cpu = cpu_seconds();
         let (mut samples, wall) = drive(in_flight, total, move |i| {
             let rt = rt.clone();
             async move { rt.call(&refund(format!("b{}", offset + i), i)).await.map(|_| ()).map_err(|e| e.to_string()) }
         })
         .await?;
+        let cpu_per_call = (cpu_seconds() - cpu) / total as f64;
         let stats = Stats::of(&mut samples);
         let per_sec = total as f64 / wall.as_secs_f64();
         let limit = bound.records_per_sec(in_flight);
@@ -140,8 +145,124 @@ pub async fn throughput(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Resu
         }
         figures.push(p50);
         figures.push(Figure::new(label("p99"), ms(stats.p99), "ms"));
+        let mut cpu = Figure::new(label("CPU per call"), cpu_per_call * 1e6, "µs");
+        if in_flight == 64 {
+            // The CPU a call could use if the cores were to sustain the target rate.
+            let budget = cores / (0.8 * limit);
+            cpu = cpu.against(format!("the CPU the target leaves a call on {cores} cores"), cpu_per_call / budget);
+        }
+        figures.push(cpu);
     }
     Ok(figures)
+}
+
+/// What bounds (b) besides the disk: the ledger's synced write of a call and
+/// its first attempt (the one synced write of a guarded call), and bare HTTP
+/// requests to the provider (no plugin, no ledger), at 1 and 64 in flight.
+async fn baselines(ledger_dir: &Path, provider: &str, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+    let ledger = Ledger::open(ledger_dir)?;
+    let n = scale.n(300);
+    let mut writes = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
+        let mut samples = Vec::with_capacity(n);
+        for i in 0..n {
+            let (call, attempt) = first_write(&ledger, i);
+            let t = Instant::now();
+            ledger.commit(LedgerWrite::new().call(call).attempt_over(attempt, Prior::Absent), Durability::Synced)?;
+            samples.push(t.elapsed());
+        }
+        Ok(samples)
+    })
+    .await??;
+    let write = Stats::of(&mut writes);
+    let client = reqwest::Client::new();
+    let url = format!("{provider}/v1/refunds");
+    let mut figures = vec![
+        Figure::new("(b) baseline: ledger's synced write (call + attempt), p50", ms(write.p50), "ms")
+            .against("one fsync (a)", ms(write.p50) / ms(bound.sync.p50)),
+    ];
+    for in_flight in [1usize, 64] {
+        let (client, url) = (client.clone(), url.clone());
+        let total = scale.n(if in_flight == 1 { 300 } else { 5_000 });
+        let (mut samples, wall) = drive(in_flight, total, move |_| {
+            let request = client.post(&url).body("amount=1");
+            async move {
+                let response = request.send().await.map_err(|e| e.to_string())?;
+                response.bytes().await.map(|_| ()).map_err(|e| e.to_string())
+            }
+        })
+        .await?;
+        let label = |what: &str| format!("(b) baseline: bare HTTP POST, {in_flight:>2} in flight, {what}");
+        figures.push(if in_flight == 1 {
+            Figure::new(label("p50"), ms(Stats::of(&mut samples).p50), "ms")
+        } else {
+            let per_sec = total as f64 / wall.as_secs_f64();
+            Figure::new(label("req/s"), per_sec, "req/s").against("batched-fsync bound (a)", per_sec / bound.records_per_sec(64))
+        });
+    }
+    Ok(figures)
+}
+
+/// A tool call's record and its first attempt, as a guarded call writes them.
+fn first_write(ledger: &Ledger, i: usize) -> (CallRecord, AttemptRecord) {
+    let args = json!({ "payment_intent": "pi_bench", "amount_cents": i + 1, "reason": "duplicate" });
+    let digest = keys::args_digest(&keys::canonical_args(&args).expect("plain JSON canonicalises"));
+    let call_id = format!("w{i}");
+    let call = CallRecord {
+        session: "bench".into(),
+        call_id: call_id.clone(),
+        tool: "refund".into(),
+        args_digest: digest.clone(),
+        args,
+        state: CallState::Admitted,
+        outcome: None,
+        created_ms: now_ms(),
+        completed_ms: None,
+    };
+    (call, attempt(ledger, call_id, digest))
+}
+
+/// A fresh pending attempt of a refund, its key minted.
+fn attempt(ledger: &Ledger, call_id: String, args_digest: String) -> AttemptRecord {
+    let request = StoredRequest {
+        method: "POST".into(),
+        url: "http://127.0.0.1:1/v1/refunds".into(),
+        headers: vec![],
+        body: StoredBody::from_bytes(b"payment_intent=pi_bench&amount=1500"),
+    };
+    let input = keys::KeyInput { session: "bench", call_id: &call_id, tool: "refund", args_digest: &args_digest, step: 0, generation: 0 };
+    let key = keys::mint(ledger.secret(), input);
+    let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, b"payment_intent=pi_bench&amount=1500");
+    AttemptRecord {
+        key,
+        session: "bench".into(),
+        call_id,
+        tool: "refund".into(),
+        args_digest,
+        step: 0,
+        generation: 0,
+        fingerprint,
+        downstream: "payments".into(),
+        request,
+        state: AttemptState::Pending,
+        response: None,
+        last_error: None,
+        tries: 0,
+        provider_replayed: false,
+        resolution: None,
+        created_ms: now_ms(),
+        updated_ms: now_ms(),
+    }
+}
+
+/// CPU time this process has used (user + system), in seconds; 0 where
+/// `/proc` is not there.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    // Fields after the command name (which may hold spaces): utime and stime
+    // are the 12th and 13th, in USER_HZ ticks (100 per second on Linux).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
+    ticks as f64 / 100.0
 }
 
 /// (c): canonicalise, digest, mint, encode and an unsynced put, per call.
@@ -154,35 +275,10 @@ pub async fn cpu_path(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     let n = scale.n(50_000);
     let per_call = tokio::task::spawn_blocking(move || -> anyhow::Result<Duration> {
         let args = json!({ "payment_intent": "pi_bench", "amount_cents": 1500, "reason": "requested_by_customer" });
-        let request = StoredRequest { method: "POST".into(), url: "http://127.0.0.1:1/v1/refunds".into(), headers: vec![], body: StoredBody::from_bytes(b"payment_intent=pi_bench&amount=1500") };
         let started = Instant::now();
         for i in 0..n {
-            let call_id = format!("c{i}");
             let canonical = keys::canonical_args(&args).map_err(anyhow::Error::msg)?;
-            let digest = keys::args_digest(&canonical);
-            let input = keys::KeyInput { session: "bench", call_id: &call_id, tool: "refund", args_digest: &digest, step: 0, generation: 0 };
-            let key = keys::mint(ledger.secret(), input);
-            let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, b"payment_intent=pi_bench&amount=1500");
-            let attempt = AttemptRecord {
-                key,
-                session: "bench".into(),
-                call_id,
-                tool: "refund".into(),
-                args_digest: digest,
-                step: 0,
-                generation: 0,
-                fingerprint,
-                downstream: "payments".into(),
-                request: request.clone(),
-                state: AttemptState::Pending,
-                response: None,
-                last_error: None,
-                tries: 0,
-                provider_replayed: false,
-                resolution: None,
-                created_ms: now_ms(),
-                updated_ms: now_ms(),
-            };
+            let attempt = attempt(&ledger, format!("c{i}"), keys::args_digest(&canonical));
             ledger.commit(LedgerWrite::new().attempt_over(attempt, Prior::Absent), Durability::Buffered)?;
         }
         Ok(started.elapsed() / n as u32)
