@@ -11,9 +11,9 @@ fn main() -> std::process::ExitCode {
 /// glibc raises its mmap threshold each time a large block is freed, so a
 /// long-running host ends up putting per-call buffers (Wasm instance state,
 /// HTTP bodies, RocksDB write batches) on its heaps, where freed memory stays
-/// resident as fragmentation: RSS grew 23–28 % over a 100k-call soak while live
-/// memory stayed flat. A fixed threshold turns the dynamic one off and the
-/// growth is 3–4 % (docs/benchmarks.md, figure g).
+/// resident as fragmentation: RSS grew 23–28 % over a 100k-call soak while
+/// live memory stayed flat. A fixed threshold turns the dynamic one off and
+/// the growth is 2–4 % (docs/benchmarks.md, figure g).
 fn pin_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only adjusts allocator parameters; it is called before

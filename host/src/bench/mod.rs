@@ -116,6 +116,10 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection) -> anyhow::Result<
     println!("toolguard bench — build profile: {}, data dir: {}\n", profile(), dir.display());
     let bound = disk::measure(&dir, scale).await?;
     report(bound.figures());
+    // (g) first: RSS is the process's, and the other benchmarks leave theirs behind.
+    if only.has('g') {
+        report(host::memory(&dir, scale).await?);
+    }
     if only.has('b') {
         report(guarded::throughput(&dir, &bound, scale).await?);
     }
@@ -130,9 +134,6 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection) -> anyhow::Result<
     }
     if only.has('f') {
         report(host::mcp_http(&dir, &bound, scale).await?);
-    }
-    if only.has('g') {
-        report(host::memory(&dir, scale).await?);
     }
     Ok(figures)
 }

@@ -144,21 +144,12 @@ pub trait Reconciler: Send + Sync {
     fn reconcile<'a>(&'a self, tool: &'a str, args: &'a Value, attempt: &'a AttemptRecord) -> Pin<Box<dyn Future<Output = Reconciled> + Send + 'a>>;
 }
 
-/// Runs a ledger operation `f` off the async workers.
-///
-/// On a multi-threaded runtime the calling worker first hands its scheduler
-/// to another thread (`block_in_place`), so no other task waits behind an
-/// fsync and no thread has to be woken to run `f` and then to wake us again:
-/// two context switches fewer per ledger trip than the blocking pool (p50 at
-/// 1 in flight −20 %, calls/s at 64 in flight +10 %; docs/benchmarks.md).
-/// A current-thread runtime (unit tests) uses the blocking pool.
+/// Runs a ledger operation `f` on the blocking pool: RocksDB (an fsync
+/// above all) never blocks an async worker, and concurrent synced writes meet
+/// in RocksDB's group commit. (`block_in_place` saves the thread hop but grew
+/// the thread count and the soak's RSS; docs/benchmarks.md.)
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
-        tokio::task::block_in_place(f)
-    } else {
-        tokio::task::spawn_blocking(f).await.expect("a ledger task panicked")
-    }
+    tokio::task::spawn_blocking(f).await.expect("a ledger task panicked")
 }
 
 impl Guard {

@@ -22,7 +22,7 @@ pub mod records;
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, GrantRecord, Resolution, StoredOutcome};
 
 use crate::guard::keys::KeySecret;
-use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -37,9 +37,22 @@ const ALL_CFS: [&str; 7] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL
 /// Memory all memtables together may use before RocksDB flushes them.
 const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 
-fn cf_options() -> Options {
+/// Memory for data, index and filter blocks read from table files, shared by
+/// all column families (RocksDB's default is 32 MiB per family).
+const LEDGER_BLOCK_CACHE: usize = 8 << 20;
+
+fn cf_options(cache: &Cache) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    // Index and filter blocks count against the cache instead of growing
+    // with the number of table files.
+    table.set_cache_index_and_filter_blocks(true);
+    // A lookup of a key that is not there (every new tool call, every new
+    // step) skips the table's data blocks.
+    table.set_bloom_filter(10.0, false);
     let mut o = Options::default();
     o.set_write_buffer_size(8 << 20);
+    o.set_block_based_table_factory(&table);
     o
 }
 
@@ -94,7 +107,8 @@ impl Ledger {
         opts.set_keep_log_file_num(4);
         // Bounded memory: memtables across all families share one budget.
         opts.set_db_write_buffer_size(LEDGER_MEMTABLE_BUDGET);
-        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options()));
+        let cache = Cache::new_lru_cache(LEDGER_BLOCK_CACHE);
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)));
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| err(describe_open_error(&e)))?;
         let ledger = Self::init(db, dir, true)?;
         Ok(ledger)
@@ -366,7 +380,7 @@ impl Ledger {
     }
 
     /// RocksDB's own estimate of the memory it holds, in bytes: memtables,
-    /// table readers (indexes and filters) and the block cache.
+    /// table readers and the block cache (shared, so counted once).
     pub fn memory_usage(&self) -> u64 {
         let cfs = ALL_CFS.iter().map(|n| self.cf(n));
         let prop = |name: &str, cf: &rocksdb::ColumnFamily| self.db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
