@@ -4,7 +4,8 @@
 #   ./dev.sh demo [ARGS…]   runs `toolguard demo` (the main job, embedded defaults)
 #   ./dev.sh test [ARGS…]   runs the whole test suite: `cargo test --workspace --locked`, with
 #                           the crash torture harness last and its tally shown (ARGS, if
-#                           given, go to a single `cargo test` instead)
+#                           given, go to a single `cargo test` instead), against a throwaway
+#                           PostgreSQL it starts for the shared ledger's tests
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -51,14 +52,42 @@ mcp_clients() {
     export TOOLGUARD_PYTHON="$venv/bin/python"
 }
 
+# A throwaway PostgreSQL for the shared ledger's tests: its own cluster in a
+# temporary directory on a free loopback port, removed when the tests end.
+# initdb refuses to run as root, so as root it runs as the `postgres` user
+# (the Debian package creates it).
+PG_AS=()
+postgres_server() {
+    PG_BIN="$(dirname "$(command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1 || true)")"
+    if [ ! -x "$PG_BIN/initdb" ]; then
+        need_root apt-get update -qq
+        need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+        PG_BIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | tail -1)")"
+    fi
+    PG_DIR="$(mktemp -d)"
+    if [ "$(id -u)" -eq 0 ]; then chown postgres "$PG_DIR"; PG_AS=(runuser -u postgres --); fi
+    local port
+    port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    "${PG_AS[@]}" "$PG_BIN/initdb" -D "$PG_DIR/data" -U toolguard -A trust -E UTF8 --no-sync >/dev/null
+    trap postgres_stop EXIT
+    "${PG_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_DIR -c max_connections=200" start >/dev/null
+    export TOOLGUARD_TEST_POSTGRES="postgres://toolguard@127.0.0.1:$port/postgres"
+}
+postgres_stop() {
+    "${PG_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$PG_DIR"
+}
+
 case "${1:-}" in
     demo) shift; prerequisites; exec cargo run --quiet --locked -p toolguard -- demo "$@" ;;
     test)
         shift
         prerequisites
         mcp_clients
-        if [ $# -gt 0 ]; then exec cargo test --workspace --locked "$@"; fi
+        postgres_server
+        if [ $# -gt 0 ]; then cargo test --workspace --locked "$@"; exit; fi
         cargo test --workspace --locked -- --skip torture
-        exec cargo test --locked -p toolguard --test integration torture -- --nocapture ;;
+        cargo test --locked -p toolguard --test integration torture -- --nocapture ;;
     *) echo "usage: ./dev.sh demo | ./dev.sh test" >&2; exit 2 ;;
 esac

@@ -1,69 +1,29 @@
-//! The ledger on RocksDB: tool calls and attempts, with indexes by session,
-//! by state and by call. Every method blocks; async callers run it on the
+//! The ledger: tool calls and attempts, and the grant history. One handle
+//! ([`Ledger`]) over two backends with the same semantics: RocksDB
+//! (embedded, the default; [`rocks`]) and PostgreSQL (shared by a fleet of
+//! hosts; [`postgres`]). Every method blocks; async callers run it on the
 //! blocking pool (see `guard`), never on a runtime worker.
-//!
-//! Column families (keys → values):
-//! - `meta`: `secret` → the 32-byte key-derivation secret; `schema` → version.
-//! - `calls`: (session, call id) → [`CallRecord`] JSON. Keys start with the
-//!   length-prefixed session, so a prefix scan is the by-session index.
-//! - `attempts`: idempotency key → [`AttemptRecord`] JSON.
-//! - `attempts_by_state`: state tag ‖ key → ∅.
-//! - `call_attempts`: (session, call id) ‖ step → key.
-//! - `grant_history`: plugin ‖ 0 ‖ time → [`GrantRecord`] JSON: which component
-//!   digest ran with which effective grants, from when.
-//! - `unsettled`: (session, tool, args digest) ‖ call id ‖ step → key, for
-//!   attempts pending or unknown: the hold rule's index.
 //!
 //! Durability is chosen per write ([`Durability`]); why each write is synced
 //! or not is in `docs/ledger.md`.
 
+pub mod postgres;
 pub mod records;
+pub mod rocks;
+#[cfg(test)]
+mod suite;
 
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, GrantRecord, Resolution, StoredOutcome};
 
 use crate::guard::keys::KeySecret;
-use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-const CF_META: &str = "meta";
-const CF_CALLS: &str = "calls";
-const CF_ATTEMPTS: &str = "attempts";
-const CF_BY_STATE: &str = "attempts_by_state";
-const CF_CALL_ATTEMPTS: &str = "call_attempts";
-const CF_GRANT_HISTORY: &str = "grant_history";
-const CF_UNSETTLED: &str = "unsettled";
-const ALL_CFS: [&str; 7] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED];
-/// Memory all memtables together may use before RocksDB flushes them.
-const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
-
-/// Memory for data, index and filter blocks read from table files, shared by
-/// all column families (RocksDB's default is 32 MiB per family).
-const LEDGER_BLOCK_CACHE: usize = 8 << 20;
-
-fn cf_options(cache: &Cache) -> Options {
-    let mut table = BlockBasedOptions::default();
-    table.set_block_cache(cache);
-    // Index and filter blocks count against the cache instead of growing
-    // with the number of table files.
-    table.set_cache_index_and_filter_blocks(true);
-    // A lookup of a key that is not there (every new tool call, every new
-    // step) skips the table's data blocks.
-    table.set_bloom_filter(10.0, false);
-    let mut o = Options::default();
-    o.set_write_buffer_size(8 << 20);
-    o.set_block_based_table_factory(&table);
-    o
-}
-
-/// The on-disk schema this code reads and writes.
-const SCHEMA: &[u8] = b"1";
-
-/// A ledger operation failed; the message names the ledger directory.
+/// A ledger operation failed; the message names where the ledger lives.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("ledger at {dir}: {message}")]
+#[error("ledger at {location}: {message}")]
 pub struct LedgerError {
-    dir: String,
+    location: String,
     message: String,
 }
 
@@ -73,14 +33,48 @@ pub enum Durability {
     /// fsync the WAL before returning (group-committed with concurrent writers).
     Synced,
     /// In the WAL and memtable; survives a process crash, not a power loss.
+    /// (PostgreSQL commits every write durably.)
     Buffered,
 }
 
-/// The ledger. Cheap to clone; all clones share one database.
+/// What a ledger backend stores and finds; errors are plain messages, which
+/// [`Ledger`] prefixes with the ledger's location.
+pub(crate) trait Backend: Send + Sync {
+    /// Checks the schema and returns the key secret, creating both on a new
+    /// ledger when `create`.
+    fn secret(&self, create: bool) -> Result<[u8; 32], String>;
+    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String>;
+    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String>;
+    /// The latest generation's attempt at `step`.
+    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, String>;
+    /// The current attempt of each step, by step.
+    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, String>;
+    fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, String>;
+    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, String>;
+    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String>;
+    fn attempts(&self) -> Result<Vec<AttemptRecord>, String>;
+    fn record_grants(&self, record: &GrantRecord) -> Result<bool, String>;
+    fn grant_history(&self) -> Result<Vec<GrantRecord>, String>;
+    /// Applies `write` atomically.
+    fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), String>;
+    /// Memory the backend holds in this process, in bytes, if it knows.
+    fn memory_usage(&self) -> u64 {
+        0
+    }
+}
+
+/// 32 bytes from the OS for a new ledger's key secret.
+fn new_secret() -> Result<[u8; 32], String> {
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| format!("no randomness for the key secret: {e}"))?;
+    Ok(secret)
+}
+
+/// The ledger. Cheap to clone; all clones share one backend.
 #[derive(Clone)]
 pub struct Ledger {
-    db: Arc<DB>,
-    dir: PathBuf,
+    backend: Arc<dyn Backend>,
+    location: String,
     secret: KeySecret,
     /// Writes committed so far: (synced, buffered).
     counts: Arc<[std::sync::atomic::AtomicU64; 2]>,
@@ -88,65 +82,60 @@ pub struct Ledger {
 
 impl std::fmt::Debug for Ledger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ledger").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("Ledger").field("location", &self.location).finish_non_exhaustive()
     }
 }
 
 impl Ledger {
-    /// Opens (creating if needed) the ledger in `dir`.
+    /// Opens (creating if needed) the RocksDB ledger in `dir`.
     ///
     /// # Errors
     /// The directory cannot be used, another process holds the ledger, or it
     /// was written by an incompatible version.
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
-        let err = |message: String| LedgerError { dir: dir.display().to_string(), message };
-        std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create the directory: {e}")))?;
-        let mut opts = Options::default();
-        opts.create_if_missing(true);
-        opts.create_missing_column_families(true);
-        opts.set_keep_log_file_num(4);
-        // Bounded memory: memtables across all families share one budget.
-        opts.set_db_write_buffer_size(LEDGER_MEMTABLE_BUDGET);
-        let cache = Cache::new_lru_cache(LEDGER_BLOCK_CACHE);
-        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)));
-        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| err(describe_open_error(&e)))?;
-        let ledger = Self::init(db, dir, true)?;
-        Ok(ledger)
+        let location = dir.display().to_string();
+        let backend = rocks::Rocks::open(dir).map_err(|message| LedgerError { location: location.clone(), message })?;
+        Self::init(Arc::new(backend), location, true)
     }
 
-    /// Opens an existing ledger read-only (works while a host holds it).
+    /// Opens an existing RocksDB ledger read-only (works while a host holds it).
     ///
     /// # Errors
     /// There is no ledger in `dir`, or it cannot be read.
     pub fn open_read_only(dir: &Path) -> Result<Self, LedgerError> {
-        let err = |message: String| LedgerError { dir: dir.display().to_string(), message };
-        if !dir.join("CURRENT").exists() {
-            return Err(err("no ledger here yet (nothing has been recorded)".into()));
-        }
-        let db = DB::open_cf_for_read_only(&Options::default(), dir, ALL_CFS, false).map_err(|e| err(e.to_string()))?;
-        Self::init(db, dir, false)
+        let location = dir.display().to_string();
+        let backend = rocks::Rocks::open_read_only(dir).map_err(|message| LedgerError { location: location.clone(), message })?;
+        Self::init(Arc::new(backend), location, false)
     }
 
-    /// Reads (or, when writable and new, creates) the schema and the secret.
-    fn init(db: DB, dir: &Path, writable: bool) -> Result<Self, LedgerError> {
-        let err = |message: String| LedgerError { dir: dir.display().to_string(), message };
-        let meta = db.cf_handle(CF_META).ok_or_else(|| err("missing column family meta".into()))?;
-        match db.get_cf(meta, b"schema").map_err(|e| err(e.to_string()))? {
-            Some(v) if v == SCHEMA => {}
-            Some(v) => return Err(err(format!("schema {} is not {}; use a matching toolguard", String::from_utf8_lossy(&v), String::from_utf8_lossy(SCHEMA)))),
-            None if writable => {
-                let mut secret = [0u8; 32];
-                getrandom::fill(&mut secret).map_err(|e| err(format!("no randomness for the key secret: {e}")))?;
-                let mut batch = WriteBatch::default();
-                batch.put_cf(meta, b"secret", secret);
-                batch.put_cf(meta, b"schema", SCHEMA);
-                db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| err(e.to_string()))?;
-            }
-            None => return Err(err("the ledger has no schema record".into())),
+    /// Connects to the PostgreSQL ledger at `url` (`postgres://…`), creating
+    /// or migrating its tables.
+    ///
+    /// # Errors
+    /// The server cannot be reached, refuses the login, or holds an
+    /// incompatible schema.
+    pub fn connect(url: &str) -> Result<Self, LedgerError> {
+        let location = postgres::redacted(url);
+        let backend = postgres::Postgres::connect(url).map_err(|message| LedgerError { location: location.clone(), message })?;
+        Self::init(Arc::new(backend), location, true)
+    }
+
+    /// Opens the ledger a config names: `postgres://…` or `postgresql://…`
+    /// connects to PostgreSQL; anything else is a RocksDB directory.
+    ///
+    /// # Errors
+    /// As [`Ledger::open`] or [`Ledger::connect`].
+    pub fn open_at(location: &LedgerLocation, read_only: bool) -> Result<Self, LedgerError> {
+        match location {
+            LedgerLocation::Postgres(url) => Self::connect(url),
+            LedgerLocation::Dir(dir) if read_only => Self::open_read_only(dir),
+            LedgerLocation::Dir(dir) => Self::open(dir),
         }
-        let secret = db.get_cf(meta, b"secret").map_err(|e| err(e.to_string()))?;
-        let secret: [u8; 32] = secret.as_deref().and_then(|s| s.try_into().ok()).ok_or_else(|| err("the key secret is missing or damaged".into()))?;
-        Ok(Self { db: Arc::new(db), dir: dir.to_path_buf(), secret: KeySecret(secret), counts: Arc::default() })
+    }
+
+    fn init(backend: Arc<dyn Backend>, location: String, create: bool) -> Result<Self, LedgerError> {
+        let secret = backend.secret(create).map_err(|message| LedgerError { location: location.clone(), message })?;
+        Ok(Self { backend, location, secret: KeySecret(secret), counts: Arc::default() })
     }
 
     /// The secret keys are derived with.
@@ -154,24 +143,13 @@ impl Ledger {
         &self.secret
     }
 
-    /// The directory the ledger lives in.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Where the ledger lives: a directory, or a PostgreSQL URL without its password.
+    pub fn location(&self) -> &str {
+        &self.location
     }
 
-    fn err(&self, e: impl std::fmt::Display) -> LedgerError {
-        LedgerError { dir: self.dir.display().to_string(), message: e.to_string() }
-    }
-
-    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(name).expect("every column family is opened with the database")
-    }
-
-    fn get_json<T: serde::de::DeserializeOwned>(&self, cf: &str, key: &[u8]) -> Result<Option<T>, LedgerError> {
-        match self.db.get_cf(self.cf(cf), key).map_err(|e| self.err(e))? {
-            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| self.err(format!("damaged record: {e}"))),
-            None => Ok(None),
-        }
+    fn err(&self, message: String) -> LedgerError {
+        LedgerError { location: self.location.clone(), message }
     }
 
     /// The tool call (session, call id), if recorded.
@@ -179,7 +157,7 @@ impl Ledger {
     /// # Errors
     /// The read failed or the record is damaged.
     pub fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, LedgerError> {
-        self.get_json(CF_CALLS, &call_key(session, call_id))
+        self.backend.call(session, call_id).map_err(|m| self.err(m))
     }
 
     /// The attempt with idempotency key `key`, if recorded.
@@ -187,7 +165,7 @@ impl Ledger {
     /// # Errors
     /// The read failed or the record is damaged.
     pub fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, LedgerError> {
-        self.get_json(CF_ATTEMPTS, key.as_bytes())
+        self.backend.attempt(key).map_err(|m| self.err(m))
     }
 
     /// The current attempt at `step` of a tool call (the latest key of that step).
@@ -195,12 +173,7 @@ impl Ledger {
     /// # Errors
     /// The read failed or the record is damaged.
     pub fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, LedgerError> {
-        let mut index = call_key(session, call_id);
-        index.extend_from_slice(&step.to_be_bytes());
-        match self.db.get_cf(self.cf(CF_CALL_ATTEMPTS), index).map_err(|e| self.err(e))? {
-            Some(key) => self.attempt(&String::from_utf8_lossy(&key)),
-            None => Ok(None),
-        }
+        self.backend.attempt_at(session, call_id, step).map_err(|m| self.err(m))
     }
 
     /// Settles an unsettled attempt as never sent, on an operator's word; the
@@ -227,9 +200,7 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        let prefix = call_key(session, call_id);
-        let keys = self.scan(CF_CALL_ATTEMPTS, &prefix, |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
-        keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
+        self.backend.attempts_of_call(session, call_id).map_err(|m| self.err(m))
     }
 
     /// Unsettled (pending or unknown) attempts of any tool call in `session`
@@ -238,30 +209,23 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        let prefix = action_prefix(session, tool, args_digest);
-        let keys = self.scan(CF_UNSETTLED, &prefix, |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
-        let found: Vec<AttemptRecord> = keys.iter().filter_map(|k| self.attempt(k).transpose()).collect::<Result<_, _>>()?;
-        Ok(found.into_iter().filter(|a| a.state.is_unsettled()).collect())
+        self.backend.unsettled_like(session, tool, args_digest).map_err(|m| self.err(m))
     }
 
-    /// Tool calls, in key order; only those of `session` if given.
+    /// Tool calls, in (session, call id) order; only those of `session` if given.
     ///
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, LedgerError> {
-        let prefix = session.map(session_prefix).unwrap_or_default();
-        let raw = self.scan(CF_CALLS, &prefix, |_, v| Some(v.to_vec()))?;
-        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| self.err(format!("damaged record: {e}")))).collect()
+        self.backend.calls(session).map_err(|m| self.err(m))
     }
 
-    /// Attempts in `state`, in key order.
+    /// Attempts in `state`.
     ///
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, LedgerError> {
-        let keys = self.scan(CF_BY_STATE, &[state.tag()], |k, _| Some(String::from_utf8_lossy(&k[1..]).into_owned()))?;
-        let found: Vec<AttemptRecord> = keys.iter().filter_map(|k| self.attempt(k).transpose()).collect::<Result<_, _>>()?;
-        Ok(found.into_iter().filter(|a| a.state == state).collect())
+        self.backend.attempts_in_state(state).map_err(|m| self.err(m))
     }
 
     /// Every attempt, in key order.
@@ -269,26 +233,7 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn attempts(&self) -> Result<Vec<AttemptRecord>, LedgerError> {
-        let raw = self.scan(CF_ATTEMPTS, &[], |_, v| Some(v.to_vec()))?;
-        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| self.err(format!("damaged record: {e}")))).collect()
-    }
-
-    fn scan<T>(&self, cf: &str, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Option<T>) -> Result<Vec<T>, LedgerError> {
-        let mut out = Vec::new();
-        // An upper bound stops RocksDB at the prefix's end even when deleted
-        // keys (tombstones) follow: without it a seek may walk them all.
-        let mut opts = rocksdb::ReadOptions::default();
-        if let Some(upper) = prefix_successor(prefix) {
-            opts.set_iterate_upper_bound(upper);
-        }
-        for item in self.db.iterator_cf_opt(self.cf(cf), opts, IteratorMode::From(prefix, rocksdb::Direction::Forward)) {
-            let (k, v) = item.map_err(|e| self.err(e))?;
-            if !k.starts_with(prefix) {
-                break;
-            }
-            out.extend(f(&k, &v));
-        }
-        Ok(out)
+        self.backend.attempts().map_err(|m| self.err(m))
     }
 
     /// Records that `record.plugin` runs `record.digest` with `record.grants`,
@@ -298,19 +243,7 @@ impl Ledger {
     /// # Errors
     /// A read or the write failed.
     pub fn record_grants(&self, record: &GrantRecord) -> Result<bool, LedgerError> {
-        let mut prefix = record.plugin.as_bytes().to_vec();
-        prefix.push(0);
-        let history: Vec<GrantRecord> = self.scan(CF_GRANT_HISTORY, &prefix, |_, v| serde_json::from_slice(v).ok())?;
-        if history.last().is_some_and(|last| last.digest == record.digest && last.grants == record.grants) {
-            return Ok(false);
-        }
-        let mut key = prefix;
-        key.extend_from_slice(&record.recorded_ms.to_be_bytes());
-        let value = serde_json::to_vec(record).map_err(|e| self.err(e))?;
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_GRANT_HISTORY), key, value);
-        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| self.err(e))?;
-        Ok(true)
+        self.backend.record_grants(record).map_err(|m| self.err(m))
     }
 
     /// Every grant-history entry, oldest first.
@@ -318,11 +251,7 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn grant_history(&self) -> Result<Vec<GrantRecord>, LedgerError> {
-        let raw = self.scan(CF_GRANT_HISTORY, &[], |_, v| Some(v.to_vec()))?;
-        let mut all: Vec<GrantRecord> =
-            raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| self.err(format!("damaged record: {e}")))).collect::<Result<_, _>>()?;
-        all.sort_by_key(|r| r.recorded_ms);
-        Ok(all)
+        self.backend.grant_history().map_err(|m| self.err(m))
     }
 
     /// Applies `write` atomically with the given durability.
@@ -330,62 +259,16 @@ impl Ledger {
     /// # Errors
     /// The write failed; nothing of it was applied.
     pub fn commit(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
-        let mut batch = WriteBatch::default();
-        for call in &write.calls {
-            let value = serde_json::to_vec(call).map_err(|e| self.err(e))?;
-            batch.put_cf(self.cf(CF_CALLS), call_key(&call.session, &call.call_id), value);
-        }
-        for (attempt, prior) in &write.attempts {
-            let value = serde_json::to_vec(attempt).map_err(|e| self.err(e))?;
-            batch.put_cf(self.cf(CF_ATTEMPTS), attempt.key.as_bytes(), value);
-            self.index(&mut batch, attempt, *prior);
-        }
-        self.db.write_opt(batch, &write_options(durability)).map_err(|e| self.err(e))?;
+        self.backend.commit(&write, durability).map_err(|m| self.err(m))?;
         let slot = usize::from(durability == Durability::Buffered);
         self.counts[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
-    /// Keeps the attempt indexes right. With the prior state known only what
-    /// changed is touched; otherwise every other state's entry is deleted blind.
-    fn index(&self, batch: &mut WriteBatch, attempt: &AttemptRecord, prior: Prior) {
-        let by_state = |state: AttemptState| [&[state.tag()], attempt.key.as_bytes()].concat();
-        let stale: &[AttemptState] = match prior {
-            Prior::Absent => &[],
-            Prior::Was(state) if state == attempt.state => &[],
-            Prior::Was(ref state) => std::slice::from_ref(state),
-            Prior::Unread => &AttemptState::ALL,
-        };
-        for state in stale.iter().filter(|s| **s != attempt.state) {
-            batch.delete_cf(self.cf(CF_BY_STATE), by_state(*state));
-        }
-        if prior != Prior::Was(attempt.state) {
-            batch.put_cf(self.cf(CF_BY_STATE), by_state(attempt.state), []);
-        }
-        if !matches!(prior, Prior::Was(_)) {
-            let mut by_call = call_key(&attempt.session, &attempt.call_id);
-            by_call.extend_from_slice(&attempt.step.to_be_bytes());
-            batch.put_cf(self.cf(CF_CALL_ATTEMPTS), by_call, attempt.key.as_bytes());
-        }
-        let was_unsettled = match prior {
-            Prior::Absent => Some(false),
-            Prior::Was(state) => Some(state.is_unsettled()),
-            Prior::Unread => None,
-        };
-        match (was_unsettled, attempt.state.is_unsettled()) {
-            (Some(true), true) | (Some(false), false) => {}
-            (_, true) => batch.put_cf(self.cf(CF_UNSETTLED), unsettled_key(attempt), attempt.key.as_bytes()),
-            (_, false) => batch.delete_cf(self.cf(CF_UNSETTLED), unsettled_key(attempt)),
-        }
-    }
-
-    /// RocksDB's own estimate of the memory it holds, in bytes: memtables,
-    /// table readers and the block cache (shared, so counted once).
+    /// The backend's own estimate of the memory it holds here, in bytes
+    /// (RocksDB: memtables, table readers, block cache; PostgreSQL: 0).
     pub fn memory_usage(&self) -> u64 {
-        let cfs = ALL_CFS.iter().map(|n| self.cf(n));
-        let prop = |name: &str, cf: &rocksdb::ColumnFamily| self.db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
-        let tables: u64 = cfs.map(|cf| prop("rocksdb.cur-size-all-mem-tables", cf) + prop("rocksdb.estimate-table-readers-mem", cf)).sum();
-        tables + prop("rocksdb.block-cache-usage", self.cf(CF_CALLS))
+        self.backend.memory_usage()
     }
 
     /// How many writes this handle (and its clones) committed: (synced, buffered).
@@ -393,6 +276,15 @@ impl Ledger {
         use std::sync::atomic::Ordering::Relaxed;
         (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed))
     }
+}
+
+/// Where a ledger lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerLocation {
+    /// A RocksDB directory, used by this host alone.
+    Dir(std::path::PathBuf),
+    /// A PostgreSQL URL, shared by every host that names it.
+    Postgres(String),
 }
 
 /// Records to write together, atomically.
@@ -439,156 +331,3 @@ impl LedgerWrite {
     }
 }
 
-fn write_options(durability: Durability) -> WriteOptions {
-    let mut o = WriteOptions::default();
-    o.set_sync(durability == Durability::Synced);
-    o
-}
-
-fn session_prefix(session: &str) -> Vec<u8> {
-    let mut k = (session.len() as u32).to_be_bytes().to_vec();
-    k.extend_from_slice(session.as_bytes());
-    k
-}
-
-fn call_key(session: &str, call_id: &str) -> Vec<u8> {
-    let mut k = session_prefix(session);
-    k.extend_from_slice(&(call_id.len() as u32).to_be_bytes());
-    k.extend_from_slice(call_id.as_bytes());
-    k
-}
-
-/// The smallest key greater than every key starting with `prefix`, if any.
-fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut upper = prefix.to_vec();
-    while let Some(last) = upper.pop() {
-        if last < u8::MAX {
-            upper.push(last + 1);
-            return Some(upper);
-        }
-    }
-    None
-}
-
-/// Length-prefixed (session, tool, args digest): one action, whatever its call id.
-fn action_prefix(session: &str, tool: &str, args_digest: &str) -> Vec<u8> {
-    let mut k = Vec::new();
-    for field in [session, tool, args_digest] {
-        k.extend_from_slice(&(field.len() as u32).to_be_bytes());
-        k.extend_from_slice(field.as_bytes());
-    }
-    k
-}
-
-fn unsettled_key(a: &AttemptRecord) -> Vec<u8> {
-    let mut k = action_prefix(&a.session, &a.tool, &a.args_digest);
-    k.extend_from_slice(&(a.call_id.len() as u32).to_be_bytes());
-    k.extend_from_slice(a.call_id.as_bytes());
-    k.extend_from_slice(&a.step.to_be_bytes());
-    k
-}
-
-fn describe_open_error(e: &rocksdb::Error) -> String {
-    let text = e.to_string();
-    if text.contains("lock") {
-        format!("{text} — another toolguard process holds this ledger; stop it or use another data_dir")
-    } else {
-        text
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_successor_bounds_exactly_the_prefix() {
-        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
-        assert_eq!(prefix_successor(&[1, 0xff]), Some(vec![2]));
-        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
-        assert_eq!(prefix_successor(b""), None);
-    }
-
-    #[test]
-    fn scans_stay_inside_their_prefix_past_many_tombstones() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
-        let cf = ledger.cf(CF_UNSETTLED);
-        for i in 0..1_000u32 {
-            let key = [b"b", &i.to_be_bytes()[..]].concat();
-            ledger.db.put_cf(cf, &key, b"x").unwrap();
-            ledger.db.delete_cf(cf, &key).unwrap();
-        }
-        ledger.db.put_cf(cf, b"a1", b"x").unwrap();
-        ledger.db.put_cf(cf, b"c1", b"y").unwrap();
-        assert_eq!(ledger.scan(CF_UNSETTLED, b"a", |k, _| Some(k.to_vec())).unwrap(), vec![b"a1".to_vec()]);
-        assert!(ledger.scan(CF_UNSETTLED, b"b", |k, _| Some(k.to_vec())).unwrap().is_empty());
-    }
-
-    fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
-        let request = records::StoredRequest { method: "POST".into(), url: "http://p/r".into(), headers: vec![], body: records::StoredBody::from_bytes(b"x") };
-        AttemptRecord {
-            key: format!("tg1_{call_id}"),
-            session: "s".into(),
-            call_id: call_id.into(),
-            tool: "refund".into(),
-            args_digest: "d".into(),
-            step: 0,
-            generation: 0,
-            fingerprint: "f".into(),
-            downstream: "payments".into(),
-            request,
-            state,
-            response: None,
-            last_error: None,
-            tries: 0,
-            provider_replayed: false,
-            resolution: None,
-            created_ms: 1,
-            updated_ms: 1,
-        }
-    }
-
-    fn indexes(ledger: &Ledger) -> Vec<Vec<u8>> {
-        [CF_BY_STATE, CF_UNSETTLED, CF_CALL_ATTEMPTS]
-            .iter()
-            .flat_map(|cf| ledger.scan(cf, &[], |k, v| Some([cf.as_bytes(), k, v].concat())).unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn writes_over_a_known_prior_leave_the_same_indexes_as_blind_writes() {
-        use AttemptState::*;
-        let paths: [&[AttemptState]; 5] =
-            [&[Pending, Succeeded], &[Pending, Unknown, Succeeded], &[Pending, Failed, Pending, Unknown], &[Pending, Pending, Failed], &[Pending, Unknown, Unknown, Failed]];
-        for path in paths {
-            let (precise, blind) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-            let (precise, blind) = (Ledger::open(precise.path()).unwrap(), Ledger::open(blind.path()).unwrap());
-            let mut prior = Prior::Absent;
-            for (i, state) in path.iter().enumerate() {
-                for (call_id, ledger) in [("a", &precise), ("b", &precise), ("a", &blind), ("b", &blind)] {
-                    let write_prior = if std::ptr::eq(ledger, &precise) { prior } else { Prior::Unread };
-                    ledger.commit(LedgerWrite::new().attempt_over(attempt(call_id, *state), write_prior), Durability::Buffered).unwrap();
-                }
-                prior = Prior::Was(*state);
-                assert_eq!(indexes(&precise), indexes(&blind), "path {path:?}, after step {i}");
-                let unsettled = precise.unsettled_like("s", "refund", "d").unwrap();
-                assert_eq!(unsettled.len(), if state.is_unsettled() { 2 } else { 0 }, "path {path:?}, after step {i}");
-                assert_eq!(precise.attempts_in_state(*state).unwrap().len(), 2);
-            }
-        }
-    }
-
-    #[test]
-    fn reads_skip_index_entries_a_wrong_prior_left_behind() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
-        ledger.commit(LedgerWrite::new().attempt_over(attempt("a", AttemptState::Pending), Prior::Absent), Durability::Buffered).unwrap();
-        // Claims it was Unknown, so the Pending entries stay behind.
-        let wrong = Prior::Was(AttemptState::Unknown);
-        ledger.commit(LedgerWrite::new().attempt_over(attempt("a", AttemptState::Succeeded), wrong), Durability::Buffered).unwrap();
-        assert!(ledger.attempts_in_state(AttemptState::Pending).unwrap().is_empty());
-        assert!(ledger.unsettled_like("s", "refund", "d").unwrap().is_empty());
-        assert_eq!(ledger.attempts_in_state(AttemptState::Succeeded).unwrap().len(), 1);
-    }
-}

@@ -1,0 +1,242 @@
+//! The shared backend: PostgreSQL, for a fleet of hosts agreeing on every
+//! key. Plain SQL that PostgreSQL-protocol databases share (`INSERT … ON
+//! CONFLICT`, no stored procedures, no advisory locks); records are stored as
+//! the same JSON the RocksDB backend stores, beside the columns queries need.
+//!
+//! Tables (created and migrated by the host; `toolguard_meta.schema` holds
+//! the version):
+//! - `toolguard_meta (name, value)`: `secret` (the key-derivation secret),
+//!   `schema`.
+//! - `toolguard_calls (session, call_id) → record`.
+//! - `toolguard_attempts (key) → session, call_id, step, generation, tool,
+//!   args_digest, state, record`; unique (session, call_id, step, generation).
+//! - `toolguard_grant_history (plugin, recorded_ms) → record`.
+//!
+//! Every commit is durable (`synchronous_commit` as the server has it): the
+//! buffered writes of the RocksDB backend are an fsync optimisation, and a
+//! shared ledger must not lose a write another host may already rely on.
+
+use super::{AttemptRecord, AttemptState, Backend, CallRecord, Durability, GrantRecord, LedgerWrite};
+use r2d2_postgres::PostgresConnectionManager;
+use r2d2_postgres::postgres::{NoTls, Row};
+use r2d2_postgres::r2d2::{Pool, PooledConnection};
+use std::time::Duration;
+
+/// The schema this code reads and writes.
+const SCHEMA: &str = "1";
+
+/// Version 1: every table and index.
+const MIGRATION_1: &str = "
+CREATE TABLE IF NOT EXISTS toolguard_meta (
+    name TEXT PRIMARY KEY,
+    value BYTEA NOT NULL
+);
+CREATE TABLE IF NOT EXISTS toolguard_calls (
+    session TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (session, call_id)
+);
+CREATE TABLE IF NOT EXISTS toolguard_attempts (
+    key TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    tool TEXT NOT NULL,
+    args_digest TEXT NOT NULL,
+    state TEXT NOT NULL,
+    record TEXT NOT NULL,
+    UNIQUE (session, call_id, step, generation)
+);
+CREATE INDEX IF NOT EXISTS toolguard_attempts_by_state ON toolguard_attempts (state);
+CREATE INDEX IF NOT EXISTS toolguard_attempts_by_action ON toolguard_attempts (session, tool, args_digest);
+CREATE TABLE IF NOT EXISTS toolguard_grant_history (
+    plugin TEXT NOT NULL,
+    recorded_ms BIGINT NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (plugin, recorded_ms)
+);
+";
+
+/// Connections one host keeps to the ledger.
+const POOL_SIZE: u32 = 16;
+
+/// A PostgreSQL ledger: a pool of connections to one database.
+pub(crate) struct Postgres {
+    pool: Pool<PostgresConnectionManager<NoTls>>,
+}
+
+/// `url` without its password, for messages and logs.
+pub(crate) fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("…"));
+            }
+            u.to_string()
+        }
+        Err(_) => "a PostgreSQL URL that does not parse".into(),
+    }
+}
+
+impl Postgres {
+    /// Connects to `url` and creates or migrates the schema.
+    pub(crate) fn connect(url: &str) -> Result<Self, String> {
+        let config: r2d2_postgres::postgres::Config = url.parse().map_err(|e| format!("not a PostgreSQL URL: {e}"))?;
+        let manager = PostgresConnectionManager::new(config, NoTls);
+        let pool = Pool::builder()
+            .max_size(POOL_SIZE)
+            .min_idle(Some(1))
+            .connection_timeout(Duration::from_secs(10))
+            .build(manager)
+            .map_err(|e| format!("cannot connect: {e}; check the URL, the server and its pg_hba.conf"))?;
+        let this = Self { pool };
+        this.migrate()?;
+        Ok(this)
+    }
+
+    fn client(&self) -> Result<PooledConnection<PostgresConnectionManager<NoTls>>, String> {
+        self.pool.get().map_err(|e| format!("no connection to PostgreSQL: {e}"))
+    }
+
+    /// Creates the tables a new database lacks. Hosts starting together may
+    /// race on `CREATE … IF NOT EXISTS` (the catalogue's own unique index),
+    /// so a failed attempt is retried.
+    fn migrate(&self) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match self.client()?.batch_execute(MIGRATION_1) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!("cannot create the ledger's tables: {last}"))
+    }
+
+    fn query(&self, sql: &str, params: &[&(dyn r2d2_postgres::postgres::types::ToSql + Sync)]) -> Result<Vec<Row>, String> {
+        self.client()?.query(sql, params).map_err(|e| e.to_string())
+    }
+
+    fn records<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Vec<T>, String> {
+        rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>("record")).map_err(|e| format!("damaged record: {e}"))).collect()
+    }
+
+    fn one<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Option<T>, String> {
+        Ok(Self::records(rows)?.into_iter().next())
+    }
+}
+
+/// A step or generation as SQL's INTEGER.
+fn int(n: u32) -> Result<i32, String> {
+    i32::try_from(n).map_err(|_| format!("{n} is too large for the ledger"))
+}
+
+impl Backend for Postgres {
+    fn secret(&self, create: bool) -> Result<[u8; 32], String> {
+        let mut client = self.client()?;
+        if create {
+            let insert = "INSERT INTO toolguard_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
+            client.execute(insert, &[&"schema", &SCHEMA.as_bytes()]).map_err(|e| e.to_string())?;
+            // The first host to get here sets the secret; every other reads it.
+            client.execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(|e| e.to_string())?;
+        }
+        let rows = client.query("SELECT name, value FROM toolguard_meta", &[]).map_err(|e| e.to_string())?;
+        let value = |name: &str| rows.iter().find(|r| r.get::<_, &str>("name") == name).map(|r| r.get::<_, Vec<u8>>("value"));
+        match value("schema") {
+            Some(v) if v == SCHEMA.as_bytes() => {}
+            Some(v) => return Err(format!("schema {} is not {SCHEMA}; use a matching toolguard", String::from_utf8_lossy(&v))),
+            None => return Err("the ledger has no schema record".into()),
+        }
+        value("secret").and_then(|s| s.try_into().ok()).ok_or_else(|| "the key secret is missing or damaged".into())
+    }
+
+    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String> {
+        Self::one(&self.query("SELECT record FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[&session, &call_id])?)
+    }
+
+    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String> {
+        Self::one(&self.query("SELECT record FROM toolguard_attempts WHERE key = $1", &[&key])?)
+    }
+
+    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, String> {
+        let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2 AND step = $3 ORDER BY generation DESC LIMIT 1";
+        Self::one(&self.query(sql, &[&session, &call_id, &int(step)?])?)
+    }
+
+    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, String> {
+        let sql = "SELECT record FROM toolguard_attempts a WHERE session = $1 AND call_id = $2 AND generation = \
+                   (SELECT max(generation) FROM toolguard_attempts b WHERE b.session = a.session AND b.call_id = a.call_id AND b.step = a.step) \
+                   ORDER BY step";
+        Self::records(&self.query(sql, &[&session, &call_id])?)
+    }
+
+    fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, String> {
+        let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND tool = $2 AND args_digest = $3 \
+                   AND state IN ('pending', 'unknown') ORDER BY octet_length(call_id), call_id COLLATE \"C\", step";
+        Self::records(&self.query(sql, &[&session, &tool, &args_digest])?)
+    }
+
+    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, String> {
+        // The RocksDB backend's order: length-prefixed session, then call id.
+        let order = "ORDER BY octet_length(session), session COLLATE \"C\", octet_length(call_id), call_id COLLATE \"C\"";
+        let rows = match session {
+            Some(s) => self.query(&format!("SELECT record FROM toolguard_calls WHERE session = $1 {order}"), &[&s])?,
+            None => self.query(&format!("SELECT record FROM toolguard_calls {order}"), &[])?,
+        };
+        Self::records(&rows)
+    }
+
+    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String> {
+        let sql = "SELECT record FROM toolguard_attempts WHERE state = $1 ORDER BY key COLLATE \"C\"";
+        Self::records(&self.query(sql, &[&state.as_str()])?)
+    }
+
+    fn attempts(&self) -> Result<Vec<AttemptRecord>, String> {
+        Self::records(&self.query("SELECT record FROM toolguard_attempts ORDER BY key COLLATE \"C\"", &[])?)
+    }
+
+    fn record_grants(&self, record: &GrantRecord) -> Result<bool, String> {
+        let latest: Option<GrantRecord> = Self::one(&self.query(
+            "SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1",
+            &[&record.plugin],
+        )?)?;
+        if latest.is_some_and(|last| last.digest == record.digest && last.grants == record.grants) {
+            return Ok(false);
+        }
+        let value = serde_json::to_string(record).map_err(|e| e.to_string())?;
+        let at = i64::try_from(record.recorded_ms).map_err(|e| e.to_string())?;
+        let sql = "INSERT INTO toolguard_grant_history (plugin, recorded_ms, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+        Ok(self.client()?.execute(sql, &[&record.plugin, &at, &value]).map_err(|e| e.to_string())? == 1)
+    }
+
+    fn grant_history(&self) -> Result<Vec<GrantRecord>, String> {
+        Self::records(&self.query("SELECT record FROM toolguard_grant_history ORDER BY recorded_ms, plugin COLLATE \"C\"", &[])?)
+    }
+
+    fn commit(&self, write: &LedgerWrite, _durability: Durability) -> Result<(), String> {
+        let mut client = self.client()?;
+        let mut tx = client.transaction().map_err(|e| e.to_string())?;
+        for call in &write.calls {
+            let value = serde_json::to_string(call).map_err(|e| e.to_string())?;
+            tx.execute(
+                "INSERT INTO toolguard_calls (session, call_id, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (session, call_id) DO UPDATE SET record = EXCLUDED.record",
+                &[&call.session, &call.call_id, &value],
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        for (a, _prior) in &write.attempts {
+            let value = serde_json::to_string(a).map_err(|e| e.to_string())?;
+            tx.execute(
+                "INSERT INTO toolguard_attempts (key, session, call_id, step, generation, tool, args_digest, state, record) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record",
+                &[&a.key, &a.session, &a.call_id, &int(a.step)?, &int(a.generation)?, &a.tool, &a.args_digest, &a.state.as_str(), &value],
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        tx.commit().map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,412 @@
+//! The embedded backend: RocksDB, one process at a time (the default).
+//!
+//! Column families (keys → values):
+//! - `meta`: `secret` → the 32-byte key-derivation secret; `schema` → version.
+//! - `calls`: (session, call id) → [`CallRecord`] JSON. Keys start with the
+//!   length-prefixed session, so a prefix scan is the by-session index.
+//! - `attempts`: idempotency key → [`AttemptRecord`] JSON.
+//! - `attempts_by_state`: state tag ‖ key → ∅.
+//! - `call_attempts`: (session, call id) ‖ step → key.
+//! - `grant_history`: plugin ‖ 0 ‖ time → [`GrantRecord`] JSON: which component
+//!   digest ran with which effective grants, from when.
+//! - `unsettled`: (session, tool, args digest) ‖ call id ‖ step → key, for
+//!   attempts pending or unknown: the hold rule's index.
+//!
+//! Synced writes fsync the WAL (group-committed with concurrent writers);
+//! buffered ones reach the WAL and the memtables only.
+
+use super::{AttemptRecord, AttemptState, Backend, CallRecord, Durability, GrantRecord, LedgerWrite, Prior};
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
+use std::path::Path;
+
+const CF_META: &str = "meta";
+const CF_CALLS: &str = "calls";
+const CF_ATTEMPTS: &str = "attempts";
+const CF_BY_STATE: &str = "attempts_by_state";
+const CF_CALL_ATTEMPTS: &str = "call_attempts";
+const CF_GRANT_HISTORY: &str = "grant_history";
+const CF_UNSETTLED: &str = "unsettled";
+const ALL_CFS: [&str; 7] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED];
+/// Memory all memtables together may use before RocksDB flushes them.
+const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
+
+/// Memory for data, index and filter blocks read from table files, shared by
+/// all column families (RocksDB's default is 32 MiB per family).
+const LEDGER_BLOCK_CACHE: usize = 8 << 20;
+
+fn cf_options(cache: &Cache) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    // Index and filter blocks count against the cache instead of growing
+    // with the number of table files.
+    table.set_cache_index_and_filter_blocks(true);
+    // A lookup of a key that is not there (every new tool call, every new
+    // step) skips the table's data blocks.
+    table.set_bloom_filter(10.0, false);
+    let mut o = Options::default();
+    o.set_write_buffer_size(8 << 20);
+    o.set_block_based_table_factory(&table);
+    o
+}
+
+/// The on-disk schema this code reads and writes.
+const SCHEMA: &[u8] = b"1";
+
+/// A RocksDB ledger database.
+pub(crate) struct Rocks {
+    db: DB,
+}
+
+impl Rocks {
+    /// Opens (creating if needed) the database in `dir`.
+    pub(crate) fn open(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the directory: {e}"))?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_keep_log_file_num(4);
+        // Bounded memory: memtables across all families share one budget.
+        opts.set_db_write_buffer_size(LEDGER_MEMTABLE_BUDGET);
+        let cache = Cache::new_lru_cache(LEDGER_BLOCK_CACHE);
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)));
+        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| describe_open_error(&e))?;
+        Ok(Self { db })
+    }
+
+    /// Opens an existing database read-only (works while a host holds it).
+    pub(crate) fn open_read_only(dir: &Path) -> Result<Self, String> {
+        if !dir.join("CURRENT").exists() {
+            return Err("no ledger here yet (nothing has been recorded)".into());
+        }
+        let db = DB::open_cf_for_read_only(&Options::default(), dir, ALL_CFS, false).map_err(|e| e.to_string())?;
+        Ok(Self { db })
+    }
+
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(name).expect("every column family is opened with the database")
+    }
+
+    fn get_json<T: serde::de::DeserializeOwned>(&self, cf: &str, key: &[u8]) -> Result<Option<T>, String> {
+        match self.db.get_cf(self.cf(cf), key).map_err(|e| e.to_string())? {
+            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("damaged record: {e}")),
+            None => Ok(None),
+        }
+    }
+
+    fn scan<T>(&self, cf: &str, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Option<T>) -> Result<Vec<T>, String> {
+        let mut out = Vec::new();
+        // An upper bound stops RocksDB at the prefix's end even when deleted
+        // keys (tombstones) follow: without it a seek may walk them all.
+        let mut opts = rocksdb::ReadOptions::default();
+        if let Some(upper) = prefix_successor(prefix) {
+            opts.set_iterate_upper_bound(upper);
+        }
+        for item in self.db.iterator_cf_opt(self.cf(cf), opts, IteratorMode::From(prefix, rocksdb::Direction::Forward)) {
+            let (k, v) = item.map_err(|e| e.to_string())?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.extend(f(&k, &v));
+        }
+        Ok(out)
+    }
+
+    fn attempts_by_key(&self, keys: &[String]) -> Result<Vec<AttemptRecord>, String> {
+        keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
+    }
+
+    fn records<T: serde::de::DeserializeOwned>(raw: &[Vec<u8>]) -> Result<Vec<T>, String> {
+        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| format!("damaged record: {e}"))).collect()
+    }
+
+    /// Keeps the attempt indexes right. With the prior state known only what
+    /// changed is touched; otherwise every other state's entry is deleted blind.
+    fn index(&self, batch: &mut WriteBatch, attempt: &AttemptRecord, prior: Prior) {
+        let by_state = |state: AttemptState| [&[state.tag()], attempt.key.as_bytes()].concat();
+        let stale: &[AttemptState] = match prior {
+            Prior::Absent => &[],
+            Prior::Was(state) if state == attempt.state => &[],
+            Prior::Was(ref state) => std::slice::from_ref(state),
+            Prior::Unread => &AttemptState::ALL,
+        };
+        for state in stale.iter().filter(|s| **s != attempt.state) {
+            batch.delete_cf(self.cf(CF_BY_STATE), by_state(*state));
+        }
+        if prior != Prior::Was(attempt.state) {
+            batch.put_cf(self.cf(CF_BY_STATE), by_state(attempt.state), []);
+        }
+        if !matches!(prior, Prior::Was(_)) {
+            let mut by_call = call_key(&attempt.session, &attempt.call_id);
+            by_call.extend_from_slice(&attempt.step.to_be_bytes());
+            batch.put_cf(self.cf(CF_CALL_ATTEMPTS), by_call, attempt.key.as_bytes());
+        }
+        let was_unsettled = match prior {
+            Prior::Absent => Some(false),
+            Prior::Was(state) => Some(state.is_unsettled()),
+            Prior::Unread => None,
+        };
+        match (was_unsettled, attempt.state.is_unsettled()) {
+            (Some(true), true) | (Some(false), false) => {}
+            (_, true) => batch.put_cf(self.cf(CF_UNSETTLED), unsettled_key(attempt), attempt.key.as_bytes()),
+            (_, false) => batch.delete_cf(self.cf(CF_UNSETTLED), unsettled_key(attempt)),
+        }
+    }
+}
+
+impl Backend for Rocks {
+    fn secret(&self, create: bool) -> Result<[u8; 32], String> {
+        let meta = self.cf(CF_META);
+        match self.db.get_cf(meta, b"schema").map_err(|e| e.to_string())? {
+            Some(v) if v == SCHEMA => {}
+            Some(v) => return Err(format!("schema {} is not {}; use a matching toolguard", String::from_utf8_lossy(&v), String::from_utf8_lossy(SCHEMA))),
+            None if create => {
+                let mut batch = WriteBatch::default();
+                batch.put_cf(meta, b"secret", super::new_secret()?);
+                batch.put_cf(meta, b"schema", SCHEMA);
+                self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| e.to_string())?;
+            }
+            None => return Err("the ledger has no schema record".into()),
+        }
+        let secret = self.db.get_cf(meta, b"secret").map_err(|e| e.to_string())?;
+        secret.as_deref().and_then(|s| s.try_into().ok()).ok_or_else(|| "the key secret is missing or damaged".into())
+    }
+
+    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String> {
+        self.get_json(CF_CALLS, &call_key(session, call_id))
+    }
+
+    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String> {
+        self.get_json(CF_ATTEMPTS, key.as_bytes())
+    }
+
+    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, String> {
+        let mut index = call_key(session, call_id);
+        index.extend_from_slice(&step.to_be_bytes());
+        match self.db.get_cf(self.cf(CF_CALL_ATTEMPTS), index).map_err(|e| e.to_string())? {
+            Some(key) => self.attempt(&String::from_utf8_lossy(&key)),
+            None => Ok(None),
+        }
+    }
+
+    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, String> {
+        let keys = self.scan(CF_CALL_ATTEMPTS, &call_key(session, call_id), |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
+        self.attempts_by_key(&keys)
+    }
+
+    fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, String> {
+        let prefix = action_prefix(session, tool, args_digest);
+        let keys = self.scan(CF_UNSETTLED, &prefix, |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
+        Ok(self.attempts_by_key(&keys)?.into_iter().filter(|a| a.state.is_unsettled()).collect())
+    }
+
+    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, String> {
+        let prefix = session.map(session_prefix).unwrap_or_default();
+        Self::records(&self.scan(CF_CALLS, &prefix, |_, v| Some(v.to_vec()))?)
+    }
+
+    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String> {
+        let keys = self.scan(CF_BY_STATE, &[state.tag()], |k, _| Some(String::from_utf8_lossy(&k[1..]).into_owned()))?;
+        Ok(self.attempts_by_key(&keys)?.into_iter().filter(|a| a.state == state).collect())
+    }
+
+    fn attempts(&self) -> Result<Vec<AttemptRecord>, String> {
+        Self::records(&self.scan(CF_ATTEMPTS, &[], |_, v| Some(v.to_vec()))?)
+    }
+
+    fn record_grants(&self, record: &GrantRecord) -> Result<bool, String> {
+        let mut prefix = record.plugin.as_bytes().to_vec();
+        prefix.push(0);
+        let history: Vec<GrantRecord> = self.scan(CF_GRANT_HISTORY, &prefix, |_, v| serde_json::from_slice(v).ok())?;
+        if history.last().is_some_and(|last| last.digest == record.digest && last.grants == record.grants) {
+            return Ok(false);
+        }
+        let mut key = prefix;
+        key.extend_from_slice(&record.recorded_ms.to_be_bytes());
+        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_GRANT_HISTORY), key, value);
+        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+
+    fn grant_history(&self) -> Result<Vec<GrantRecord>, String> {
+        let mut all: Vec<GrantRecord> = Self::records(&self.scan(CF_GRANT_HISTORY, &[], |_, v| Some(v.to_vec()))?)?;
+        all.sort_by_key(|r| r.recorded_ms);
+        Ok(all)
+    }
+
+    fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), String> {
+        let mut batch = WriteBatch::default();
+        for call in &write.calls {
+            let value = serde_json::to_vec(call).map_err(|e| e.to_string())?;
+            batch.put_cf(self.cf(CF_CALLS), call_key(&call.session, &call.call_id), value);
+        }
+        for (attempt, prior) in &write.attempts {
+            let value = serde_json::to_vec(attempt).map_err(|e| e.to_string())?;
+            batch.put_cf(self.cf(CF_ATTEMPTS), attempt.key.as_bytes(), value);
+            self.index(&mut batch, attempt, *prior);
+        }
+        self.db.write_opt(batch, &write_options(durability)).map_err(|e| e.to_string())
+    }
+
+    fn memory_usage(&self) -> u64 {
+        let cfs = ALL_CFS.iter().map(|n| self.cf(n));
+        let prop = |name: &str, cf: &rocksdb::ColumnFamily| self.db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
+        let tables: u64 = cfs.map(|cf| prop("rocksdb.cur-size-all-mem-tables", cf) + prop("rocksdb.estimate-table-readers-mem", cf)).sum();
+        tables + prop("rocksdb.block-cache-usage", self.cf(CF_CALLS))
+    }
+}
+
+fn write_options(durability: Durability) -> WriteOptions {
+    let mut o = WriteOptions::default();
+    o.set_sync(durability == Durability::Synced);
+    o
+}
+
+fn session_prefix(session: &str) -> Vec<u8> {
+    let mut k = (session.len() as u32).to_be_bytes().to_vec();
+    k.extend_from_slice(session.as_bytes());
+    k
+}
+
+fn call_key(session: &str, call_id: &str) -> Vec<u8> {
+    let mut k = session_prefix(session);
+    k.extend_from_slice(&(call_id.len() as u32).to_be_bytes());
+    k.extend_from_slice(call_id.as_bytes());
+    k
+}
+
+/// The smallest key greater than every key starting with `prefix`, if any.
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut upper = prefix.to_vec();
+    while let Some(last) = upper.pop() {
+        if last < u8::MAX {
+            upper.push(last + 1);
+            return Some(upper);
+        }
+    }
+    None
+}
+
+/// Length-prefixed (session, tool, args digest): one action, whatever its call id.
+fn action_prefix(session: &str, tool: &str, args_digest: &str) -> Vec<u8> {
+    let mut k = Vec::new();
+    for field in [session, tool, args_digest] {
+        k.extend_from_slice(&(field.len() as u32).to_be_bytes());
+        k.extend_from_slice(field.as_bytes());
+    }
+    k
+}
+
+fn unsettled_key(a: &AttemptRecord) -> Vec<u8> {
+    let mut k = action_prefix(&a.session, &a.tool, &a.args_digest);
+    k.extend_from_slice(&(a.call_id.len() as u32).to_be_bytes());
+    k.extend_from_slice(a.call_id.as_bytes());
+    k.extend_from_slice(&a.step.to_be_bytes());
+    k
+}
+
+fn describe_open_error(e: &rocksdb::Error) -> String {
+    let text = e.to_string();
+    if text.contains("lock") {
+        format!("{text} — another toolguard process holds this ledger; stop it or use another data_dir")
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_successor_bounds_exactly_the_prefix() {
+        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_successor(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
+        assert_eq!(prefix_successor(b""), None);
+    }
+
+    #[test]
+    fn scans_stay_inside_their_prefix_past_many_tombstones() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Rocks::open(dir.path()).unwrap();
+        let cf = ledger.cf(CF_UNSETTLED);
+        for i in 0..1_000u32 {
+            let key = [b"b", &i.to_be_bytes()[..]].concat();
+            ledger.db.put_cf(cf, &key, b"x").unwrap();
+            ledger.db.delete_cf(cf, &key).unwrap();
+        }
+        ledger.db.put_cf(cf, b"a1", b"x").unwrap();
+        ledger.db.put_cf(cf, b"c1", b"y").unwrap();
+        assert_eq!(ledger.scan(CF_UNSETTLED, b"a", |k, _| Some(k.to_vec())).unwrap(), vec![b"a1".to_vec()]);
+        assert!(ledger.scan(CF_UNSETTLED, b"b", |k, _| Some(k.to_vec())).unwrap().is_empty());
+    }
+
+    fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
+        let request = crate::ledger::records::StoredRequest { method: "POST".into(), url: "http://p/r".into(), headers: vec![], body: crate::ledger::records::StoredBody::from_bytes(b"x") };
+        AttemptRecord {
+            key: format!("tg1_{call_id}"),
+            session: "s".into(),
+            call_id: call_id.into(),
+            tool: "refund".into(),
+            args_digest: "d".into(),
+            step: 0,
+            generation: 0,
+            fingerprint: "f".into(),
+            downstream: "payments".into(),
+            request,
+            state,
+            response: None,
+            last_error: None,
+            tries: 0,
+            provider_replayed: false,
+            resolution: None,
+            created_ms: 1,
+            updated_ms: 1,
+        }
+    }
+
+    fn indexes(ledger: &Rocks) -> Vec<Vec<u8>> {
+        [CF_BY_STATE, CF_UNSETTLED, CF_CALL_ATTEMPTS]
+            .iter()
+            .flat_map(|cf| ledger.scan(cf, &[], |k, v| Some([cf.as_bytes(), k, v].concat())).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn writes_over_a_known_prior_leave_the_same_indexes_as_blind_writes() {
+        use AttemptState::*;
+        let paths: [&[AttemptState]; 5] =
+            [&[Pending, Succeeded], &[Pending, Unknown, Succeeded], &[Pending, Failed, Pending, Unknown], &[Pending, Pending, Failed], &[Pending, Unknown, Unknown, Failed]];
+        for path in paths {
+            let (precise, blind) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let (precise, blind) = (Rocks::open(precise.path()).unwrap(), Rocks::open(blind.path()).unwrap());
+            let mut prior = Prior::Absent;
+            for (i, state) in path.iter().enumerate() {
+                for (call_id, ledger) in [("a", &precise), ("b", &precise), ("a", &blind), ("b", &blind)] {
+                    let write_prior = if std::ptr::eq(ledger, &precise) { prior } else { Prior::Unread };
+                    ledger.commit(&LedgerWrite::new().attempt_over(attempt(call_id, *state), write_prior), Durability::Buffered).unwrap();
+                }
+                prior = Prior::Was(*state);
+                assert_eq!(indexes(&precise), indexes(&blind), "path {path:?}, after step {i}");
+                let unsettled = precise.unsettled_like("s", "refund", "d").unwrap();
+                assert_eq!(unsettled.len(), if state.is_unsettled() { 2 } else { 0 }, "path {path:?}, after step {i}");
+                assert_eq!(precise.attempts_in_state(*state).unwrap().len(), 2);
+            }
+        }
+    }
+
+    #[test]
+    fn reads_skip_index_entries_a_wrong_prior_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Rocks::open(dir.path()).unwrap();
+        ledger.commit(&LedgerWrite::new().attempt_over(attempt("a", AttemptState::Pending), Prior::Absent), Durability::Buffered).unwrap();
+        // Claims it was Unknown, so the Pending entries stay behind.
+        let wrong = Prior::Was(AttemptState::Unknown);
+        ledger.commit(&LedgerWrite::new().attempt_over(attempt("a", AttemptState::Succeeded), wrong), Durability::Buffered).unwrap();
+        assert!(ledger.attempts_in_state(AttemptState::Pending).unwrap().is_empty());
+        assert!(ledger.unsettled_like("s", "refund", "d").unwrap().is_empty());
+        assert_eq!(ledger.attempts_in_state(AttemptState::Succeeded).unwrap().len(), 1);
+    }
+}

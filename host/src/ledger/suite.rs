@@ -1,0 +1,229 @@
+//! The ledger's behaviour, run against both backends: RocksDB in a temporary
+//! directory and PostgreSQL in a fresh database of the server named by
+//! `TOOLGUARD_TEST_POSTGRES` (`./dev.sh test` starts a throwaway one).
+
+use super::records::{StoredBody, StoredRequest};
+use super::*;
+
+/// Opens (and reopens) one ledger.
+trait Store {
+    fn open(&self) -> Ledger;
+}
+
+struct RocksStore(tempfile::TempDir);
+
+impl Store for RocksStore {
+    fn open(&self) -> Ledger {
+        Ledger::open(self.0.path()).expect("opening a RocksDB ledger")
+    }
+}
+
+struct PostgresStore(String);
+
+impl PostgresStore {
+    /// A new, empty database on the test server.
+    fn new() -> Self {
+        let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").expect(
+            "TOOLGUARD_TEST_POSTGRES is not set: run the tests with ./dev.sh test, which starts a throwaway PostgreSQL, \
+             or point it at a server where this user may CREATE DATABASE (postgres://user@host:port/postgres)",
+        );
+        let name = format!("tg_{}", hex::encode(super::new_secret().unwrap())[..16].to_owned());
+        let mut client = r2d2_postgres::postgres::Client::connect(&admin, r2d2_postgres::postgres::NoTls).expect("connecting to the test server");
+        client.batch_execute(&format!("CREATE DATABASE {name}")).expect("creating a test database");
+        let mut url = url::Url::parse(&admin).expect("TOOLGUARD_TEST_POSTGRES is a URL");
+        url.set_path(&format!("/{name}"));
+        Self(url.to_string())
+    }
+}
+
+impl Store for PostgresStore {
+    fn open(&self) -> Ledger {
+        Ledger::connect(&self.0).expect("connecting to the test database")
+    }
+}
+
+fn attempt(call_id: &str, step: u32, generation: u32, state: AttemptState) -> AttemptRecord {
+    AttemptRecord {
+        key: format!("tg1_{call_id}_{step}_{generation}"),
+        session: "s".into(),
+        call_id: call_id.into(),
+        tool: "refund".into(),
+        args_digest: "d".into(),
+        step,
+        generation,
+        fingerprint: "f".into(),
+        downstream: "payments".into(),
+        request: StoredRequest { method: "POST".into(), url: "http://p/r".into(), headers: vec![], body: StoredBody::from_bytes(b"x") },
+        state,
+        response: None,
+        last_error: None,
+        tries: 0,
+        provider_replayed: false,
+        resolution: None,
+        created_ms: 1,
+        updated_ms: 1,
+    }
+}
+
+fn call(session: &str, call_id: &str) -> CallRecord {
+    CallRecord {
+        session: session.into(),
+        call_id: call_id.into(),
+        tool: "refund".into(),
+        args_digest: "d".into(),
+        args: serde_json::json!({ "amount_cents": 100, "payment_intent": "pi_1" }),
+        state: CallState::Admitted,
+        outcome: None,
+        created_ms: 1,
+        completed_ms: None,
+    }
+}
+
+fn keys(attempts: &[AttemptRecord]) -> Vec<&str> {
+    attempts.iter().map(|a| a.key.as_str()).collect()
+}
+
+fn calls_round_trip_and_group_by_session(store: &dyn Store) {
+    let ledger = store.open();
+    let write = LedgerWrite::new().call(call("a", "2")).call(call("ab", "1")).call(call("a", "1"));
+    ledger.commit(write, Durability::Synced).unwrap();
+    assert_eq!(ledger.call("a", "1").unwrap(), Some(call("a", "1")));
+    assert_eq!(ledger.call("a", "3").unwrap(), None);
+    let ids = |calls: Vec<CallRecord>| calls.into_iter().map(|c| format!("{}/{}", c.session, c.call_id)).collect::<Vec<_>>();
+    assert_eq!(ids(ledger.calls(Some("a")).unwrap()), ["a/1", "a/2"], "`a` is not a prefix match: `ab` is another session");
+    assert_eq!(ids(ledger.calls(None).unwrap()), ["a/1", "a/2", "ab/1"]);
+    // A later write replaces the record.
+    let mut done = call("a", "1");
+    done.state = CallState::Completed;
+    done.outcome = Some(StoredOutcome::Result(serde_json::json!({ "id": "re_1" })));
+    ledger.commit(LedgerWrite::new().call(done.clone()), Durability::Buffered).unwrap();
+    assert_eq!(ledger.call("a", "1").unwrap(), Some(done));
+}
+
+fn attempts_are_found_by_key_step_call_and_state(store: &dyn Store) {
+    let ledger = store.open();
+    let (first, second) = (attempt("c1", 0, 0, AttemptState::Succeeded), attempt("c1", 1, 0, AttemptState::Pending));
+    let other = attempt("c2", 0, 0, AttemptState::Pending);
+    let write = LedgerWrite::new().call(call("s", "c1")).attempt_over(second.clone(), Prior::Absent).attempt_over(first.clone(), Prior::Absent);
+    ledger.commit(write.attempt_over(other.clone(), Prior::Absent), Durability::Synced).unwrap();
+    assert_eq!(ledger.attempt(&first.key).unwrap(), Some(first.clone()));
+    assert_eq!(ledger.attempt("tg1_nothing").unwrap(), None);
+    assert_eq!(ledger.attempt_at("s", "c1", 1).unwrap(), Some(second.clone()));
+    assert_eq!(ledger.attempt_at("s", "c1", 2).unwrap(), None);
+    assert_eq!(keys(&ledger.attempts_of_call("s", "c1").unwrap()), [&first.key, &second.key], "by step");
+    assert_eq!(keys(&ledger.attempts_in_state(AttemptState::Pending).unwrap()), [&second.key, &other.key], "key order");
+    assert_eq!(ledger.attempts().unwrap().len(), 3);
+}
+
+fn a_new_generation_becomes_the_steps_current_attempt(store: &dyn Store) {
+    let ledger = store.open();
+    let mut old = attempt("c1", 0, 0, AttemptState::Unknown);
+    ledger.commit(LedgerWrite::new().attempt_over(old.clone(), Prior::Absent), Durability::Synced).unwrap();
+    old = ledger.resolve_not_sent(&old.key, "checked with the provider").unwrap();
+    assert_eq!((old.state, old.resolution), (AttemptState::Failed, Some(Resolution::OperatorNotSent)));
+    let err = ledger.resolve_not_sent(&old.key, "again").unwrap_err();
+    assert!(err.to_string().contains("already settled"), "{err}");
+    let new = attempt("c1", 0, 1, AttemptState::Pending);
+    ledger.commit(LedgerWrite::new().attempt_over(new.clone(), Prior::Absent), Durability::Synced).unwrap();
+    assert_eq!(ledger.attempt_at("s", "c1", 0).unwrap(), Some(new.clone()));
+    assert_eq!(keys(&ledger.attempts_of_call("s", "c1").unwrap()), [&new.key]);
+    assert_eq!(ledger.attempt(&old.key).unwrap(), Some(old), "the old generation stays readable");
+}
+
+fn states_and_the_hold_rules_index_follow_every_transition(store: &dyn Store) {
+    use AttemptState::*;
+    let ledger = store.open();
+    let paths: [&[AttemptState]; 5] =
+        [&[Pending, Succeeded], &[Pending, Unknown, Succeeded], &[Pending, Failed, Pending, Unknown], &[Pending, Pending, Failed], &[Pending, Unknown, Unknown, Failed]];
+    for (n, path) in paths.iter().enumerate() {
+        let ids = [format!("p{n}-precise"), format!("p{n}-blind")];
+        let mut prior = Prior::Absent;
+        for state in *path {
+            for (id, p) in [(&ids[0], prior), (&ids[1], Prior::Unread)] {
+                ledger.commit(LedgerWrite::new().attempt_over(attempt(id, 0, 0, *state), p), Durability::Buffered).unwrap();
+            }
+            prior = Prior::Was(*state);
+            let mine = |found: Vec<AttemptRecord>| found.into_iter().filter(|a| ids.contains(&a.call_id)).count();
+            let unsettled = mine(ledger.unsettled_like("s", "refund", "d").unwrap());
+            assert_eq!(unsettled, if state.is_unsettled() { 2 } else { 0 }, "path {path:?} at {state:?}");
+            for s in AttemptState::ALL {
+                let expect = if s == *state { 2 } else { 0 };
+                assert_eq!(mine(ledger.attempts_in_state(s).unwrap()), expect, "path {path:?} at {state:?}: in {s:?}");
+            }
+        }
+    }
+    assert!(ledger.unsettled_like("s", "refund", "other-digest").unwrap().is_empty());
+    assert!(ledger.unsettled_like("other", "refund", "d").unwrap().is_empty());
+}
+
+fn the_secret_and_records_survive_a_reopen(store: &dyn Store) {
+    let (secret, record) = {
+        let ledger = store.open();
+        let record = attempt("c1", 0, 0, AttemptState::Pending);
+        ledger.commit(LedgerWrite::new().call(call("s", "c1")).attempt_over(record.clone(), Prior::Absent), Durability::Synced).unwrap();
+        (ledger.secret().0, record)
+    };
+    let ledger = store.open();
+    assert_eq!(ledger.secret().0, secret, "keys derive from the secret; it must never change");
+    assert_ne!(secret, [0; 32]);
+    assert_eq!(ledger.attempt(&record.key).unwrap(), Some(record));
+    assert!(ledger.call("s", "c1").unwrap().is_some());
+}
+
+fn grant_history_keeps_changes_only(store: &dyn Store) {
+    let ledger = store.open();
+    let entry = |plugin: &str, digest: &str, at: u64| GrantRecord {
+        plugin: plugin.into(),
+        digest: digest.into(),
+        grants: serde_json::json!([{ "downstream": "payments", "methods": ["POST"] }]),
+        recorded_ms: at,
+    };
+    assert!(ledger.record_grants(&entry("payments", "d1", 10)).unwrap());
+    assert!(!ledger.record_grants(&entry("payments", "d1", 20)).unwrap(), "unchanged: not recorded again");
+    assert!(ledger.record_grants(&entry("text", "t1", 15)).unwrap());
+    assert!(ledger.record_grants(&entry("payments", "d2", 30)).unwrap());
+    let history: Vec<(String, u64)> = ledger.grant_history().unwrap().into_iter().map(|g| (g.digest, g.recorded_ms)).collect();
+    assert_eq!(history, [("d1".to_string(), 10), ("t1".into(), 15), ("d2".into(), 30)]);
+}
+
+macro_rules! on_both_backends {
+    ($($test:ident),* $(,)?) => {
+        mod rocksdb {
+            $(#[test]
+            fn $test() {
+                super::$test(&super::RocksStore(tempfile::tempdir().unwrap()));
+            })*
+        }
+        mod postgres {
+            $(#[test]
+            fn $test() {
+                super::$test(&super::PostgresStore::new());
+            })*
+        }
+    };
+}
+
+on_both_backends!(
+    calls_round_trip_and_group_by_session,
+    attempts_are_found_by_key_step_call_and_state,
+    a_new_generation_becomes_the_steps_current_attempt,
+    states_and_the_hold_rules_index_follow_every_transition,
+    the_secret_and_records_survive_a_reopen,
+    grant_history_keeps_changes_only,
+);
+
+/// Hosts starting together create the schema once and agree on one secret.
+#[test]
+fn hosts_connecting_at_once_agree_on_one_secret() {
+    let store = std::sync::Arc::new(PostgresStore::new());
+    let secrets: Vec<[u8; 32]> = (0..4)
+        .map(|_| {
+            let store = store.clone();
+            std::thread::spawn(move || store.open().secret().0)
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(secrets.windows(2).all(|w| w[0] == w[1]), "every host derives keys from the same secret");
+}
