@@ -7,6 +7,7 @@
 //!
 //! Relative paths are resolved against the directory of the file they are in.
 
+use crate::ledger::LedgerLocation;
 use crate::policy::{Downstreams, PluginPolicy, Policy, RawPolicy};
 use crate::runtime::limits::{LimitOverrides, Limits};
 use serde::Deserialize;
@@ -22,8 +23,12 @@ pub const DEFAULT_POOL_INSTANCES: u32 = 256;
 /// A parsed and validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Where the ledger and compiled components live.
+    /// Where the ledger (unless `ledger` says otherwise) and compiled components live.
     pub data_dir: PathBuf,
+    /// The ledger: `<data_dir>/ledger` on RocksDB by default, or a PostgreSQL
+    /// database shared by a fleet (`ledger = "postgres://…"`, or the URL in
+    /// the environment variable `ledger_url_env` names).
+    pub ledger: LedgerLocation,
     /// Where precompiled components are cached (default `<data_dir>/compiled`).
     pub compile_cache: PathBuf,
     /// Engine-wide settings.
@@ -154,6 +159,8 @@ pub struct ConfigError {
 struct RawConfig {
     #[serde(default = "default_data_dir")]
     data_dir: PathBuf,
+    ledger: Option<String>,
+    ledger_url_env: Option<String>,
     compile_cache: Option<PathBuf>,
     #[serde(default)]
     engine: EngineConfig,
@@ -177,6 +184,32 @@ struct RawPlugin {
     config: BTreeMap<String, String>,
     #[serde(default)]
     tool_prefix: String,
+}
+
+/// Where the ledger lives: `ledger` (a PostgreSQL URL or a directory), or
+/// the URL in the environment variable `ledger_url_env` (keeps a password
+/// out of the file), else `<data_dir>/ledger`.
+fn ledger_location(
+    ledger: Option<String>,
+    url_env: Option<String>,
+    data_dir: &Path,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<LedgerLocation, (&'static str, String)> {
+    let is_url = |s: &str| s.starts_with("postgres://") || s.starts_with("postgresql://");
+    match (ledger, url_env) {
+        (Some(_), Some(_)) => Err(("ledger_url_env", "give `ledger` or `ledger_url_env`, not both".into())),
+        (None, None) => Ok(LedgerLocation::Dir(data_dir.join("ledger"))),
+        (Some(l), None) if is_url(&l) => Ok(LedgerLocation::Postgres(l)),
+        (Some(l), None) if l.contains("://") => {
+            Err(("ledger", format!("`{}` is not a ledger toolguard knows: use postgres://… or a directory", crate::ledger::postgres::redacted(&l))))
+        }
+        (Some(l), None) => Ok(LedgerLocation::Dir(resolve(Path::new(&l)))),
+        (None, Some(name)) => match std::env::var(&name) {
+            Ok(url) if is_url(&url) => Ok(LedgerLocation::Postgres(url)),
+            Ok(_) => Err(("ledger_url_env", format!("${name} does not hold a postgres:// URL"))),
+            Err(_) => Err(("ledger_url_env", format!("${name} is not set; export the ledger's postgres:// URL in it"))),
+        },
+    }
 }
 
 fn default_data_dir() -> PathBuf {
@@ -211,6 +244,7 @@ impl Config {
         let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
         let data_dir = resolve(&raw.data_dir);
         let compile_cache = raw.compile_cache.as_deref().map_or_else(|| data_dir.join("compiled"), resolve);
+        let ledger = ledger_location(raw.ledger, raw.ledger_url_env, &data_dir, &resolve).map_err(|(f, m)| err(f, m))?;
         let engine = raw.engine;
         if engine.pool_instances == 0 {
             return Err(err("engine.pool_instances", "must be at least 1".into()));
@@ -266,7 +300,7 @@ impl Config {
         if raw.mcp.max_request_bytes < 1024 {
             return Err(err("mcp.max_request_bytes", "must be at least 1024".into()));
         }
-        Ok(Self { data_dir, compile_cache, engine, mcp: raw.mcp, downstreams: policy.downstreams, policy_source, plugins })
+        Ok(Self { data_dir, ledger, compile_cache, engine, mcp: raw.mcp, downstreams: policy.downstreams, policy_source, plugins })
     }
 }
 
@@ -321,6 +355,21 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, "t.toml", Path::new("/base"))
+    }
+
+    #[test]
+    fn the_ledger_is_a_directory_by_default_or_a_postgres_url() {
+        assert_eq!(parse("").unwrap().ledger, LedgerLocation::Dir(PathBuf::from("/base/.toolguard/ledger")));
+        assert_eq!(parse("ledger = \"l\"").unwrap().ledger, LedgerLocation::Dir(PathBuf::from("/base/l")));
+        let url = "postgres://tg:secret@db:5432/toolguard";
+        assert_eq!(parse(&format!("ledger = \"{url}\"")).unwrap().ledger, LedgerLocation::Postgres(url.into()));
+        let e = parse("ledger = \"mysql://tg:secret@db/x\"").unwrap_err();
+        assert_eq!(e.field, "ledger");
+        assert!(e.message.contains("postgres://") && !e.message.contains("secret"), "{e}");
+        let e = parse("ledger = \"l\"\nledger_url_env = \"X\"").unwrap_err();
+        assert_eq!(e.field, "ledger_url_env");
+        let e = parse("ledger_url_env = \"TOOLGUARD_TEST_SURELY_UNSET\"").unwrap_err();
+        assert!(e.message.contains("is not set"), "{e}");
     }
 
     #[test]

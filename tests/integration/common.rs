@@ -57,3 +57,22 @@ pub async fn assert_good_tool_works(rt: &Runtime) {
     assert_eq!(out["words"], 6);
     assert_eq!(out["top_words"][0], serde_json::json!({"word": "be", "count": 2}));
 }
+
+/// The URL of a new, empty database on the test PostgreSQL server
+/// (`TOOLGUARD_TEST_POSTGRES`, which `./dev.sh test` starts).
+pub fn fresh_postgres_database() -> String {
+    use r2d2_postgres::postgres::{Client, NoTls};
+    let admin = std::env::var("TOOLGUARD_TEST_POSTGRES")
+        .expect("TOOLGUARD_TEST_POSTGRES is not set: run the tests with ./dev.sh test, which starts a throwaway PostgreSQL");
+    let name = format!("tg_it_{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+    // rust-postgres's blocking client runs its own runtime: not on this one's threads.
+    let create = format!("CREATE DATABASE {name}");
+    let admin_url = admin.clone();
+    std::thread::spawn(move || Client::connect(&admin_url, NoTls).and_then(|mut c| c.batch_execute(&create)))
+        .join()
+        .unwrap()
+        .expect("creating a test database");
+    let mut url = url::Url::parse(&admin).expect("TOOLGUARD_TEST_POSTGRES is a URL");
+    url.set_path(&format!("/{name}"));
+    url.to_string()
+}

@@ -6,6 +6,7 @@ mod cli;
 mod cli_guard;
 mod common;
 mod crash;
+mod fleet;
 mod guard_boundary;
 mod guard_edges;
 mod hostile;

@@ -33,7 +33,8 @@ pub async fn run(config_path: &Path, components: &[PathBuf], json: bool, history
 }
 
 fn print_history(config: &crate::Config, json: bool) -> u8 {
-    let history = Ledger::open_read_only(&config.data_dir.join("ledger")).and_then(|l| l.grant_history());
+    // The ledger's client blocks (PostgreSQL's runs its own runtime).
+    let history = tokio::task::block_in_place(|| Ledger::open_at(&config.ledger, true).and_then(|l| l.grant_history()));
     let history = match history {
         Ok(h) => h,
         Err(e) => {

@@ -92,7 +92,7 @@ pub fn run(config: &Path, command: LedgerCommand) -> u8 {
 fn resolve(config: &Path, key: &str, note: &str) -> u8 {
     let result = crate::Config::load(config)
         .map_err(|e| e.to_string())
-        .and_then(|c| Ledger::open(&c.data_dir.join("ledger")).map_err(|e| e.to_string()))
+        .and_then(|c| Ledger::open_at(&c.ledger, false).map_err(|e| e.to_string()))
         .and_then(|l| l.resolve_not_sent(key, note).map_err(|e| e.to_string()));
     match result {
         Ok(attempt) => {
@@ -108,7 +108,7 @@ fn resolve(config: &Path, key: &str, note: &str) -> u8 {
 
 fn open(config: &Path) -> Result<Ledger, String> {
     let config = crate::Config::load(config).map_err(|e| e.to_string())?;
-    Ledger::open_read_only(&config.data_dir.join("ledger")).map_err(|e| e.to_string())
+    Ledger::open_at(&config.ledger, true).map_err(|e| e.to_string())
 }
 
 fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::ledger::LedgerError> {

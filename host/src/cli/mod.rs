@@ -149,7 +149,8 @@ pub fn main() -> ExitCode {
             Command::Call { config, session, call_id, tool, args } => {
                 call::run(&config, session, call_id, tool, args).await
             }
-            Command::Ledger { config, command } => ledger::run(&config, command),
+            // The ledger's client blocks (PostgreSQL's runs its own runtime).
+            Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
             Command::Bench { dir, quick, json, only } => bench(dir, quick, json, only).await,
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,

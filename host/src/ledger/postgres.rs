@@ -64,7 +64,18 @@ const POOL_SIZE: u32 = 16;
 
 /// A PostgreSQL ledger: a pool of connections to one database.
 pub(crate) struct Postgres {
-    pool: Pool<PostgresConnectionManager<NoTls>>,
+    /// Always `Some` until dropped.
+    pool: Option<Pool<PostgresConnectionManager<NoTls>>>,
+}
+
+impl Drop for Postgres {
+    /// Closing a blocking client blocks, which panics on an async worker, and
+    /// a ledger is often dropped on one: the pool is closed on a thread of its own.
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            let _ = std::thread::Builder::new().name("toolguard-pg-close".into()).spawn(move || drop(pool));
+        }
+    }
 }
 
 /// `url` without its password, for messages and logs.
@@ -91,19 +102,24 @@ impl Postgres {
             .connection_timeout(Duration::from_secs(10))
             .build(manager)
             .map_err(|e| format!("cannot connect: {e}; check the URL, the server and its pg_hba.conf"))?;
-        let this = Self { pool };
+        let this = Self { pool: Some(pool) };
         this.migrate()?;
         Ok(this)
     }
 
     fn client(&self) -> Result<PooledConnection<PostgresConnectionManager<NoTls>>, String> {
-        self.pool.get().map_err(|e| format!("no connection to PostgreSQL: {e}"))
+        let pool = self.pool.as_ref().expect("the pool lives until drop");
+        pool.get().map_err(|e| format!("no connection to PostgreSQL: {e}"))
     }
 
     /// Creates the tables a new database lacks. Hosts starting together may
     /// race on `CREATE … IF NOT EXISTS` (the catalogue's own unique index),
     /// so a failed attempt is retried.
     fn migrate(&self) -> Result<(), String> {
+        let current = self.client()?.query("SELECT value FROM toolguard_meta WHERE name = 'schema'", &[]);
+        if current.is_ok_and(|rows| rows.iter().any(|r| r.get::<_, Vec<u8>>(0) == SCHEMA.as_bytes())) {
+            return Ok(());
+        }
         let mut last = String::new();
         for _ in 0..5 {
             match self.client()?.batch_execute(MIGRATION_1) {

@@ -171,8 +171,8 @@ impl Runtime {
     /// The engine cannot be set up, or any plugin is refused (all refusals are listed).
     pub async fn from_config(config: &Config) -> Result<Self, StartError> {
         let mut runtime = Self::new(&config.engine, config.compile_cache.clone())?;
-        let dir = config.data_dir.join("ledger");
-        let ledger = tokio::task::spawn_blocking(move || Ledger::open(&dir))
+        let location = config.ledger.clone();
+        let ledger = tokio::task::spawn_blocking(move || Ledger::open_at(&location, false))
             .await
             .map_err(|e| StartError::Guard(e.to_string()))?
             .map_err(|e| StartError::Guard(e.to_string()))?;

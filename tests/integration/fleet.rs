@@ -1,0 +1,70 @@
+//! Fleet mode in one process: two hosts (two runtimes, each with its own
+//! data directory and caches) share one PostgreSQL ledger and one payments
+//! sandbox. Every test counts refunds at the sandbox.
+
+use crate::common::fresh_postgres_database;
+use crate::payments::{Downstream, HEADER_ONLY, PI, config_text, refund_args};
+use toolguard::{CallError, CallOutput, CallRequest, Config, ErrorKind, Runtime};
+use toolguard_sandbox::{Fault, Mode, Sandbox};
+
+struct Fleet {
+    sandbox: Sandbox,
+    hosts: [Runtime; 2],
+    _dirs: [tempfile::TempDir; 2],
+}
+
+/// Two hosts started together over one fresh PostgreSQL ledger.
+async fn fleet(d: Downstream) -> Fleet {
+    let sandbox = Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION).await.unwrap();
+    sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
+    let ledger = fresh_postgres_database();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut hosts = Vec::new();
+    for dir in &dirs {
+        let text = format!("ledger = {ledger:?}\n{}", config_text(&sandbox.url(), &dir.path().join("data"), &d));
+        let config = Config::parse(&text, "fleet.toml", dir.path()).unwrap();
+        hosts.push(Runtime::from_config(&config).await.unwrap());
+    }
+    let hosts: [Runtime; 2] = hosts.try_into().unwrap_or_else(|_| unreachable!());
+    Fleet { sandbox, hosts, _dirs: dirs }
+}
+
+impl Fleet {
+    async fn refund(&self, host: usize, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
+        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount) };
+        self.hosts[host].call(&req).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_completed_on_one_host_is_replayed_by_another() {
+    let f = fleet(Downstream::default()).await;
+    let first = f.refund(0, "c1", 500).await.unwrap();
+    assert!(!first.replayed);
+    let again = f.refund(1, "c1", 500).await.expect("the other host finds the completed call in the shared ledger");
+    assert!(again.replayed, "replayed from the ledger, no plugin run");
+    assert_eq!(again.value, first.value);
+    let err = f.refund(1, "c1", 700).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Conflict, "{err}");
+    assert_eq!(f.sandbox.refunds().len(), 1);
+    f.refund(1, "c2", 700).await.expect("a new tool call id is a new refund");
+    assert_eq!(f.sandbox.refunds().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_on_one_host_holds_a_blind_repeat_on_the_other() {
+    let f = fleet(Downstream { key: HEADER_ONLY, ..Downstream::default() }).await;
+    f.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    let err = f.refund(0, "c1", 500).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "{err}");
+    let held = f.refund(1, "c2", 500).await.unwrap_err();
+    assert_eq!(held.kind, ErrorKind::Held, "the other host sees the unknown attempt: {held}");
+    assert_eq!(f.sandbox.refunds().len(), 1);
+    // Retrying the first tool call on the other host re-sends the same key.
+    let out = f.refund(1, "c1", 500).await.expect("the same key settles it");
+    let refunds = f.sandbox.refunds();
+    assert_eq!(refunds.len(), 1, "still one refund");
+    assert_eq!(out.value["refund_id"], refunds[0].id.as_str());
+    let posts: Vec<_> = f.sandbox.requests().into_iter().filter(|r| r.method == "POST").collect();
+    assert!(posts.windows(2).all(|w| w[0].idempotency_key == w[1].idempotency_key), "one key across both hosts");
+}
