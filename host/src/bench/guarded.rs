@@ -217,6 +217,8 @@ fn first_write(ledger: &Ledger, i: usize) -> (CallRecord, AttemptRecord) {
         outcome: None,
         created_ms: now_ms(),
         completed_ms: None,
+        owner: None,
+        lease_until_ms: None,
     };
     (call, attempt(ledger, call_id, digest))
 }

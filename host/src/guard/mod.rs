@@ -246,6 +246,8 @@ impl Guard {
                     outcome: None,
                     created_ms: now_ms(),
                     completed_ms: None,
+                    owner: None,
+                    lease_until_ms: None,
                 };
                 (record, false)
             }

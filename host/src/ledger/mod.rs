@@ -57,6 +57,15 @@ pub(crate) trait Backend: Send + Sync {
     fn grant_history(&self) -> Result<Vec<GrantRecord>, String>;
     /// Applies `write` atomically.
     fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), String>;
+    /// Whether other hosts share this ledger: then calls are claimed.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Claims `call` for `call.owner` until `call.lease_until_ms`, in one
+    /// conditional write (see [`Ledger::claim_call`]).
+    fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, String>;
+    /// Ends `owner`'s claim on a call, if it still holds it.
+    fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), String>;
     /// Memory the backend holds in this process, in bytes, if it knows.
     fn memory_usage(&self) -> u64 {
         0
@@ -265,6 +274,33 @@ impl Ledger {
         Ok(())
     }
 
+    /// Whether other hosts share this ledger (PostgreSQL): then a host claims
+    /// a tool call before running it, and lets the claim lapse only by dying.
+    pub fn shared(&self) -> bool {
+        self.backend.shared()
+    }
+
+    /// Claims tool call `call` for `call.owner` until `call.lease_until_ms`.
+    /// On a shared ledger this is one conditional write: the call is inserted,
+    /// or taken over if it is not completed, was made with the same tool and
+    /// arguments, and its claim has lapsed or is already the owner's. On a
+    /// host's own ledger nothing is written (the host's lock per call is the
+    /// claim) and the call is only classified.
+    ///
+    /// # Errors
+    /// The ledger cannot be read or written.
+    pub fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, LedgerError> {
+        self.backend.claim_call(call, now_ms).map_err(|m| self.err(m))
+    }
+
+    /// Ends `owner`'s claim on (session, call id), if it still holds it.
+    ///
+    /// # Errors
+    /// The write failed.
+    pub fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), LedgerError> {
+        self.backend.release_call(session, call_id, owner).map_err(|m| self.err(m))
+    }
+
     /// The backend's own estimate of the memory it holds here, in bytes
     /// (RocksDB: memtables, table readers, block cache; PostgreSQL: 0).
     pub fn memory_usage(&self) -> u64 {
@@ -275,6 +311,33 @@ impl Ledger {
     pub fn write_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed))
+    }
+}
+
+/// How claiming a tool call came out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// Ours to run: the call as the ledger now holds it (or the new record),
+    /// and whether it is in the ledger yet.
+    Run { record: CallRecord, persisted: bool },
+    /// It completed before: replay its outcome.
+    Completed(CallRecord),
+    /// It was made before with another tool or arguments.
+    Conflict(CallRecord),
+    /// Another host runs it now; its claim is live.
+    Busy(CallRecord),
+}
+
+impl Claim {
+    /// How an existing record (`Some`) or none classifies for `call`, on a
+    /// ledger only this host writes.
+    fn of_existing(call: &CallRecord, existing: Option<CallRecord>) -> Self {
+        match existing {
+            None => Self::Run { record: call.clone(), persisted: false },
+            Some(r) if r.tool != call.tool || r.args_digest != call.args_digest => Self::Conflict(r),
+            Some(r) if r.state == CallState::Completed && r.outcome.is_some() => Self::Completed(r),
+            Some(r) => Self::Run { record: r, persisted: true },
+        }
     }
 }
 

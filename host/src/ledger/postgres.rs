@@ -7,7 +7,8 @@
 //! the version):
 //! - `toolguard_meta (name, value)`: `secret` (the key-derivation secret),
 //!   `schema`.
-//! - `toolguard_calls (session, call_id) → record`.
+//! - `toolguard_calls (session, call_id) → tool, args_digest, completed,
+//!   owner, lease_until, record`: the claim columns beside the record.
 //! - `toolguard_attempts (key) → session, call_id, step, generation, tool,
 //!   args_digest, state, record`; unique (session, call_id, step, generation).
 //! - `toolguard_grant_history (plugin, recorded_ms) → record`.
@@ -16,7 +17,7 @@
 //! buffered writes of the RocksDB backend are an fsync optimisation, and a
 //! shared ledger must not lose a write another host may already rely on.
 
-use super::{AttemptRecord, AttemptState, Backend, CallRecord, Durability, GrantRecord, LedgerWrite};
+use super::{AttemptRecord, AttemptState, Backend, CallRecord, CallState, Claim, Durability, GrantRecord, LedgerWrite};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{NoTls, Row};
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
@@ -34,6 +35,11 @@ CREATE TABLE IF NOT EXISTS toolguard_meta (
 CREATE TABLE IF NOT EXISTS toolguard_calls (
     session TEXT NOT NULL,
     call_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    args_digest TEXT NOT NULL,
+    completed BOOLEAN NOT NULL,
+    owner TEXT,
+    lease_until BIGINT NOT NULL,
     record TEXT NOT NULL,
     PRIMARY KEY (session, call_id)
 );
@@ -142,6 +148,40 @@ impl Postgres {
     fn one<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Option<T>, String> {
         Ok(Self::records(rows)?.into_iter().next())
     }
+
+    /// Call records with their claim from the columns (a claim updates only those).
+    fn calls_of(rows: &[Row]) -> Result<Vec<CallRecord>, String> {
+        let mut calls: Vec<CallRecord> = Self::records(rows)?;
+        for (call, row) in calls.iter_mut().zip(rows) {
+            call.owner = row.get("owner");
+            call.lease_until_ms = u64::try_from(row.get::<_, i64>("lease_until")).ok().filter(|t| *t > 0);
+        }
+        Ok(calls)
+    }
+}
+
+/// A call's columns, as the statements bind them.
+struct CallRow<'a> {
+    call: &'a CallRecord,
+    completed: bool,
+    lease_until: i64,
+    record: String,
+}
+
+impl CallRow<'_> {
+    fn params(&self) -> [&(dyn r2d2_postgres::postgres::types::ToSql + Sync); 8] {
+        let c = self.call;
+        [&c.session, &c.call_id, &c.tool, &c.args_digest, &self.completed, &c.owner, &self.lease_until, &self.record]
+    }
+}
+
+fn call_row(call: &CallRecord) -> Result<CallRow<'_>, String> {
+    Ok(CallRow {
+        call,
+        completed: call.state == CallState::Completed,
+        lease_until: i64::try_from(call.lease_until_ms.unwrap_or(0)).map_err(|e| e.to_string())?,
+        record: serde_json::to_string(call).map_err(|e| e.to_string())?,
+    })
 }
 
 /// A step or generation as SQL's INTEGER.
@@ -169,7 +209,8 @@ impl Backend for Postgres {
     }
 
     fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String> {
-        Self::one(&self.query("SELECT record FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[&session, &call_id])?)
+        let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
+        Ok(Self::calls_of(&self.query(sql, &[&session, &call_id])?)?.pop())
     }
 
     fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String> {
@@ -198,10 +239,10 @@ impl Backend for Postgres {
         // The RocksDB backend's order: length-prefixed session, then call id.
         let order = "ORDER BY octet_length(session), session COLLATE \"C\", octet_length(call_id), call_id COLLATE \"C\"";
         let rows = match session {
-            Some(s) => self.query(&format!("SELECT record FROM toolguard_calls WHERE session = $1 {order}"), &[&s])?,
-            None => self.query(&format!("SELECT record FROM toolguard_calls {order}"), &[])?,
+            Some(s) => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 {order}"), &[&s])?,
+            None => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls {order}"), &[])?,
         };
-        Self::records(&rows)
+        Self::calls_of(&rows)
     }
 
     fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String> {
@@ -231,17 +272,55 @@ impl Backend for Postgres {
         Self::records(&self.query("SELECT record FROM toolguard_grant_history ORDER BY recorded_ms, plugin COLLATE \"C\"", &[])?)
     }
 
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, String> {
+        // Insert, or take over a call that is not completed, is the same
+        // action, and whose claim has lapsed or is already ours: one statement,
+        // so two hosts can never both hold it.
+        let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
+                   owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
+                   WHERE NOT toolguard_calls.completed AND toolguard_calls.tool = EXCLUDED.tool \
+                   AND toolguard_calls.args_digest = EXCLUDED.args_digest \
+                   AND (toolguard_calls.lease_until < $9 OR toolguard_calls.owner = EXCLUDED.owner) \
+                   RETURNING record";
+        let row = call_row(call)?;
+        let now = i64::try_from(now_ms).map_err(|e| e.to_string())?;
+        let mut params = row.params().to_vec();
+        params.push(&now);
+        let mut client = self.client()?;
+        let claimed = client.query(sql, &params).map_err(|e| e.to_string())?;
+        if let Some(mut record) = Self::one::<CallRecord>(&claimed)? {
+            // Taken over: the stored record, with our claim.
+            record.owner.clone_from(&call.owner);
+            record.lease_until_ms = call.lease_until_ms;
+            return Ok(Claim::Run { record, persisted: true });
+        }
+        let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
+        let existing = Self::calls_of(&client.query(sql, &[&call.session, &call.call_id]).map_err(|e| e.to_string())?)?.pop();
+        let Some(existing) = existing else { return Err("the call vanished while being claimed; retry".into()) };
+        Ok(match Claim::of_existing(call, Some(existing)) {
+            Claim::Run { record, .. } => Claim::Busy(record),
+            other => other,
+        })
+    }
+
+    fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), String> {
+        let sql = "UPDATE toolguard_calls SET lease_until = 0 WHERE session = $1 AND call_id = $2 AND owner = $3";
+        self.client()?.execute(sql, &[&session, &call_id, &owner]).map(|_| ()).map_err(|e| e.to_string())
+    }
+
     fn commit(&self, write: &LedgerWrite, _durability: Durability) -> Result<(), String> {
         let mut client = self.client()?;
         let mut tx = client.transaction().map_err(|e| e.to_string())?;
         for call in &write.calls {
-            let value = serde_json::to_string(call).map_err(|e| e.to_string())?;
-            tx.execute(
-                "INSERT INTO toolguard_calls (session, call_id, record) VALUES ($1, $2, $3) \
-                 ON CONFLICT (session, call_id) DO UPDATE SET record = EXCLUDED.record",
-                &[&call.session, &call.call_id, &value],
-            )
-            .map_err(|e| e.to_string())?;
+            let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
+                       VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
+                       completed = EXCLUDED.completed, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, record = EXCLUDED.record";
+            tx.execute(sql, &call_row(call)?.params()).map_err(|e| e.to_string())?;
         }
         for (a, _prior) in &write.attempts {
             let value = serde_json::to_string(a).map_err(|e| e.to_string())?;

@@ -37,6 +37,20 @@ pub struct CallRecord {
     pub created_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub completed_ms: Option<u64>,
+    /// On a shared ledger: the host running the call now, …
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub owner: Option<String>,
+    /// … and until when its claim holds (ms since the epoch). A host that
+    /// dies leaves its claim to lapse; then another host may take the call over.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lease_until_ms: Option<u64>,
+}
+
+impl CallRecord {
+    /// Whether a host other than `host` holds a live claim on this call at `now_ms`.
+    pub fn leased_elsewhere(&self, host: &str, now_ms: u64) -> bool {
+        self.owner.as_deref().is_some_and(|o| o != host) && self.lease_until_ms.is_some_and(|t| t > now_ms)
+    }
 }
 
 /// A final answer: a result, or an error the caller should see again on replay.

@@ -15,7 +15,7 @@
 //! Synced writes fsync the WAL (group-committed with concurrent writers);
 //! buffered ones reach the WAL and the memtables only.
 
-use super::{AttemptRecord, AttemptState, Backend, CallRecord, Durability, GrantRecord, LedgerWrite, Prior};
+use super::{AttemptRecord, AttemptState, Backend, CallRecord, Claim, Durability, GrantRecord, LedgerWrite, Prior};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
 use std::path::Path;
 
@@ -247,6 +247,14 @@ impl Backend for Rocks {
             self.index(&mut batch, attempt, *prior);
         }
         self.db.write_opt(batch, &write_options(durability)).map_err(|e| e.to_string())
+    }
+
+    fn claim_call(&self, call: &CallRecord, _now_ms: u64) -> Result<Claim, String> {
+        Ok(Claim::of_existing(call, self.call(&call.session, &call.call_id)?))
+    }
+
+    fn release_call(&self, _session: &str, _call_id: &str, _owner: &str) -> Result<(), String> {
+        Ok(())
     }
 
     fn memory_usage(&self) -> u64 {

@@ -76,6 +76,8 @@ fn call(session: &str, call_id: &str) -> CallRecord {
         outcome: None,
         created_ms: 1,
         completed_ms: None,
+        owner: None,
+        lease_until_ms: None,
     }
 }
 
@@ -186,6 +188,22 @@ fn grant_history_keeps_changes_only(store: &dyn Store) {
     assert_eq!(history, [("d1".to_string(), 10), ("t1".into(), 15), ("d2".into(), 30)]);
 }
 
+fn claimed(call_id: &str, owner: &str, until: u64) -> CallRecord {
+    CallRecord { owner: Some(owner.into()), lease_until_ms: Some(until), ..call("s", call_id) }
+}
+
+fn claims_tell_new_completed_and_conflicting_calls_apart(store: &dyn Store) {
+    let ledger = store.open();
+    assert!(matches!(ledger.claim_call(&claimed("c1", "host-a", 1_000), 0).unwrap(), Claim::Run { .. }));
+    let mut done = call("s", "c1");
+    done.state = CallState::Completed;
+    done.outcome = Some(StoredOutcome::Result(serde_json::json!({ "id": "re_1" })));
+    ledger.commit(LedgerWrite::new().call(done.clone()), Durability::Synced).unwrap();
+    assert_eq!(ledger.claim_call(&claimed("c1", "host-b", 1_000), 0).unwrap(), Claim::Completed(done));
+    let other = CallRecord { args_digest: "other".into(), ..claimed("c1", "host-b", 1_000) };
+    assert!(matches!(ledger.claim_call(&other, 0).unwrap(), Claim::Conflict(_)));
+}
+
 macro_rules! on_both_backends {
     ($($test:ident),* $(,)?) => {
         mod rocksdb {
@@ -210,7 +228,45 @@ on_both_backends!(
     states_and_the_hold_rules_index_follow_every_transition,
     the_secret_and_records_survive_a_reopen,
     grant_history_keeps_changes_only,
+    claims_tell_new_completed_and_conflicting_calls_apart,
 );
+
+/// A host's claim keeps other hosts out until it lapses or is released.
+#[test]
+fn a_live_claim_keeps_other_hosts_out_until_it_lapses() {
+    let ledger = PostgresStore::new().open();
+    assert!(ledger.shared());
+    let run = |claim: Claim| matches!(claim, Claim::Run { persisted: true, .. });
+    assert!(run(ledger.claim_call(&claimed("c1", "host-a", 1_000), 0).unwrap()), "inserted and held");
+    match ledger.claim_call(&claimed("c1", "host-b", 5_000), 500).unwrap() {
+        Claim::Busy(r) => assert!(r.leased_elsewhere("host-b", 500) && r.owner.as_deref() == Some("host-a")),
+        other => panic!("host-b must wait while host-a's claim is live: {other:?}"),
+    }
+    assert!(run(ledger.claim_call(&claimed("c1", "host-a", 2_000), 900).unwrap()), "the owner may renew");
+    assert!(run(ledger.claim_call(&claimed("c1", "host-b", 9_000), 2_001).unwrap()), "a lapsed claim is taken over");
+    assert!(matches!(ledger.claim_call(&claimed("c1", "host-a", 9_000), 3_000).unwrap(), Claim::Busy(_)));
+    ledger.release_call("s", "c1", "host-a").unwrap();
+    assert!(matches!(ledger.claim_call(&claimed("c1", "host-a", 9_000), 3_000).unwrap(), Claim::Busy(_)), "only the owner releases");
+    ledger.release_call("s", "c1", "host-b").unwrap();
+    assert!(run(ledger.claim_call(&claimed("c1", "host-a", 9_000), 3_000).unwrap()), "released: free to claim");
+}
+
+/// Hosts claiming one call at the same moment: exactly one runs it.
+#[test]
+fn of_hosts_claiming_at_once_exactly_one_runs_the_call() {
+    let store = std::sync::Arc::new(PostgresStore::new());
+    let ledger = store.open();
+    let winners = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let ledger = ledger.clone();
+                scope.spawn(move || matches!(ledger.claim_call(&claimed("c1", &format!("host-{i}"), 10_000), 0).unwrap(), Claim::Run { .. }))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).filter(|won| *won).count()
+    });
+    assert_eq!(winners, 1);
+}
 
 /// Hosts starting together create the schema once and agree on one secret.
 #[test]
