@@ -5,11 +5,13 @@
 use crate::common::fresh_postgres_database;
 use crate::payments::{Downstream, HEADER_ONLY, PI, config_text, refund_args};
 use toolguard::{CallError, CallOutput, CallRequest, Config, ErrorKind, Runtime};
+use std::sync::Arc;
+use std::time::Duration;
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 struct Fleet {
     sandbox: Sandbox,
-    hosts: [Runtime; 2],
+    hosts: [Arc<Runtime>; 2],
     _dirs: [tempfile::TempDir; 2],
 }
 
@@ -23,18 +25,26 @@ async fn fleet(d: Downstream) -> Fleet {
     for dir in &dirs {
         let text = format!("ledger = {ledger:?}\n{}", config_text(&sandbox.url(), &dir.path().join("data"), &d));
         let config = Config::parse(&text, "fleet.toml", dir.path()).unwrap();
-        hosts.push(Runtime::from_config(&config).await.unwrap());
+        hosts.push(Arc::new(Runtime::from_config(&config).await.unwrap()));
     }
-    let hosts: [Runtime; 2] = hosts.try_into().unwrap_or_else(|_| unreachable!());
+    let hosts: [Arc<Runtime>; 2] = hosts.try_into().unwrap_or_else(|_| unreachable!());
     Fleet { sandbox, hosts, _dirs: dirs }
 }
 
 impl Fleet {
     async fn refund(&self, host: usize, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
-        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount) };
-        self.hosts[host].call(&req).await
+        refund_on(&self.hosts[host], call_id, amount).await
     }
 }
+
+async fn refund_on(host: &Runtime, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
+    let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount) };
+    host.call(&req).await
+}
+
+/// The key goes in a header the provider ignores: it would refund every
+/// request, so only the hosts' claims keep a duplicate from becoming a second refund.
+const NO_KEY: &str = r#"[{ transport = "header", name = "X-Ignored-Key" }]"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_completed_on_one_host_is_replayed_by_another() {
@@ -67,4 +77,42 @@ async fn an_unknown_outcome_on_one_host_holds_a_blind_repeat_on_the_other() {
     assert_eq!(out.value["refund_id"], refunds[0].id.as_str());
     let posts: Vec<_> = f.sandbox.requests().into_iter().filter(|r| r.method == "POST").collect();
     assert!(posts.windows(2).all(|w| w[0].idempotency_key == w[1].idempotency_key), "one key across both hosts");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_tool_call_sent_to_both_hosts_at_once_runs_once() {
+    let f = fleet(Downstream { key: NO_KEY, ..Downstream::default() }).await;
+    f.sandbox.inject(Fault::DelayBeforeCommit { ms: 500 });
+    let (a, b) = (f.hosts[0].clone(), f.hosts[1].clone());
+    let first = tokio::spawn(async move { refund_on(&a, "c1", 500).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = tokio::spawn(async move { refund_on(&b, "c1", 500).await });
+    let (first, second) = (first.await.unwrap().unwrap(), second.await.unwrap().unwrap());
+    assert_eq!(f.sandbox.refunds().len(), 1, "the provider would have refunded twice: only one host sent");
+    assert!(!first.replayed && second.replayed, "the second host waited for the first and replayed its outcome");
+    assert_eq!(first.value, second.value);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_hosts_call_is_taken_over_once_its_claim_lapses_with_the_same_key() {
+    let f = fleet(Downstream { wall_ms: 1_500, ..Downstream::default() }).await;
+    f.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    // Host A sends, the provider commits, and A dies before the answer.
+    let a = f.hosts[0].clone();
+    let run = tokio::spawn(async move { refund_on(&a, "c1", 500).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    run.abort();
+    assert_eq!(f.sandbox.refunds().len(), 1);
+    let b = &f.hosts[1];
+    let early = b.recover().await.unwrap();
+    assert_eq!((early.running_elsewhere.len(), early.settled.len()), (1, 0), "A's claim is live: B leaves it alone");
+    tokio::time::sleep(Duration::from_millis(3_600)).await; // wall_ms + the lease margin
+    let report = b.recover().await.unwrap();
+    assert_eq!(report.settled.len(), 1, "B took the call over and settled it: {report:?}");
+    let posts: Vec<_> = f.sandbox.requests().into_iter().filter(|r| r.method == "POST").collect();
+    assert_eq!(posts.len(), 2, "A's send and B's re-send");
+    assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key, "B re-sent A's key; it minted none");
+    assert_eq!(f.sandbox.refunds().len(), 1, "still one refund");
+    let out = f.refund(1, "c1", 500).await.expect("the tool call completes on B from the settled attempt");
+    assert_eq!(out.value["refund_id"], f.sandbox.refunds()[0].id.as_str());
 }

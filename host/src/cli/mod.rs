@@ -221,6 +221,9 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
             return EXIT_CONFIG;
         }
     };
+    if runtime.guard().is_some_and(|g| g.ledger().shared()) {
+        tokio::spawn(takeovers(runtime.clone()));
+    }
     let host = crate::mcp::McpHost::new(runtime, config.mcp.clone());
     let served = match http {
         Some(addr) => crate::mcp::http::serve(host, addr).await,
@@ -231,6 +234,21 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
         Err(e) => {
             eprintln!("toolguard serve: {e:#}");
             EXIT_CONFIG
+        }
+    }
+}
+
+/// How often a host of a fleet looks for tool calls whose host died.
+const TAKEOVER_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// On a shared ledger: a recovery pass every [`TAKEOVER_INTERVAL`], which
+/// takes over the unsettled attempts of calls whose claim lapsed (their host
+/// died) and resolves them with the same keys.
+async fn takeovers(runtime: std::sync::Arc<crate::Runtime>) {
+    loop {
+        tokio::time::sleep(TAKEOVER_INTERVAL).await;
+        if let Err(e) = runtime.recover().await {
+            tracing::warn!(error = %e, "takeover pass failed; retrying");
         }
     }
 }

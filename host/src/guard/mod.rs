@@ -24,7 +24,7 @@ pub use recover::RecoveryReport;
 
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{CallRecord, CallState, StoredOutcome, StoredResponse, now_ms};
-use crate::ledger::{AttemptRecord, Durability, Ledger, LedgerWrite};
+use crate::ledger::{AttemptRecord, Claim, Durability, Ledger, LedgerWrite};
 use crate::policy::{Downstreams, Grant};
 use crate::runtime::Effect;
 use crate::runtime::bindings::types::AttemptInfo;
@@ -44,7 +44,12 @@ pub struct Guard {
     /// Recently completed calls: their outcomes never change, so replaying
     /// one needs no ledger read.
     completed: Mutex<Completed>,
+    /// This host's name in claims on a shared ledger: unique per process.
+    host: String,
 }
+
+/// How often a host waits for another host's run of the same tool call.
+const CLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How many completed calls the replay cache keeps: enough for the replays
 /// a model makes within a few turns, small enough to stay a few MiB.
@@ -117,6 +122,9 @@ pub struct CallRules {
     /// For an irreversible tool: the most calls of the plugin's irreversible
     /// tools (named) one session may make per hour.
     pub session_hour_budget: Option<(u32, Vec<String>)>,
+    /// On a shared ledger, how long this host's claim on the call lasts: the
+    /// longest a run can take. Past it, another host may take the call over.
+    pub lease_ms: u64,
 }
 
 /// What admission decided.
@@ -176,7 +184,8 @@ impl Guard {
             .no_proxy()
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Self { ledger, client, downstreams, in_flight: Mutex::new(HashMap::new()), completed: Mutex::default() })
+        let host = host_id();
+        Ok(Self { ledger, client, downstreams, in_flight: Mutex::new(HashMap::new()), completed: Mutex::default(), host })
     }
 
     /// The ledger the guard records into.
@@ -207,52 +216,86 @@ impl Guard {
             map.entry((id.session.clone(), id.call_id.clone())).or_default().clone()
         };
         let lock = lock.lock_owned().await;
-        // One trip to the ledger: the call, and for a new irreversible one the
-        // hold rule's candidates.
-        let ledger = self.ledger.clone();
-        let probe = id.clone();
-        let irreversible = rules.effect == Effect::Irreversible;
-        let (existing, candidates) = blocking(move || -> Result<_, crate::ledger::LedgerError> {
-            let existing = ledger.call(&probe.session, &probe.call_id)?;
-            let candidates = match existing {
-                None if irreversible => ledger.unsettled_like(&probe.session, &probe.tool, &probe.args_digest)?,
-                _ => Vec::new(),
-            };
-            Ok((existing, candidates))
-        })
-        .await
-        .map_err(internal)?;
-        let (record, persisted) = match existing {
-            Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
-            Some(r) if r.state == CallState::Completed && r.outcome.is_some() => {
-                self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(&r);
-                return Ok(Admission::Replay(r.outcome.expect("checked above")));
-            }
-            Some(r) => (r, true),
-            None => {
-                if rules.effect == Effect::Irreversible {
-                    self.hold_rule(&id, candidates)?;
-                    if let Some((max, tools)) = &rules.session_hour_budget {
-                        self.session_budget(&id, *max, tools).await?;
+        loop {
+            // One trip to the ledger: the call, and for a new irreversible one
+            // the hold rule's candidates (with whether another host runs them).
+            let ledger = self.ledger.clone();
+            let probe = id.clone();
+            let (irreversible, host) = (rules.effect == Effect::Irreversible, self.host.clone());
+            let (existing, candidates) = blocking(move || -> Result<_, crate::ledger::LedgerError> {
+                let existing = ledger.call(&probe.session, &probe.call_id)?;
+                let mut candidates = Vec::new();
+                if existing.is_none() && irreversible {
+                    for attempt in ledger.unsettled_like(&probe.session, &probe.tool, &probe.args_digest)? {
+                        let elsewhere = ledger.shared()
+                            && ledger.call(&attempt.session, &attempt.call_id)?.is_some_and(|c| c.leased_elsewhere(&host, now_ms()));
+                        candidates.push((attempt, elsewhere));
                     }
                 }
-                let record = CallRecord {
-                    session: id.session,
-                    call_id: id.call_id,
-                    tool: id.tool,
-                    args_digest: id.args_digest,
-                    args: id.args,
-                    state: CallState::Admitted,
-                    outcome: None,
-                    created_ms: now_ms(),
-                    completed_ms: None,
-                    owner: None,
-                    lease_until_ms: None,
-                };
-                (record, false)
+                Ok((existing, candidates))
+            })
+            .await
+            .map_err(internal)?;
+            let (record, persisted) = match existing {
+                Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
+                Some(r) if r.state == CallState::Completed && r.outcome.is_some() => return Ok(self.replay(r)),
+                Some(r) => (r, true),
+                None => {
+                    if irreversible {
+                        self.hold_rule(&id, candidates)?;
+                        if let Some((max, tools)) = &rules.session_hour_budget {
+                            self.session_budget(&id, *max, tools).await?;
+                        }
+                    }
+                    let record = CallRecord {
+                        session: id.session.clone(),
+                        call_id: id.call_id.clone(),
+                        tool: id.tool.clone(),
+                        args_digest: id.args_digest.clone(),
+                        args: id.args.clone(),
+                        state: CallState::Admitted,
+                        outcome: None,
+                        created_ms: now_ms(),
+                        completed_ms: None,
+                        owner: None,
+                        lease_until_ms: None,
+                    };
+                    (record, false)
+                }
+            };
+            if !self.ledger.shared() {
+                // The lock above is the claim: no other process writes this ledger.
+                return Ok(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules, lock)));
             }
-        };
-        Ok(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules, lock)))
+            // A shared ledger: claim the call so no other host runs it at once.
+            let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + rules.lease_ms), ..record };
+            let ledger = self.ledger.clone();
+            match blocking(move || ledger.claim_call(&claim, now_ms())).await.map_err(internal)? {
+                Claim::Run { record, persisted } => return Ok(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules, lock))),
+                Claim::Completed(r) => return Ok(self.replay(r)),
+                Claim::Conflict(r) => return Err(conflict(&id, &r)),
+                // Another host runs it: wait for it to finish, or for its claim to lapse.
+                Claim::Busy(_) => tokio::time::sleep(CLAIM_POLL).await,
+            }
+        }
+    }
+
+    /// A completed call's stored outcome, remembered for the next replay.
+    fn replay(&self, record: CallRecord) -> Admission {
+        self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(&record);
+        Admission::Replay(record.outcome.expect("completed calls carry their outcome"))
+    }
+
+    /// Ends this host's claim on a call that did not complete, so another host
+    /// may retry it at once (a no-op on a host's own ledger).
+    pub(crate) async fn release(&self, record: &CallRecord) {
+        if !self.ledger.shared() {
+            return;
+        }
+        let (ledger, session, call_id, host) = (self.ledger.clone(), record.session.clone(), record.call_id.clone(), self.host.clone());
+        if let Err(e) = blocking(move || ledger.release_call(&session, &call_id, &host)).await {
+            tracing::warn!(error = %e, call_id = %record.call_id, "could not release a tool call's claim; it lapses with its lease");
+        }
     }
 
     /// Refuses a new irreversible call once the session has made `max` calls
@@ -284,11 +327,15 @@ impl Guard {
     /// unresolved — unknown, or pending without its call running (a crash or a
     /// cut-off invocation left it) — is not executed. An identical call that
     /// is merely in flight does not hold a new one.
-    fn hold_rule(&self, id: &CallIdentity, candidates: Vec<AttemptRecord>) -> Result<(), CallError> {
-        let earlier = candidates.into_iter().find(|a| {
-            a.call_id != id.call_id && (a.state == crate::ledger::AttemptState::Unknown || !self.in_progress(&a.session, &a.call_id))
+    ///
+    /// `candidates` pairs each with whether another host runs its call now
+    /// (a live claim on a shared ledger), which counts as in flight.
+    fn hold_rule(&self, id: &CallIdentity, candidates: Vec<(AttemptRecord, bool)>) -> Result<(), CallError> {
+        let earlier = candidates.into_iter().find(|(a, elsewhere)| {
+            let running = *elsewhere || self.in_progress(&a.session, &a.call_id);
+            a.call_id != id.call_id && (a.state == crate::ledger::AttemptState::Unknown || !running)
         });
-        let Some(attempt) = earlier else { return Ok(()) };
+        let Some((attempt, _)) = earlier else { return Ok(()) };
         let message = format!(
             "Not executed: an identical earlier call of `{}` (tool call `{}`) has an outcome that is still unknown, \
              so repeating it could do it twice. Check its status first (for refunds: refund_status), or retry tool \
@@ -316,17 +363,23 @@ impl Guard {
                 Err(e) if e.kind == ErrorKind::OutcomeUnknown => e.message.clone(),
                 _ => info.message.clone(),
             };
+            self.release(call.record()).await;
             return Err(CallError::new(ErrorKind::OutcomeUnknown, message).with_detail(attempt_detail(&info)));
         }
         let outcome = match &result {
             Ok(value) => StoredOutcome::Result(value.clone()),
             Err(e) if e.kind == ErrorKind::ToolFailed => StoredOutcome::error(e),
-            Err(_) => return result,
+            Err(_) => {
+                self.release(call.record()).await;
+                return result;
+            }
         };
         let mut record = call.record().clone();
         record.state = CallState::Completed;
         record.outcome = Some(outcome);
         record.completed_ms = Some(now_ms());
+        // Completed: no claim is needed any more.
+        (record.owner, record.lease_until_ms) = (None, None);
         let call_id = record.call_id.clone();
         let ledger = self.ledger.clone();
         // Buffered: a lost completion is rebuilt by re-running the plugin,
@@ -349,6 +402,15 @@ fn conflict(id: &CallIdentity, first: &CallRecord) -> CallError {
         ),
     )
     .with_detail(json!({ "first_args": first.args, "first_tool": first.tool }))
+}
+
+/// `hostname-pid-random`: names this process in claims, unique even when a
+/// host restarts with the same pid.
+fn host_id() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "host".into(), |s| s.trim().to_string());
+    let mut nonce = [0u8; 4];
+    let _ = getrandom::fill(&mut nonce);
+    format!("{name}-{}-{}", std::process::id(), hex::encode(nonce))
 }
 
 fn internal(e: crate::ledger::LedgerError) -> CallError {

@@ -5,9 +5,13 @@
 //! Nothing here ever mints a key.
 
 use super::{Guard, Reconciler, blocking};
-use crate::ledger::{AttemptRecord, AttemptState, Resolution};
+use crate::ledger::records::now_ms;
+use crate::ledger::{AttemptRecord, AttemptState, CallRecord, Claim, Resolution};
 use serde::Serialize;
 use std::sync::Arc;
+
+/// How long recovery claims a call it resolves: one re-send or reconciliation.
+const RECOVERY_LEASE_MS: u64 = 60_000;
 
 /// What a recovery pass found and did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -20,6 +24,9 @@ pub struct RecoveryReport {
     pub unresolved: Vec<(String, String)>,
     /// Keys only an operator can settle (not found past the provider's retention).
     pub needs_operator: Vec<String>,
+    /// Keys left alone because another host runs their tool call now (a live
+    /// claim on a shared ledger); its run settles them, or its claim lapses.
+    pub running_elsewhere: Vec<String>,
 }
 
 impl Guard {
@@ -57,6 +64,17 @@ impl Guard {
                 report.unresolved.push((key, "its tool call is not in the ledger".into()));
                 continue;
             };
+            // On a shared ledger, take the call over first: a host that runs it
+            // now keeps it; one that died has let its claim lapse.
+            let claimed = self.ledger.shared();
+            if claimed {
+                let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + RECOVERY_LEASE_MS), ..call.clone() };
+                let ledger = self.ledger.clone();
+                if let Claim::Busy(_) = blocking(move || ledger.claim_call(&claim, now_ms())).await? {
+                    report.running_elsewhere.push(key);
+                    continue;
+                }
+            }
             let Some(downstream) = self.downstreams.get(&attempt.downstream).cloned() else {
                 let why = format!("downstream `{}` is no longer configured", attempt.downstream);
                 report.unresolved.push((key, why));
@@ -64,6 +82,9 @@ impl Guard {
             };
             let reconciler = reconciler_for(&attempt.tool);
             let driven = self.drive(&mut attempt, &downstream, reconciler.as_deref(), &call, true, &mut None).await;
+            if claimed {
+                self.release(&call).await;
+            }
             match driven {
                 super::attempt::Driven::Answered(_) => report.settled.push(key),
                 _ if attempt.resolution == Some(Resolution::ReconciledNotFound) => report.needs_operator.push(key),

@@ -14,6 +14,10 @@ use crate::ledger::StoredOutcome;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
+/// How long a claim outlasts the run's wall-clock budget: time to record
+/// the outcome after the last possible send.
+const LEASE_MARGIN_MS: u64 = 2_000;
+
 impl Runtime {
     /// Invokes a tool (see the module docs).
     pub(crate) async fn invoke(&self, req: &CallRequest) -> Result<CallOutput, CallError> {
@@ -37,6 +41,8 @@ impl Runtime {
                     reconciler: PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>),
                     max_sends: plugin.ctx.max_sends_per_call,
                     session_hour_budget: plugin.ctx.max_irreversible_calls_per_session_hour.map(|max| (max, self.irreversible_tools(plugin))),
+                    // The wall clock cuts a run off, so nothing is sent after it.
+                    lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
                 };
                 match guard.admit(id, rules).await? {
                     Admission::Replay(stored) => return replayed(stored),
