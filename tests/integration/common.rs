@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use toolguard::config::{ComponentSource, EngineConfig, PluginConfig};
 use toolguard::runtime::limits::Limits;
 use toolguard::{CallError, CallRequest, Runtime};
@@ -76,3 +78,37 @@ pub fn fresh_postgres_database() -> String {
     url.set_path(&format!("/{name}"));
     url.to_string()
 }
+
+/// A running `toolguard serve --http`, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `toolguard serve --http 127.0.0.1:0` on `config` and waits for its URL.
+pub fn serve_http(config: &Path, env: &[(&str, &str)]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolguard"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--http", "127.0.0.1:0"])
+        .envs(env.iter().copied())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("serve exited before listening").unwrap();
+        if let Some(url) = line.strip_prefix("toolguard: MCP on ") {
+            break url.trim().to_string();
+        }
+    };
+    // Keep draining its logs so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Server { child, url }
+}
+

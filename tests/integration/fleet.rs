@@ -116,3 +116,130 @@ async fn a_dead_hosts_call_is_taken_over_once_its_claim_lapses_with_the_same_key
     let out = f.refund(1, "c1", 500).await.expect("the tool call completes on B from the settled attempt");
     assert_eq!(out.value["refund_id"], f.sandbox.refunds()[0].id.as_str());
 }
+
+// --- Two `toolguard serve --http` processes over one PostgreSQL ledger ---
+
+/// A minimal MCP client: the 2025-11-25 handshake, then `tools/call` with
+/// the tool-call id and session in `_meta`.
+struct Mcp {
+    http: reqwest::Client,
+    url: String,
+    session: String,
+}
+
+impl Mcp {
+    async fn connect(url: &str) -> Mcp {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::new();
+        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fleet-test","version":"1"}}}"#;
+        let response = Self::post(&http, url, None, init.into()).await.unwrap();
+        let session = response.headers()["mcp-session-id"].to_str().unwrap().to_string();
+        response.bytes().await.unwrap();
+        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        Self::post(&http, url, Some(&session), initialized.into()).await.unwrap().bytes().await.unwrap();
+        Mcp { http, url: url.into(), session }
+    }
+
+    async fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: String) -> reqwest::Result<reqwest::Response> {
+        let mut req = http
+            .post(url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body);
+        if let Some(s) = session {
+            req = req.header("mcp-session-id", s);
+        }
+        req.send().await
+    }
+
+    /// `refund` under tool-call id `call_id`: the JSON-RPC result, or the transport error.
+    async fn refund(&self, call_id: &str, amount: u64) -> Result<serde_json::Value, String> {
+        let args: serde_json::Value = serde_json::from_str(&refund_args(amount)).unwrap();
+        let body = serde_json::json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "refund", "arguments": args, "_meta": { "toolguard/toolCallId": call_id, "toolguard/sessionId": "s1" } } });
+        let response = Self::post(&self.http, &self.url, Some(&self.session), body.to_string()).await.map_err(|e| e.to_string())?;
+        let text = response.text().await.map_err(|e| e.to_string())?;
+        // A JSON body, or server-sent events whose data line carries it.
+        let event = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty());
+        let json = event.unwrap_or(&text).trim().to_string();
+        let message: serde_json::Value = serde_json::from_str(&json).map_err(|e| format!("{e}: {text}"))?;
+        Ok(message["result"].clone())
+    }
+}
+
+/// A sandbox, a fresh PostgreSQL ledger and two `serve --http` processes sharing it.
+struct Processes {
+    _rt: tokio::runtime::Runtime,
+    sandbox: Sandbox,
+    servers: Vec<crate::common::Server>,
+    _dir: tempfile::TempDir,
+}
+
+fn processes(d: Downstream) -> Processes {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
+    let ledger = fresh_postgres_database();
+    let dir = tempfile::tempdir().unwrap();
+    let servers = (0..2)
+        .map(|i| {
+            let data = dir.path().join(format!("host{i}"));
+            let text = format!("ledger = {ledger:?}\n{}", config_text(&sandbox.url(), &data, &d));
+            let path = dir.path().join(format!("host{i}.toml"));
+            std::fs::write(&path, text).unwrap();
+            crate::common::serve_http(&path, &[])
+        })
+        .collect();
+    Processes { _rt: rt, sandbox, servers, _dir: dir }
+}
+
+fn posts(sandbox: &Sandbox) -> Vec<toolguard_sandbox::Observed> {
+    sandbox.requests().into_iter().filter(|r| r.method == "POST").collect()
+}
+
+#[test]
+fn two_serving_processes_given_the_same_tool_call_at_once_refund_once() {
+    let p = processes(Downstream { key: NO_KEY, ..Downstream::default() });
+    p.sandbox.inject(Fault::DelayBeforeCommit { ms: 500 });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (a, b) = rt.block_on(async {
+        let (a, b) = (Mcp::connect(&p.servers[0].url).await, Mcp::connect(&p.servers[1].url).await);
+        let first = async { a.refund("c1", 500).await };
+        let second = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            b.refund("c1", 500).await
+        };
+        tokio::join!(first, second)
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a["isError"], false, "{a}");
+    assert_eq!(a["structuredContent"], b["structuredContent"], "both hosts answer with the one refund");
+    assert_eq!(p.sandbox.refunds().len(), 1, "the provider refunds every request it gets: only one host sent");
+    assert_eq!(posts(&p.sandbox).len(), 1);
+}
+
+#[test]
+fn a_process_killed_mid_call_is_taken_over_by_the_other_with_the_same_key() {
+    let mut p = processes(Downstream { wall_ms: 1_500, ..Downstream::default() });
+    p.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (a, b) = rt.block_on(async { (Mcp::connect(&p.servers[0].url).await, Mcp::connect(&p.servers[1].url).await) });
+    // Host A sends; the provider commits; A is SIGKILLed before the answer.
+    let pending = rt.spawn(async move { a.refund("c1", 500).await });
+    std::thread::sleep(Duration::from_millis(500));
+    p.servers[0].child.kill().unwrap();
+    p.servers[0].child.wait().unwrap();
+    assert!(rt.block_on(pending).unwrap().is_err(), "A died mid-call");
+    assert_eq!(p.sandbox.refunds().len(), 1);
+    // The model retries through the load balancer, which now reaches B: B
+    // waits out A's claim (or finds the attempt its takeover pass settled).
+    let out = rt.block_on(b.refund("c1", 500)).unwrap();
+    assert_eq!(out["isError"], false, "{out}");
+    let refunds = p.sandbox.refunds();
+    assert_eq!(refunds.len(), 1, "still one refund");
+    assert_eq!(out["structuredContent"]["refund_id"], refunds[0].id.as_str(), "the original refund");
+    let posts = posts(&p.sandbox);
+    assert_eq!(posts.len(), 2, "A's send and B's one re-send");
+    assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key, "B re-sent A's key");
+}

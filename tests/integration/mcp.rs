@@ -6,11 +6,10 @@
 //! cache and exports `TOOLGUARD_NODE`, `TOOLGUARD_CONFORMANCE`,
 //! `TOOLGUARD_CONFORMANCE_2026` and `TOOLGUARD_PYTHON`.
 
-use crate::common::{shared_cache, wasm};
+use crate::common::{serve_http, shared_cache, wasm};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use toolguard_sandbox::{Mode, Sandbox};
 
 const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
@@ -21,39 +20,6 @@ fn tool(var: &str) -> String {
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
-
-/// A running `toolguard serve --http`, killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `toolguard serve --http 127.0.0.1:0` on `config` and waits for its URL.
-fn serve_http(config: &Path, env: &[(&str, &str)]) -> Server {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config", config.to_str().unwrap(), "--http", "127.0.0.1:0"])
-        .envs(env.iter().copied())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("serve exited before listening").unwrap();
-        if let Some(url) = line.strip_prefix("toolguard: MCP on ") {
-            break url.trim().to_string();
-        }
-    };
-    // Keep draining its logs so it never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    Server { child, url }
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
