@@ -27,6 +27,7 @@ pub mod guard;
 pub mod imports;
 pub mod ledger;
 pub mod mcp;
+pub mod metrics;
 pub mod outbound;
 pub mod policy;
 pub mod runtime;

@@ -12,6 +12,7 @@ mod guard_edges;
 mod hostile;
 mod loading;
 mod mcp;
+mod metrics;
 mod payments;
 mod recovery_edges;
 mod sandbox_limits;

@@ -248,6 +248,7 @@ impl Guard {
                 self.reconcile_unknown(attempt, d, reconciler, call, may_resend, reason).await
             }
         };
+        crate::metrics::attempt(&d.name, attempt.state);
         let ledger = self.ledger.clone();
         let record = attempt.clone();
         if let Err(e) = blocking(move || ledger.commit(LedgerWrite::new().attempt_over(record, prior), durability)).await {
@@ -275,6 +276,11 @@ impl Guard {
             Some(r) => reconcile_within(r, call, attempt, d.reconcile_window).await,
             None => Reconciled::StillUnknown("the plugin cannot reconcile".into()),
         };
+        crate::metrics::reconcile(match &found {
+            Reconciled::Found(_) => "found",
+            Reconciled::NotFound => "not-found",
+            Reconciled::StillUnknown(_) => "still-unknown",
+        });
         match found {
             Reconciled::Found(response) => {
                 let state = if (200..300).contains(&response.status) { AttemptState::Succeeded } else { AttemptState::Failed };

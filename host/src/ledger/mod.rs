@@ -70,6 +70,10 @@ pub(crate) trait Backend: Send + Sync {
     fn memory_usage(&self) -> u64 {
         0
     }
+    /// fsyncs of the write-ahead log by this process, if the backend has one.
+    fn wal_syncs(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// 32 bytes from the OS for a new ledger's key secret.
@@ -252,7 +256,11 @@ impl Ledger {
     /// # Errors
     /// A read or the write failed.
     pub fn record_grants(&self, record: &GrantRecord) -> Result<bool, LedgerError> {
-        self.backend.record_grants(record).map_err(|m| self.err(m))
+        let written = self.backend.record_grants(record).map_err(|m| self.err(m))?;
+        if written {
+            self.counts[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(written)
     }
 
     /// Every grant-history entry, oldest first.
@@ -307,7 +315,15 @@ impl Ledger {
         self.backend.memory_usage()
     }
 
-    /// How many writes this handle (and its clones) committed: (synced, buffered).
+    /// fsyncs of the write-ahead log by this process (RocksDB), if known:
+    /// synced writes per fsync is the group-commit batch size.
+    pub fn wal_syncs(&self) -> Option<u64> {
+        self.backend.wal_syncs()
+    }
+
+    /// How many writes this handle (and its clones) committed: (synced,
+    /// buffered). Synced ones include grant-history entries, not the ledger's
+    /// creation.
     pub fn write_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed))

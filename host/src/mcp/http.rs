@@ -12,6 +12,19 @@ use std::sync::Arc;
 /// The path the MCP endpoint is served on.
 pub const PATH: &str = "/mcp";
 
+/// Where Prometheus scrapes this host's metrics (behind the same token).
+pub const METRICS_PATH: &str = "/metrics";
+
+/// `GET /metrics`: OpenMetrics text (the ledger is read on a blocking thread).
+async fn metrics(ledger: Option<crate::ledger::Ledger>) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    match tokio::task::spawn_blocking(move || crate::metrics::render(ledger.as_ref())).await {
+        Ok(Ok(text)) => ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response(),
+        Ok(Err(e)) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
 /// Serves `host` on `addr` until the process ends. Prints the URL on stderr
 /// once listening.
 ///
@@ -49,9 +62,11 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let mcp_config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
         .with_max_request_body_bytes(config.max_request_bytes);
+    let ledger = host.runtime.guard().map(|g| g.ledger().clone());
     let service = StreamableHttpService::new(move || Ok(host.clone()), Arc::new(LocalSessionManager::default()), mcp_config);
     let token = Arc::new(token);
-    Ok(axum::Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn(move |req, next| {
+    let router = axum::Router::new().nest_service(PATH, service).route(METRICS_PATH, axum::routing::get(move || metrics(ledger.clone())));
+    Ok(router.layer(axum::middleware::from_fn(move |req, next| {
         let token = token.clone();
         async move { bearer(token.as_deref(), req, next).await }
     })))

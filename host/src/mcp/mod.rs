@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// The MCP face of a runtime. Cheap to clone: the HTTP transport makes one per request.
 #[derive(Clone)]
 pub struct McpHost {
-    runtime: Arc<Runtime>,
+    pub(crate) runtime: Arc<Runtime>,
     /// Tools in name order (the list is the same for every client).
     tools: Arc<BTreeMap<String, (Tool, Effect)>>,
     config: Arc<McpConfig>,

@@ -264,7 +264,14 @@ impl Runtime {
     /// # Errors
     /// Why the call failed, as a [`CallError`] with a stable kind.
     pub async fn call(&self, request: &CallRequest) -> Result<CallOutput, CallError> {
-        self.invoke(request).await
+        let result = self.invoke(request).await;
+        let outcome = match &result {
+            Ok(out) if out.replayed => "replayed",
+            Ok(_) => "ok",
+            Err(e) => e.kind.as_str(),
+        };
+        crate::metrics::tool_call(&request.tool, outcome);
+        result
     }
 
     /// Every tool, in name order.

@@ -90,7 +90,9 @@ impl Core {
         let limits = plugin.ctx.limits;
         let mut store = self.new_store(plugin, call, call_guard);
         let run = async {
+            let started = std::time::Instant::now();
             let instance = plugin.pre.instance_pre().instantiate_async(&mut store).await?;
+            crate::metrics::instantiated(started.elapsed());
             body(&mut store, instance).await
         };
         let outcome = tokio::time::timeout(Duration::from_millis(limits.wall_ms), run).await;

@@ -1,0 +1,105 @@
+//! The operator's view: this process's Prometheus metrics, served as
+//! OpenMetrics text at `/metrics` by `toolguard serve --http`.
+//!
+//! Counters are counted where things happen (tool calls, attempts,
+//! reconciliations, sandbox instantiations); what the ledger holds (unknown
+//! attempts outstanding, synced writes, WAL fsyncs) is read at scrape time.
+//! One registry per process, like Prometheus's own default registry.
+
+use crate::ledger::{AttemptState, Ledger};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::LazyLock;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    tool: String,
+    /// `ok`, `replayed`, or the error kind (`conflict`, `held`, `outcome-unknown`, …).
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    downstream: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    /// `found`, `not-found` or `still-unknown`.
+    result: String,
+}
+
+/// Every metric of the process.
+struct Metrics {
+    registry: Registry,
+    tool_calls: Family<CallLabels, Counter>,
+    attempts: Family<AttemptLabels, Counter>,
+    reconciles: Family<ReconcileLabels, Counter>,
+    instantiate: Histogram,
+    unknown_outstanding: Gauge,
+    synced_writes: Gauge<u64, AtomicU64>,
+    wal_syncs: Gauge<u64, AtomicU64>,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    let (tool_calls, attempts, reconciles) = (Family::default(), Family::default(), Family::default());
+    // 10 µs … ~80 ms.
+    let instantiate = Histogram::new(exponential_buckets(1e-5, 2.0, 14));
+    let (unknown_outstanding, synced_writes, wal_syncs) = (Gauge::default(), Gauge::default(), Gauge::default());
+    let mut registry = Registry::with_prefix("toolguard");
+    registry.register("tool_calls", "Tool calls answered, by tool and outcome", tool_calls.clone());
+    registry.register("attempts", "Sends driven to an outcome, by downstream and the state they ended in", attempts.clone());
+    registry.register("reconciles", "Reconciliations of unknown outcomes, by result", reconciles.clone());
+    registry.register("sandbox_instantiate_seconds", "Time to instantiate a fresh sandbox", instantiate.clone());
+    registry.register("unknown_attempts", "Attempts whose outcome is unknown, in the ledger now", unknown_outstanding.clone());
+    registry.register("ledger_synced_writes", "Synced ledger writes by this process", synced_writes.clone());
+    registry.register(
+        "ledger_wal_fsyncs",
+        "WAL fsyncs by this process's RocksDB ledger (synced writes / fsyncs = the group-commit batch size)",
+        wal_syncs.clone(),
+    );
+    Metrics { registry, tool_calls, attempts, reconciles, instantiate, unknown_outstanding, synced_writes, wal_syncs }
+});
+
+/// Counts a tool call's answer.
+pub fn tool_call(tool: &str, outcome: &str) {
+    METRICS.tool_calls.get_or_create(&CallLabels { tool: tool.into(), outcome: outcome.into() }).inc();
+}
+
+/// Counts a send driven to `state` at `downstream`.
+pub fn attempt(downstream: &str, state: AttemptState) {
+    METRICS.attempts.get_or_create(&AttemptLabels { downstream: downstream.into(), state: state.as_str().into() }).inc();
+}
+
+/// Counts a reconciliation's result.
+pub fn reconcile(result: &str) {
+    METRICS.reconciles.get_or_create(&ReconcileLabels { result: result.into() }).inc();
+}
+
+/// Records how long a sandbox took to instantiate.
+pub fn instantiated(elapsed: std::time::Duration) {
+    METRICS.instantiate.observe(elapsed.as_secs_f64());
+}
+
+/// The metrics as OpenMetrics text, with the ledger's figures read now.
+/// Blocks (it reads the ledger).
+///
+/// # Errors
+/// The ledger cannot be read.
+pub fn render(ledger: Option<&Ledger>) -> Result<String, crate::ledger::LedgerError> {
+    if let Some(ledger) = ledger {
+        let unknown = ledger.attempts_in_state(AttemptState::Unknown)?.len();
+        METRICS.unknown_outstanding.set(i64::try_from(unknown).unwrap_or(i64::MAX));
+        METRICS.synced_writes.set(ledger.write_counts().0);
+        METRICS.wal_syncs.set(ledger.wal_syncs().unwrap_or(0));
+    }
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &METRICS.registry).expect("writing to a String cannot fail");
+    Ok(text)
+}

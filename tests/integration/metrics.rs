@@ -1,0 +1,52 @@
+//! `/metrics` on `toolguard serve --http`, scraped after known calls: the
+//! counters must match what was done (and what the sandbox saw).
+
+use crate::common::{Mcp, serve_http};
+use crate::payments::{Downstream, PI, config_text};
+use toolguard_sandbox::{Fault, Mode, Sandbox};
+
+/// The value of the sample `name{labels}` (labels as printed, e.g. `tool="refund",outcome="ok"`).
+fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = if labels.is_empty() { format!("{name} ") } else { format!("{name}{{{labels}}} ") };
+    text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.trim().parse().unwrap())
+}
+
+#[test]
+fn metrics_count_the_calls_attempts_and_reconciliations_made() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(&config, config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default())).unwrap();
+    let server = serve_http(&config, &[]);
+    let text = rt.block_on(async {
+        let mcp = Mcp::connect(&server.url).await;
+        assert_eq!(mcp.refund("c1", 100).await.unwrap()["isError"], false);
+        assert_eq!(mcp.refund("c1", 100).await.unwrap()["_meta"]["toolguard/replayed"], true);
+        assert_eq!(mcp.refund("c1", 999).await.unwrap()["isError"], true, "a conflict");
+        // The provider commits but answers too late: reconciliation finds it.
+        sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+        assert_eq!(mcp.refund("c2", 200).await.unwrap()["isError"], false);
+        let url = server.url.replace(toolguard::mcp::http::PATH, toolguard::mcp::http::METRICS_PATH);
+        reqwest::get(url).await.unwrap().text().await.unwrap()
+    });
+    assert_eq!(sandbox.refunds().len(), 2);
+    let calls = |outcome: &str| sample(&text, "toolguard_tool_calls_total", &format!("tool=\"refund\",outcome=\"{outcome}\""));
+    assert_eq!(calls("ok"), Some(2.0), "{text}");
+    assert_eq!(calls("replayed"), Some(1.0));
+    assert_eq!(calls("conflict"), Some(1.0));
+    let attempts = |state: &str| sample(&text, "toolguard_attempts_total", &format!("downstream=\"payments\",state=\"{state}\""));
+    assert_eq!(attempts("succeeded"), Some(2.0), "one per refund the sandbox made");
+    assert_eq!(sample(&text, "toolguard_reconciles_total", "result=\"found\""), Some(1.0));
+    assert_eq!(sample(&text, "toolguard_unknown_attempts", ""), Some(0.0));
+    let synced = sample(&text, "toolguard_ledger_synced_writes", "").unwrap();
+    let fsyncs = sample(&text, "toolguard_ledger_wal_fsyncs", "").unwrap();
+    // Two first attempts and two grant-history entries are synced; the
+    // outcomes and completions are not, so they cost no fsync. (+1: the
+    // ledger's creation.)
+    assert_eq!(synced, 4.0);
+    assert!((1.0..=synced + 1.0).contains(&fsyncs), "synced {synced}, fsyncs {fsyncs}: a buffered write was fsynced");
+    let instantiations = sample(&text, "toolguard_sandbox_instantiate_seconds_count", "").unwrap();
+    assert!(instantiations >= 3.0, "describe, two refunds and a reconciliation: {instantiations}");
+}
