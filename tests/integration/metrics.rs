@@ -1,8 +1,10 @@
-//! `/metrics` on `toolguard serve --http`, scraped after known calls: the
-//! counters must match what was done (and what the sandbox saw).
+//! The operator's view: `/metrics` on `toolguard serve --http`, scraped after
+//! known calls (the counters must match what was done and what the sandbox
+//! saw), and the spans of tool calls and attempts.
 
 use crate::common::{Mcp, serve_http};
 use crate::payments::{Downstream, PI, config_text};
+use std::sync::Arc;
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 /// The value of the sample `name{labels}` (labels as printed, e.g. `tool="refund",outcome="ok"`).
@@ -49,4 +51,51 @@ fn metrics_count_the_calls_attempts_and_reconciliations_made() {
     assert!((1.0..=synced + 1.0).contains(&fsyncs), "synced {synced}, fsyncs {fsyncs}: a buffered write was fsynced");
     let instantiations = sample(&text, "toolguard_sandbox_instantiate_seconds_count", "").unwrap();
     assert!(instantiations >= 3.0, "describe, two refunds and a reconciliation: {instantiations}");
+}
+
+/// The operator's view: each tool call and each send is a span carrying
+/// what an operator looks for (logged with `TOOLGUARD_LOG_SPANS=1`, and
+/// what an OpenTelemetry layer would export).
+#[test]
+fn each_tool_call_and_attempt_is_a_span_with_its_key_step_state_and_latency() {
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_env_filter("toolguard=info")
+        .finish();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let key = tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async {
+            let h = crate::payments::harness(Downstream::default()).await;
+            h.refund("c1", 500).await.unwrap();
+            assert!(h.refund("c1", 500).await.unwrap().replayed);
+            assert_eq!(h.refunds(), 1);
+            h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0).key
+        })
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let closes: Vec<&str> = text.lines().filter(|l| l.contains("close")).collect();
+    let attempt = closes.iter().find(|l| l.contains("attempt{")).unwrap_or_else(|| panic!("no attempt span:\n{text}"));
+    for field in [format!("key={key}"), "step=0".into(), "downstream=payments".into(), "state=\"succeeded\"".into(), "latency_ms=".into()] {
+        assert!(attempt.contains(&field), "`{field}` missing from {attempt}");
+    }
+    assert!(attempt.contains("tool_call{"), "the attempt is a child of its tool call: {attempt}");
+    let calls: Vec<&&str> = closes.iter().filter(|l| l.contains("tool_call{") && !l.contains("attempt{")).collect();
+    assert_eq!(calls.len(), 2, "{text}");
+    assert!(calls[0].contains("outcome=\"ok\"") && calls[0].contains("call_id=c1") && calls[0].contains("latency_ms="), "{}", calls[0]);
+    assert!(calls[1].contains("outcome=\"replayed\""), "{}", calls[1]);
 }

@@ -169,11 +169,19 @@ pub fn main() -> ExitCode {
 
 /// Logs go to stderr (stdout carries results). `TOOLGUARD_LOG` takes an
 /// `EnvFilter` directive; the default shows plugin output and warnings.
+/// `TOOLGUARD_LOG_SPANS=1` also logs each `tool_call` and `attempt` span as
+/// it closes, with its fields (outcome, key, step, state, latency): an
+/// access log.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGUARD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
+    let spans = if std::env::var_os("TOOLGUARD_LOG_SPANS").is_some_and(|v| v == "1") {
+        tracing_subscriber::fmt::format::FmtSpan::CLOSE
+    } else {
+        tracing_subscriber::fmt::format::FmtSpan::NONE
+    };
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).with_span_events(spans).try_init();
 }
 
 /// Loads the config and its plugins, or prints a JSON `config-error` and

@@ -193,7 +193,29 @@ impl Guard {
     /// within the downstream's key retention and only if it honours keys;
     /// otherwise it is reconciled. Its failure to connect now proves nothing
     /// about the earlier try, so it stays unknown.
+    ///
+    /// Runs in an `attempt` span (key, step, downstream; then the state it
+    /// ended in and its latency), a child of the tool call's span.
     pub(crate) async fn drive(
+        &self,
+        attempt: &mut AttemptRecord,
+        d: &Downstream,
+        reconciler: Option<&dyn Reconciler>,
+        call: &CallRecord,
+        possibly_sent: bool,
+        in_flight: &mut Option<AttemptInfo>,
+    ) -> Driven {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("attempt", key = %attempt.key, step = attempt.step, downstream = %d.name,
+            state = tracing::field::Empty, latency_ms = tracing::field::Empty);
+        let started = std::time::Instant::now();
+        let driven = self.drive_in_span(attempt, d, reconciler, call, possibly_sent, in_flight).instrument(span.clone()).await;
+        span.record("state", attempt.state.as_str());
+        span.record("latency_ms", started.elapsed().as_secs_f64() * 1e3);
+        driven
+    }
+
+    async fn drive_in_span(
         &self,
         attempt: &mut AttemptRecord,
         d: &Downstream,

@@ -263,13 +263,22 @@ impl Runtime {
     ///
     /// # Errors
     /// Why the call failed, as a [`CallError`] with a stable kind.
+    ///
+    /// Runs in a `tool_call` span (tool, session, call id; then the outcome
+    /// and latency); each send's `attempt` span is its child.
     pub async fn call(&self, request: &CallRequest) -> Result<CallOutput, CallError> {
-        let result = self.invoke(request).await;
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("tool_call", tool = %request.tool, session = %request.session, call_id = %request.call_id,
+            outcome = tracing::field::Empty, latency_ms = tracing::field::Empty);
+        let started = std::time::Instant::now();
+        let result = self.invoke(request).instrument(span.clone()).await;
         let outcome = match &result {
             Ok(out) if out.replayed => "replayed",
             Ok(_) => "ok",
             Err(e) => e.kind.as_str(),
         };
+        span.record("outcome", outcome);
+        span.record("latency_ms", started.elapsed().as_secs_f64() * 1e3);
         crate::metrics::tool_call(&request.tool, outcome);
         result
     }
