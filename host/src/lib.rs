@@ -32,6 +32,7 @@ pub mod outbound;
 pub mod policy;
 pub mod runtime;
 pub mod schema;
+pub mod telemetry;
 
 pub use config::Config;
 pub use error::{CallError, ErrorKind, LoadError};

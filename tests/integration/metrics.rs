@@ -99,3 +99,58 @@ fn each_tool_call_and_attempt_is_a_span_with_its_key_step_state_and_latency() {
     assert!(calls[0].contains("outcome=\"ok\"") && calls[0].contains("call_id=c1") && calls[0].contains("latency_ms="), "{}", calls[0]);
     assert!(calls[1].contains("outcome=\"replayed\""), "{}", calls[1]);
 }
+
+/// With `OTEL_EXPORTER_OTLP_ENDPOINT` set, `serve` sends the spans to that
+/// collector as OTLP/HTTP JSON: a tool call with its attempt as a child.
+#[test]
+fn spans_reach_an_opentelemetry_collector_over_otlp() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let received: Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let collector = {
+        let received = received.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: String| {
+                let received = received.clone();
+                async move {
+                    received.lock().unwrap().push(serde_json::from_str(&body).unwrap());
+                    "{}"
+                }
+            }),
+        );
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    };
+    let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(&config, config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default())).unwrap();
+    let server = serve_http(&config, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &collector)]);
+    rt.block_on(async {
+        let mcp = Mcp::connect(&server.url).await;
+        assert_eq!(mcp.refund("c1", 100).await.unwrap()["isError"], false);
+    });
+    let key = sandbox.requests()[0].idempotency_key.clone().unwrap();
+    let spans = || -> Vec<serde_json::Value> {
+        let batches = received.lock().unwrap().clone();
+        batches.iter().flat_map(|b| b["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().cloned().unwrap_or_default()).collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !spans().iter().any(|s| s["name"] == "tool_call") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let spans = spans();
+    let attr = |s: &serde_json::Value, k: &str| s["attributes"].as_array().unwrap().iter().find(|a| a["key"] == k).map(|a| a["value"].clone());
+    let call = spans.iter().find(|s| s["name"] == "tool_call").unwrap_or_else(|| panic!("no tool_call span: {spans:?}"));
+    let attempt = spans.iter().find(|s| s["name"] == "attempt").unwrap_or_else(|| panic!("no attempt span: {spans:?}"));
+    assert_eq!(attr(call, "call_id").unwrap()["stringValue"], "c1");
+    assert_eq!(attr(call, "outcome").unwrap()["stringValue"], "ok");
+    assert_eq!(attr(attempt, "key").unwrap()["stringValue"], key.as_str(), "the key the sandbox received");
+    assert_eq!(attr(attempt, "state").unwrap()["stringValue"], "succeeded");
+    assert!(attr(attempt, "latency_ms").is_some());
+    assert_eq!(attempt["traceId"], call["traceId"]);
+    assert_eq!(attempt["parentSpanId"], call["spanId"], "the attempt is the tool call's child");
+}

@@ -133,7 +133,6 @@ enum SandboxMode {
 /// Parses the command line, runs the subcommand, returns the exit status.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -141,6 +140,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let traces = init_logging(runtime.handle().clone());
     let code = runtime.block_on(async {
         match cli.command {
             Command::Demo => demo::run().await,
@@ -164,6 +164,10 @@ pub fn main() -> ExitCode {
             }
         }
     });
+    if let Some(provider) = traces {
+        // Sends what is still batched.
+        let _ = provider.shutdown();
+    }
     ExitCode::from(code)
 }
 
@@ -171,8 +175,12 @@ pub fn main() -> ExitCode {
 /// `EnvFilter` directive; the default shows plugin output and warnings.
 /// `TOOLGUARD_LOG_SPANS=1` also logs each `tool_call` and `attempt` span as
 /// it closes, with its fields (outcome, key, step, state, latency): an
-/// access log.
-fn init_logging() {
+/// access log. With `OTEL_EXPORTER_OTLP_ENDPOINT` set, the spans also go to
+/// that OpenTelemetry collector (the provider returned is to be shut down
+/// at exit, which sends what is still batched).
+fn init_logging(runtime: tokio::runtime::Handle) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGUARD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -181,7 +189,11 @@ fn init_logging() {
     } else {
         tracing_subscriber::fmt::format::FmtSpan::NONE
     };
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).with_span_events(spans).try_init();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_span_events(spans);
+    let provider = crate::telemetry::otlp_provider(runtime);
+    let otlp = provider.as_ref().map(crate::telemetry::layer);
+    let _ = tracing_subscriber::registry().with(filter).with(fmt).with(otlp).try_init();
+    provider
 }
 
 /// Loads the config and its plugins, or prints a JSON `config-error` and
