@@ -45,13 +45,14 @@ struct Metrics {
     unknown_outstanding: Gauge,
     synced_writes: Gauge<u64, AtomicU64>,
     wal_syncs: Gauge<u64, AtomicU64>,
+    batch: Gauge<f64, AtomicU64>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     let (tool_calls, attempts, reconciles) = (Family::default(), Family::default(), Family::default());
     // 10 µs … ~80 ms.
     let instantiate = Histogram::new(exponential_buckets(1e-5, 2.0, 14));
-    let (unknown_outstanding, synced_writes, wal_syncs) = (Gauge::default(), Gauge::default(), Gauge::default());
+    let (unknown_outstanding, synced_writes, wal_syncs, batch) = (Gauge::default(), Gauge::default(), Gauge::default(), Gauge::default());
     let mut registry = Registry::with_prefix("toolguard");
     registry.register("tool_calls", "Tool calls answered, by tool and outcome", tool_calls.clone());
     registry.register("attempts", "Sends driven to an outcome, by downstream and the state they ended in", attempts.clone());
@@ -64,7 +65,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "WAL fsyncs by this process's RocksDB ledger (synced writes / fsyncs = the group-commit batch size)",
         wal_syncs.clone(),
     );
-    Metrics { registry, tool_calls, attempts, reconciles, instantiate, unknown_outstanding, synced_writes, wal_syncs }
+    registry.register("ledger_writes_per_fsync", "Mean group-commit batch: synced writes per WAL fsync so far", batch.clone());
+    Metrics { registry, tool_calls, attempts, reconciles, instantiate, unknown_outstanding, synced_writes, wal_syncs, batch }
 });
 
 /// Counts a tool call's answer.
@@ -96,8 +98,11 @@ pub fn render(ledger: Option<&Ledger>) -> Result<String, crate::ledger::LedgerEr
     if let Some(ledger) = ledger {
         let unknown = ledger.attempts_in_state(AttemptState::Unknown)?.len();
         METRICS.unknown_outstanding.set(i64::try_from(unknown).unwrap_or(i64::MAX));
-        METRICS.synced_writes.set(ledger.write_counts().0);
-        METRICS.wal_syncs.set(ledger.wal_syncs().unwrap_or(0));
+        let (synced, fsyncs) = (ledger.write_counts().0, ledger.wal_syncs().unwrap_or(0));
+        METRICS.synced_writes.set(synced);
+        METRICS.wal_syncs.set(fsyncs);
+        #[allow(clippy::cast_precision_loss)] // a ratio of counters
+        METRICS.batch.set(if fsyncs == 0 { 0.0 } else { synced as f64 / fsyncs as f64 });
     }
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &METRICS.registry).expect("writing to a String cannot fail");

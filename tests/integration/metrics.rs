@@ -49,6 +49,8 @@ fn metrics_count_the_calls_attempts_and_reconciliations_made() {
     // ledger's creation.)
     assert_eq!(synced, 4.0);
     assert!((1.0..=synced + 1.0).contains(&fsyncs), "synced {synced}, fsyncs {fsyncs}: a buffered write was fsynced");
+    let batch = sample(&text, "toolguard_ledger_writes_per_fsync", "").unwrap();
+    assert!((batch - synced / fsyncs).abs() < 1e-9, "{batch}");
     let instantiations = sample(&text, "toolguard_sandbox_instantiate_seconds_count", "").unwrap();
     assert!(instantiations >= 3.0, "describe, two refunds and a reconciliation: {instantiations}");
 }

@@ -119,7 +119,11 @@ pub async fn harness(d: Downstream) -> Harness {
     let sandbox = Sandbox::start("127.0.0.1:0", d.mode, toolguard_sandbox::DEFAULT_RETENTION).await.unwrap();
     sandbox.add_payment_intent(PI, PI_AMOUNT);
     let dir = tempfile::tempdir().unwrap();
-    let text = config_text(&sandbox.url(), &dir.path().join("data"), &d);
+    let mut text = config_text(&sandbox.url(), &dir.path().join("data"), &d);
+    // `./dev.sh test` runs the guard's tests a second time on a PostgreSQL ledger.
+    if std::env::var("TOOLGUARD_TEST_LEDGER").as_deref() == Ok("postgres") {
+        text = format!("ledger = {:?}\n{text}", crate::common::fresh_postgres_database());
+    }
     let config = Config::parse(&text, "test.toml", dir.path()).unwrap();
     let rt = Runtime::from_config(&config).await.unwrap();
     Harness { sandbox, rt, dir }

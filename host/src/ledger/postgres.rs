@@ -13,11 +13,15 @@
 //!   args_digest, state, record`; unique (session, call_id, step, generation).
 //! - `toolguard_grant_history (plugin, recorded_ms) → record`.
 //!
+//! A new attempt (written over `Prior::Absent`) is inserted with `ON
+//! CONFLICT DO NOTHING`: if another host recorded it first the whole write
+//! fails, so this host sends nothing. Later writes of an attempt upsert.
+//!
 //! Every commit is durable (`synchronous_commit` as the server has it): the
 //! buffered writes of the RocksDB backend are an fsync optimisation, and a
 //! shared ledger must not lose a write another host may already rely on.
 
-use super::{AttemptRecord, AttemptState, Backend, CallRecord, CallState, Claim, Durability, GrantRecord, LedgerWrite};
+use super::{AttemptRecord, AttemptState, Backend, CallRecord, CallState, Claim, Durability, GrantRecord, LedgerWrite, Prior};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{NoTls, Row};
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
@@ -184,6 +188,20 @@ fn call_row(call: &CallRecord) -> Result<CallRow<'_>, String> {
     })
 }
 
+/// Runs a blocking query `f` where rust-postgres's blocking client may run:
+/// its client drives its own runtime, which must not start on an async
+/// worker. On a multi-threaded runtime the worker hands its tasks off first
+/// (nothing to do on a blocking thread); on a current-thread runtime `f`
+/// runs on a thread of its own.
+fn off_async<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        Ok(_) => std::thread::scope(|scope| scope.spawn(f).join().expect("a ledger query panicked")),
+        Err(_) => f(),
+    }
+}
+
 /// A step or generation as SQL's INTEGER.
 fn int(n: u32) -> Result<i32, String> {
     i32::try_from(n).map_err(|_| format!("{n} is too large for the ledger"))
@@ -191,85 +209,107 @@ fn int(n: u32) -> Result<i32, String> {
 
 impl Backend for Postgres {
     fn secret(&self, create: bool) -> Result<[u8; 32], String> {
-        let mut client = self.client()?;
-        if create {
-            let insert = "INSERT INTO toolguard_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
-            client.execute(insert, &[&"schema", &SCHEMA.as_bytes()]).map_err(|e| e.to_string())?;
-            // The first host to get here sets the secret; every other reads it.
-            client.execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(|e| e.to_string())?;
-        }
-        let rows = client.query("SELECT name, value FROM toolguard_meta", &[]).map_err(|e| e.to_string())?;
-        let value = |name: &str| rows.iter().find(|r| r.get::<_, &str>("name") == name).map(|r| r.get::<_, Vec<u8>>("value"));
-        match value("schema") {
-            Some(v) if v == SCHEMA.as_bytes() => {}
-            Some(v) => return Err(format!("schema {} is not {SCHEMA}; use a matching toolguard", String::from_utf8_lossy(&v))),
-            None => return Err("the ledger has no schema record".into()),
-        }
-        value("secret").and_then(|s| s.try_into().ok()).ok_or_else(|| "the key secret is missing or damaged".into())
+        off_async(|| {
+            let mut client = self.client()?;
+            if create {
+                let insert = "INSERT INTO toolguard_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
+                client.execute(insert, &[&"schema", &SCHEMA.as_bytes()]).map_err(|e| e.to_string())?;
+                // The first host to get here sets the secret; every other reads it.
+                client.execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(|e| e.to_string())?;
+            }
+            let rows = client.query("SELECT name, value FROM toolguard_meta", &[]).map_err(|e| e.to_string())?;
+            let value = |name: &str| rows.iter().find(|r| r.get::<_, &str>("name") == name).map(|r| r.get::<_, Vec<u8>>("value"));
+            match value("schema") {
+                Some(v) if v == SCHEMA.as_bytes() => {}
+                Some(v) => return Err(format!("schema {} is not {SCHEMA}; use a matching toolguard", String::from_utf8_lossy(&v))),
+                None => return Err("the ledger has no schema record".into()),
+            }
+            value("secret").and_then(|s| s.try_into().ok()).ok_or_else(|| "the key secret is missing or damaged".into())
+        })
     }
 
     fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String> {
-        let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
-        Ok(Self::calls_of(&self.query(sql, &[&session, &call_id])?)?.pop())
+        off_async(|| {
+            let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
+            Ok(Self::calls_of(&self.query(sql, &[&session, &call_id])?)?.pop())
+        })
     }
 
     fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String> {
-        Self::one(&self.query("SELECT record FROM toolguard_attempts WHERE key = $1", &[&key])?)
+        off_async(|| {
+            Self::one(&self.query("SELECT record FROM toolguard_attempts WHERE key = $1", &[&key])?)
+        })
     }
 
     fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, String> {
-        let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2 AND step = $3 ORDER BY generation DESC LIMIT 1";
-        Self::one(&self.query(sql, &[&session, &call_id, &int(step)?])?)
+        off_async(|| {
+            let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2 AND step = $3 ORDER BY generation DESC LIMIT 1";
+            Self::one(&self.query(sql, &[&session, &call_id, &int(step)?])?)
+        })
     }
 
     fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, String> {
-        let sql = "SELECT record FROM toolguard_attempts a WHERE session = $1 AND call_id = $2 AND generation = \
-                   (SELECT max(generation) FROM toolguard_attempts b WHERE b.session = a.session AND b.call_id = a.call_id AND b.step = a.step) \
-                   ORDER BY step";
-        Self::records(&self.query(sql, &[&session, &call_id])?)
+        off_async(|| {
+            let sql = "SELECT record FROM toolguard_attempts a WHERE session = $1 AND call_id = $2 AND generation = \
+                       (SELECT max(generation) FROM toolguard_attempts b WHERE b.session = a.session AND b.call_id = a.call_id AND b.step = a.step) \
+                       ORDER BY step";
+            Self::records(&self.query(sql, &[&session, &call_id])?)
+        })
     }
 
     fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, String> {
-        let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND tool = $2 AND args_digest = $3 \
-                   AND state IN ('pending', 'unknown') ORDER BY octet_length(call_id), call_id COLLATE \"C\", step";
-        Self::records(&self.query(sql, &[&session, &tool, &args_digest])?)
+        off_async(|| {
+            let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND tool = $2 AND args_digest = $3 \
+                       AND state IN ('pending', 'unknown') ORDER BY octet_length(call_id), call_id COLLATE \"C\", step";
+            Self::records(&self.query(sql, &[&session, &tool, &args_digest])?)
+        })
     }
 
     fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, String> {
-        // The RocksDB backend's order: length-prefixed session, then call id.
-        let order = "ORDER BY octet_length(session), session COLLATE \"C\", octet_length(call_id), call_id COLLATE \"C\"";
-        let rows = match session {
-            Some(s) => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 {order}"), &[&s])?,
-            None => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls {order}"), &[])?,
-        };
-        Self::calls_of(&rows)
+        off_async(|| {
+            // The RocksDB backend's order: length-prefixed session, then call id.
+            let order = "ORDER BY octet_length(session), session COLLATE \"C\", octet_length(call_id), call_id COLLATE \"C\"";
+            let rows = match session {
+                Some(s) => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 {order}"), &[&s])?,
+                None => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls {order}"), &[])?,
+            };
+            Self::calls_of(&rows)
+        })
     }
 
     fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String> {
-        let sql = "SELECT record FROM toolguard_attempts WHERE state = $1 ORDER BY key COLLATE \"C\"";
-        Self::records(&self.query(sql, &[&state.as_str()])?)
+        off_async(|| {
+            let sql = "SELECT record FROM toolguard_attempts WHERE state = $1 ORDER BY key COLLATE \"C\"";
+            Self::records(&self.query(sql, &[&state.as_str()])?)
+        })
     }
 
     fn attempts(&self) -> Result<Vec<AttemptRecord>, String> {
-        Self::records(&self.query("SELECT record FROM toolguard_attempts ORDER BY key COLLATE \"C\"", &[])?)
+        off_async(|| {
+            Self::records(&self.query("SELECT record FROM toolguard_attempts ORDER BY key COLLATE \"C\"", &[])?)
+        })
     }
 
     fn record_grants(&self, record: &GrantRecord) -> Result<bool, String> {
-        let latest: Option<GrantRecord> = Self::one(&self.query(
-            "SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1",
-            &[&record.plugin],
-        )?)?;
-        if latest.is_some_and(|last| last.digest == record.digest && last.grants == record.grants) {
-            return Ok(false);
-        }
-        let value = serde_json::to_string(record).map_err(|e| e.to_string())?;
-        let at = i64::try_from(record.recorded_ms).map_err(|e| e.to_string())?;
-        let sql = "INSERT INTO toolguard_grant_history (plugin, recorded_ms, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
-        Ok(self.client()?.execute(sql, &[&record.plugin, &at, &value]).map_err(|e| e.to_string())? == 1)
+        off_async(|| {
+            let latest: Option<GrantRecord> = Self::one(&self.query(
+                "SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1",
+                &[&record.plugin],
+            )?)?;
+            if latest.is_some_and(|last| last.digest == record.digest && last.grants == record.grants) {
+                return Ok(false);
+            }
+            let value = serde_json::to_string(record).map_err(|e| e.to_string())?;
+            let at = i64::try_from(record.recorded_ms).map_err(|e| e.to_string())?;
+            let sql = "INSERT INTO toolguard_grant_history (plugin, recorded_ms, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+            Ok(self.client()?.execute(sql, &[&record.plugin, &at, &value]).map_err(|e| e.to_string())? == 1)
+        })
     }
 
     fn grant_history(&self) -> Result<Vec<GrantRecord>, String> {
-        Self::records(&self.query("SELECT record FROM toolguard_grant_history ORDER BY recorded_ms, plugin COLLATE \"C\"", &[])?)
+        off_async(|| {
+            Self::records(&self.query("SELECT record FROM toolguard_grant_history ORDER BY recorded_ms, plugin COLLATE \"C\"", &[])?)
+        })
     }
 
     fn shared(&self) -> bool {
@@ -277,61 +317,79 @@ impl Backend for Postgres {
     }
 
     fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, String> {
-        // Insert, or take over a call that is not completed, is the same
-        // action, and whose claim has lapsed or is already ours: one statement,
-        // so two hosts can never both hold it.
-        let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
-                   owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
-                   WHERE NOT toolguard_calls.completed AND toolguard_calls.tool = EXCLUDED.tool \
-                   AND toolguard_calls.args_digest = EXCLUDED.args_digest \
-                   AND (toolguard_calls.lease_until < $9 OR toolguard_calls.owner = EXCLUDED.owner) \
-                   RETURNING record";
-        let row = call_row(call)?;
-        let now = i64::try_from(now_ms).map_err(|e| e.to_string())?;
-        let mut params = row.params().to_vec();
-        params.push(&now);
-        let mut client = self.client()?;
-        let claimed = client.query(sql, &params).map_err(|e| e.to_string())?;
-        if let Some(mut record) = Self::one::<CallRecord>(&claimed)? {
-            // Taken over: the stored record, with our claim.
-            record.owner.clone_from(&call.owner);
-            record.lease_until_ms = call.lease_until_ms;
-            return Ok(Claim::Run { record, persisted: true });
-        }
-        let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
-        let existing = Self::calls_of(&client.query(sql, &[&call.session, &call.call_id]).map_err(|e| e.to_string())?)?.pop();
-        let Some(existing) = existing else { return Err("the call vanished while being claimed; retry".into()) };
-        Ok(match Claim::of_existing(call, Some(existing)) {
-            Claim::Run { record, .. } => Claim::Busy(record),
-            other => other,
+        off_async(|| {
+            // Insert, or take over a call that is not completed, is the same
+            // action, and whose claim has lapsed or is already ours: one statement,
+            // so two hosts can never both hold it.
+            let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
+                       VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
+                       owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
+                       WHERE NOT toolguard_calls.completed AND toolguard_calls.tool = EXCLUDED.tool \
+                       AND toolguard_calls.args_digest = EXCLUDED.args_digest \
+                       AND (toolguard_calls.lease_until < $9 OR toolguard_calls.owner = EXCLUDED.owner) \
+                       RETURNING record";
+            let row = call_row(call)?;
+            let now = i64::try_from(now_ms).map_err(|e| e.to_string())?;
+            let mut params = row.params().to_vec();
+            params.push(&now);
+            let mut client = self.client()?;
+            let claimed = client.query(sql, &params).map_err(|e| e.to_string())?;
+            if let Some(mut record) = Self::one::<CallRecord>(&claimed)? {
+                // Taken over: the stored record, with our claim.
+                record.owner.clone_from(&call.owner);
+                record.lease_until_ms = call.lease_until_ms;
+                return Ok(Claim::Run { record, persisted: true });
+            }
+            let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
+            let existing = Self::calls_of(&client.query(sql, &[&call.session, &call.call_id]).map_err(|e| e.to_string())?)?.pop();
+            let Some(existing) = existing else { return Err("the call vanished while being claimed; retry".into()) };
+            Ok(match Claim::of_existing(call, Some(existing)) {
+                Claim::Run { record, .. } => Claim::Busy(record),
+                other => other,
+            })
         })
     }
 
     fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), String> {
-        let sql = "UPDATE toolguard_calls SET lease_until = 0 WHERE session = $1 AND call_id = $2 AND owner = $3";
-        self.client()?.execute(sql, &[&session, &call_id, &owner]).map(|_| ()).map_err(|e| e.to_string())
+        off_async(|| {
+            let sql = "UPDATE toolguard_calls SET lease_until = 0 WHERE session = $1 AND call_id = $2 AND owner = $3";
+            self.client()?.execute(sql, &[&session, &call_id, &owner]).map(|_| ()).map_err(|e| e.to_string())
+        })
     }
 
     fn commit(&self, write: &LedgerWrite, _durability: Durability) -> Result<(), String> {
-        let mut client = self.client()?;
-        let mut tx = client.transaction().map_err(|e| e.to_string())?;
-        for call in &write.calls {
-            let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
-                       VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
-                       completed = EXCLUDED.completed, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, record = EXCLUDED.record";
-            tx.execute(sql, &call_row(call)?.params()).map_err(|e| e.to_string())?;
-        }
-        for (a, _prior) in &write.attempts {
-            let value = serde_json::to_string(a).map_err(|e| e.to_string())?;
-            tx.execute(
-                "INSERT INTO toolguard_attempts (key, session, call_id, step, generation, tool, args_digest, state, record) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-                 ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record",
-                &[&a.key, &a.session, &a.call_id, &int(a.step)?, &int(a.generation)?, &a.tool, &a.args_digest, &a.state.as_str(), &value],
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        tx.commit().map_err(|e| e.to_string())
+        off_async(|| {
+            let mut client = self.client()?;
+            let mut tx = client.transaction().map_err(|e| e.to_string())?;
+            for call in &write.calls {
+                let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
+                           VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
+                           completed = EXCLUDED.completed, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, record = EXCLUDED.record";
+                tx.execute(sql, &call_row(call)?.params()).map_err(|e| e.to_string())?;
+            }
+            for (a, prior) in &write.attempts {
+                let value = serde_json::to_string(a).map_err(|e| e.to_string())?;
+                let params: [&(dyn r2d2_postgres::postgres::types::ToSql + Sync); 9] =
+                    [&a.key, &a.session, &a.call_id, &int(a.step)?, &int(a.generation)?, &a.tool, &a.args_digest, &a.state.as_str(), &value];
+                let insert = "INSERT INTO toolguard_attempts (key, session, call_id, step, generation, tool, args_digest, state, record) \
+                              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+                if *prior == Prior::Absent {
+                    // A new attempt is claimed, not overwritten: if another host
+                    // recorded it first, nothing of this write applies (and so
+                    // nothing is sent).
+                    let inserted = tx.execute(&format!("{insert} ON CONFLICT DO NOTHING"), &params).map_err(|e| e.to_string())?;
+                    if inserted == 0 {
+                        return Err(format!(
+                            "attempt `{}` (step {} of tool call `{}`) was already recorded by another host; nothing was sent — retry the tool call",
+                            a.key, a.step, a.call_id
+                        ));
+                    }
+                } else {
+                    let upsert = format!("{insert} ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record");
+                    tx.execute(&upsert, &params).map_err(|e| e.to_string())?;
+                }
+            }
+            tx.commit().map_err(|e| e.to_string())
+        })
     }
 }

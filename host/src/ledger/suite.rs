@@ -251,6 +251,21 @@ fn a_live_claim_keeps_other_hosts_out_until_it_lapses() {
     assert!(run(ledger.claim_call(&claimed("c1", "host-a", 9_000), 3_000).unwrap()), "released: free to claim");
 }
 
+/// A new attempt another host already recorded is refused, whole.
+#[test]
+fn a_new_attempt_another_host_recorded_first_is_refused() {
+    let ledger = PostgresStore::new().open();
+    let first = attempt("c1", 0, 0, AttemptState::Pending);
+    ledger.commit(LedgerWrite::new().attempt_over(first.clone(), Prior::Absent), Durability::Synced).unwrap();
+    let mut again = first.clone();
+    again.tries = 7;
+    let write = LedgerWrite::new().call(call("s", "c9")).attempt_over(again, Prior::Absent);
+    let err = ledger.commit(write, Durability::Synced).unwrap_err();
+    assert!(err.to_string().contains("already recorded by another host"), "{err}");
+    assert_eq!(ledger.attempt(&first.key).unwrap(), Some(first), "the first record stands");
+    assert_eq!(ledger.call("s", "c9").unwrap(), None, "nothing of the refused write applied");
+}
+
 /// Hosts claiming one call at the same moment: exactly one runs it.
 #[test]
 fn of_hosts_claiming_at_once_exactly_one_runs_the_call() {
