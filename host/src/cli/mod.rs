@@ -179,20 +179,31 @@ pub fn main() -> ExitCode {
 /// that OpenTelemetry collector (the provider returned is to be shut down
 /// at exit, which sends what is still batched).
 fn init_logging(runtime: tokio::runtime::Handle) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGUARD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let spans = if std::env::var_os("TOOLGUARD_LOG_SPANS").is_some_and(|v| v == "1") {
-        tracing_subscriber::fmt::format::FmtSpan::CLOSE
-    } else {
-        tracing_subscriber::fmt::format::FmtSpan::NONE
-    };
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_span_events(spans);
+    let log_spans = std::env::var_os("TOOLGUARD_LOG_SPANS").is_some_and(|v| v == "1");
+    let spans = if log_spans { tracing_subscriber::fmt::format::FmtSpan::CLOSE } else { tracing_subscriber::fmt::format::FmtSpan::NONE };
+    // Unless they are logged, the log ignores the per-call spans: a span no
+    // layer wants costs nothing, and formatting their fields for every call
+    // halved replay throughput (docs/benchmarks.md, e).
+    let per_call = |m: &tracing::Metadata<'_>| m.is_span() && matches!(m.name(), "tool_call" | "attempt");
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_span_events(spans)
+        .with_filter(tracing_subscriber::filter::filter_fn(move |m| log_spans || !per_call(m)));
     let provider = crate::telemetry::otlp_provider(runtime);
-    let otlp = provider.as_ref().map(crate::telemetry::layer);
-    let _ = tracing_subscriber::registry().with(filter).with(fmt).with(otlp).try_init();
+    let logs = tracing_subscriber::registry().with(filter).with(fmt);
+    // No layer at all without a collector: even an empty one would make the
+    // per-call spans live.
+    let _ = match &provider {
+        Some(p) => logs.with(crate::telemetry::layer(p)).try_init(),
+        None => logs.try_init(),
+    };
     provider
 }
 
