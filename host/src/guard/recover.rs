@@ -92,14 +92,14 @@ impl Guard {
                 super::attempt::Driven::NotSent(why) => report.unresolved.push((key, why)),
             }
         }
-        if report.examined > 0 {
-            tracing::info!(
-                examined = report.examined,
-                settled = report.settled.len(),
-                unresolved = report.unresolved.len(),
-                needs_operator = report.needs_operator.len(),
-                "recovery pass finished"
-            );
+        // A fleet runs this every few seconds: only progress is news (what
+        // needs an operator is warned about where it is found).
+        let (examined, settled, unresolved, needs_operator) =
+            (report.examined, report.settled.len(), report.unresolved.len(), report.needs_operator.len());
+        if settled > 0 {
+            tracing::info!(examined, settled, unresolved, needs_operator, "recovery pass finished");
+        } else if examined > 0 {
+            tracing::debug!(examined, settled, unresolved, needs_operator, "recovery pass finished");
         }
         Ok(report)
     }
