@@ -6,7 +6,7 @@
 use super::disk::Bound;
 use super::{Figure, Scale, Stats, ms, us};
 use crate::guard::keys;
-use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, CallState, StoredBody, StoredRequest, now_ms};
+use crate::ledger::records::{AttemptRecord, CallRecord, StoredBody, StoredRequest};
 use crate::ledger::{Durability, Ledger, LedgerWrite, Prior};
 use crate::{CallRequest, Config, Runtime};
 use serde_json::json;
@@ -206,54 +206,23 @@ async fn baselines(ledger_dir: &Path, provider: &str, bound: &Bound, scale: Scal
 fn first_write(ledger: &Ledger, i: usize) -> (CallRecord, AttemptRecord) {
     let args = json!({ "payment_intent": "pi_bench", "amount_cents": i + 1, "reason": "duplicate" });
     let digest = keys::args_digest(&keys::canonical_args(&args).expect("plain JSON canonicalises"));
-    let call_id = format!("w{i}");
-    let call = CallRecord {
-        session: "bench".into(),
-        call_id: call_id.clone(),
-        tool: "refund".into(),
-        args_digest: digest.clone(),
-        args,
-        state: CallState::Admitted,
-        outcome: None,
-        created_ms: now_ms(),
-        completed_ms: None,
-        owner: None,
-        lease_until_ms: None,
-    };
-    (call, attempt(ledger, call_id, digest))
+    let call = CallRecord::admitted("bench".into(), format!("w{i}"), "refund".into(), digest, args);
+    let attempt = attempt(ledger, &call);
+    (call, attempt)
 }
 
-/// A fresh pending attempt of a refund, its key minted.
-fn attempt(ledger: &Ledger, call_id: String, args_digest: String) -> AttemptRecord {
+/// A fresh pending attempt of a refund call, its key minted, as the guard builds it.
+fn attempt(ledger: &Ledger, call: &CallRecord) -> AttemptRecord {
     let request = StoredRequest {
         method: "POST".into(),
         url: "http://127.0.0.1:1/v1/refunds".into(),
         headers: vec![],
         body: StoredBody::from_bytes(b"payment_intent=pi_bench&amount=1500"),
     };
-    let input = keys::KeyInput { session: "bench", call_id: &call_id, tool: "refund", args_digest: &args_digest, step: 0, generation: 0 };
+    let input = keys::KeyInput { session: &call.session, call_id: &call.call_id, tool: &call.tool, args_digest: &call.args_digest, step: 0, generation: 0 };
     let key = keys::mint(ledger.secret(), input);
     let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, b"payment_intent=pi_bench&amount=1500");
-    AttemptRecord {
-        key,
-        session: "bench".into(),
-        call_id,
-        tool: "refund".into(),
-        args_digest,
-        step: 0,
-        generation: 0,
-        fingerprint,
-        downstream: "payments".into(),
-        request,
-        state: AttemptState::Pending,
-        response: None,
-        last_error: None,
-        tries: 0,
-        provider_replayed: false,
-        resolution: None,
-        created_ms: now_ms(),
-        updated_ms: now_ms(),
-    }
+    AttemptRecord::pending(call, key, 0, 0, fingerprint, "payments".into(), request)
 }
 
 /// CPU time this process has used (user + system), in seconds; 0 where
@@ -277,10 +246,14 @@ pub async fn cpu_path(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     let n = scale.n(50_000);
     let per_call = tokio::task::spawn_blocking(move || -> anyhow::Result<Duration> {
         let args = json!({ "payment_intent": "pi_bench", "amount_cents": 1500, "reason": "requested_by_customer" });
+        // The guard holds the call's record already; each call here differs in its id.
+        let mut call = CallRecord::admitted("bench".into(), String::new(), "refund".into(), String::new(), args.clone());
         let started = Instant::now();
         for i in 0..n {
             let canonical = keys::canonical_args(&args).map_err(anyhow::Error::msg)?;
-            let attempt = attempt(&ledger, format!("c{i}"), keys::args_digest(&canonical));
+            call.call_id = format!("c{i}");
+            call.args_digest = keys::args_digest(&canonical);
+            let attempt = attempt(&ledger, &call);
             ledger.commit(LedgerWrite::new().attempt_over(attempt, Prior::Absent), Durability::Buffered)?;
         }
         Ok(started.elapsed() / n as u32)

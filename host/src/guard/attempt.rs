@@ -143,27 +143,7 @@ impl CallGuard {
     fn fresh_attempt(&self, step: u32, generation: u32, fingerprint: String, d: &Downstream, request: StoredRequest) -> AttemptRecord {
         let r = &self.record;
         let input = keys::KeyInput { session: &r.session, call_id: &r.call_id, tool: &r.tool, args_digest: &r.args_digest, step, generation };
-        let now = now_ms();
-        AttemptRecord {
-            key: keys::mint(self.guard.ledger.secret(), input),
-            session: r.session.clone(),
-            call_id: r.call_id.clone(),
-            tool: r.tool.clone(),
-            args_digest: r.args_digest.clone(),
-            step,
-            generation,
-            fingerprint,
-            downstream: d.name.clone(),
-            request,
-            state: AttemptState::Pending,
-            response: None,
-            last_error: None,
-            tries: 0,
-            provider_replayed: false,
-            resolution: None,
-            created_ms: now,
-            updated_ms: now,
-        }
+        AttemptRecord::pending(r, keys::mint(self.guard.ledger.secret(), input), step, generation, fingerprint, d.name.clone(), request)
     }
 
     /// Makes `attempt` durable as pending (with the call, the first time)
@@ -209,75 +189,67 @@ impl Guard {
         let span = tracing::info_span!("attempt", key = %attempt.key, step = attempt.step, downstream = %d.name,
             state = tracing::field::Empty, latency_ms = tracing::field::Empty);
         let started = std::time::Instant::now();
-        let driven = self.drive_in_span(attempt, d, reconciler, call, possibly_sent, in_flight).instrument(span.clone()).await;
+        let driven = async {
+            // `attempt` is as the ledger holds it: the caller read or just wrote it.
+            let prior = Prior::Was(attempt.state);
+            let age = Duration::from_millis(now_ms().saturating_sub(attempt.created_ms));
+            let may_resend = !possibly_sent || (d.honours_keys && age < d.retention);
+            let outcome = if may_resend {
+                let on_the_wire = AttemptRecord { tries: attempt.tries + 1, ..attempt.clone() };
+                *in_flight = Some(info(&on_the_wire, "the invocation was cut off while the request was on its way"));
+                let url = url::Url::parse(&attempt.request.url).expect("stored URLs were parsed before they were stored");
+                let wire = wire::build(&attempt.request, url, d, Some(&attempt.key));
+                let outcome = super::transport::perform(&self.client, d, &wire, &mut attempt.tries).await;
+                failpoint("after-answer");
+                outcome
+            } else {
+                let why = if d.honours_keys { "the provider no longer keeps its key" } else { "the provider does not deduplicate by key" };
+                Outcome::Unsettled { state: AttemptState::Unknown, response: None, reason: format!("not re-sent: {why}") }
+            };
+            attempt.updated_ms = now_ms();
+            let (durability, driven) = match outcome {
+                Outcome::Answered { state, response } => {
+                    attempt.provider_replayed = header(&response, "idempotent-replayed").is_some_and(|v| v == "true");
+                    (settled_durability(d), self.settle(attempt, state, response, None))
+                }
+                Outcome::Unsettled { state: AttemptState::Pending, response, reason } => {
+                    attempt.state = AttemptState::Pending;
+                    attempt.response = response;
+                    attempt.last_error = Some(reason.clone());
+                    (settled_durability(d), Driven::Unsettled(info(attempt, &reason)))
+                }
+                Outcome::NotSent { reason } if !possibly_sent => {
+                    // Nothing reached the downstream: settle it as not sent, synced,
+                    // so recovery never re-sends what the model was told did not happen.
+                    attempt.state = AttemptState::Failed;
+                    attempt.response = None;
+                    attempt.last_error = Some(format!("not sent: {reason}"));
+                    let message = format!("{reason}; nothing reached `{}`. Retrying the same tool call is safe", d.name);
+                    (Durability::Synced, Driven::NotSent(message))
+                }
+                Outcome::Unsettled { response, reason, .. } => {
+                    attempt.response = response;
+                    self.reconcile_unknown(attempt, d, reconciler, call, may_resend, reason).await
+                }
+                Outcome::NotSent { reason } => {
+                    let reason = format!("could not reach the provider again ({reason}); an earlier try may have taken effect");
+                    self.reconcile_unknown(attempt, d, reconciler, call, may_resend, reason).await
+                }
+            };
+            crate::metrics::attempt(&d.name, attempt.state);
+            let ledger = self.ledger.clone();
+            let record = attempt.clone();
+            if let Err(e) = blocking(move || ledger.commit(LedgerWrite::new().attempt_over(record, prior), durability)).await {
+                tracing::error!(error = %e, key = %attempt.key, "could not record an attempt's outcome; recovery will resolve it with the same key");
+            }
+            *in_flight = None;
+            failpoint("after-outcome-write");
+            driven
+        }
+        .instrument(span.clone())
+        .await;
         span.record("state", attempt.state.as_str());
         span.record("latency_ms", started.elapsed().as_secs_f64() * 1e3);
-        driven
-    }
-
-    async fn drive_in_span(
-        &self,
-        attempt: &mut AttemptRecord,
-        d: &Downstream,
-        reconciler: Option<&dyn Reconciler>,
-        call: &CallRecord,
-        possibly_sent: bool,
-        in_flight: &mut Option<AttemptInfo>,
-    ) -> Driven {
-        // `attempt` is as the ledger holds it: the caller read or just wrote it.
-        let prior = Prior::Was(attempt.state);
-        let age = Duration::from_millis(now_ms().saturating_sub(attempt.created_ms));
-        let may_resend = !possibly_sent || (d.honours_keys && age < d.retention);
-        let outcome = if may_resend {
-            let on_the_wire = AttemptRecord { tries: attempt.tries + 1, ..attempt.clone() };
-            *in_flight = Some(info(&on_the_wire, "the invocation was cut off while the request was on its way"));
-            let url = url::Url::parse(&attempt.request.url).expect("stored URLs were parsed before they were stored");
-            let wire = wire::build(&attempt.request, url, d, Some(&attempt.key));
-            let outcome = super::transport::perform(&self.client, d, &wire, &mut attempt.tries).await;
-            failpoint("after-answer");
-            outcome
-        } else {
-            let why = if d.honours_keys { "the provider no longer keeps its key" } else { "the provider does not deduplicate by key" };
-            Outcome::Unsettled { state: AttemptState::Unknown, response: None, reason: format!("not re-sent: {why}") }
-        };
-        attempt.updated_ms = now_ms();
-        let (durability, driven) = match outcome {
-            Outcome::Answered { state, response } => {
-                attempt.provider_replayed = header(&response, "idempotent-replayed").is_some_and(|v| v == "true");
-                (settled_durability(d), self.settle(attempt, state, response, None))
-            }
-            Outcome::Unsettled { state: AttemptState::Pending, response, reason } => {
-                attempt.state = AttemptState::Pending;
-                attempt.response = response;
-                attempt.last_error = Some(reason.clone());
-                (settled_durability(d), Driven::Unsettled(info(attempt, &reason)))
-            }
-            Outcome::NotSent { reason } if !possibly_sent => {
-                // Nothing reached the downstream: settle it as not sent, synced,
-                // so recovery never re-sends what the model was told did not happen.
-                attempt.state = AttemptState::Failed;
-                attempt.response = None;
-                attempt.last_error = Some(format!("not sent: {reason}"));
-                let message = format!("{reason}; nothing reached `{}`. Retrying the same tool call is safe", d.name);
-                (Durability::Synced, Driven::NotSent(message))
-            }
-            Outcome::Unsettled { response, reason, .. } => {
-                attempt.response = response;
-                self.reconcile_unknown(attempt, d, reconciler, call, may_resend, reason).await
-            }
-            Outcome::NotSent { reason } => {
-                let reason = format!("could not reach the provider again ({reason}); an earlier try may have taken effect");
-                self.reconcile_unknown(attempt, d, reconciler, call, may_resend, reason).await
-            }
-        };
-        crate::metrics::attempt(&d.name, attempt.state);
-        let ledger = self.ledger.clone();
-        let record = attempt.clone();
-        if let Err(e) = blocking(move || ledger.commit(LedgerWrite::new().attempt_over(record, prior), durability)).await {
-            tracing::error!(error = %e, key = %attempt.key, "could not record an attempt's outcome; recovery will resolve it with the same key");
-        }
-        *in_flight = None;
-        failpoint("after-outcome-write");
         driven
     }
 

@@ -247,19 +247,7 @@ impl Guard {
                             self.session_budget(&id, *max, tools).await?;
                         }
                     }
-                    let record = CallRecord {
-                        session: id.session.clone(),
-                        call_id: id.call_id.clone(),
-                        tool: id.tool.clone(),
-                        args_digest: id.args_digest.clone(),
-                        args: id.args.clone(),
-                        state: CallState::Admitted,
-                        outcome: None,
-                        created_ms: now_ms(),
-                        completed_ms: None,
-                        owner: None,
-                        lease_until_ms: None,
-                    };
+                    let record = CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone());
                     (record, false)
                 }
             };

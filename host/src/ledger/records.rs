@@ -47,6 +47,23 @@ pub struct CallRecord {
 }
 
 impl CallRecord {
+    /// A tool call just admitted: nothing run, nothing claimed yet.
+    pub fn admitted(session: String, call_id: String, tool: String, args_digest: String, args: Value) -> Self {
+        Self {
+            session,
+            call_id,
+            tool,
+            args_digest,
+            args,
+            state: CallState::Admitted,
+            outcome: None,
+            created_ms: now_ms(),
+            completed_ms: None,
+            owner: None,
+            lease_until_ms: None,
+        }
+    }
+
     /// Whether a host other than `host` holds a live claim on this call at `now_ms`.
     pub fn leased_elsewhere(&self, host: &str, now_ms: u64) -> bool {
         self.owner.as_deref().is_some_and(|o| o != host) && self.lease_until_ms.is_some_and(|t| t > now_ms)
@@ -217,6 +234,34 @@ pub struct AttemptRecord {
     pub resolution: Option<Resolution>,
     pub created_ms: u64,
     pub updated_ms: u64,
+}
+
+impl AttemptRecord {
+    /// A new attempt at `step` of `call`, pending and never tried: what is
+    /// written before its request leaves.
+    pub fn pending(call: &CallRecord, key: String, step: u32, generation: u32, fingerprint: String, downstream: String, request: StoredRequest) -> Self {
+        let now = now_ms();
+        Self {
+            key,
+            session: call.session.clone(),
+            call_id: call.call_id.clone(),
+            tool: call.tool.clone(),
+            args_digest: call.args_digest.clone(),
+            step,
+            generation,
+            fingerprint,
+            downstream,
+            request,
+            state: AttemptState::Pending,
+            response: None,
+            last_error: None,
+            tries: 0,
+            provider_replayed: false,
+            resolution: None,
+            created_ms: now,
+            updated_ms: now,
+        }
+    }
 }
 
 /// One entry of the grant history: a plugin's component and the grants it

@@ -361,27 +361,7 @@ mod tests {
     }
 
     fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
-        let request = crate::ledger::records::StoredRequest { method: "POST".into(), url: "http://p/r".into(), headers: vec![], body: crate::ledger::records::StoredBody::from_bytes(b"x") };
-        AttemptRecord {
-            key: format!("tg1_{call_id}"),
-            session: "s".into(),
-            call_id: call_id.into(),
-            tool: "refund".into(),
-            args_digest: "d".into(),
-            step: 0,
-            generation: 0,
-            fingerprint: "f".into(),
-            downstream: "payments".into(),
-            request,
-            state,
-            response: None,
-            last_error: None,
-            tries: 0,
-            provider_replayed: false,
-            resolution: None,
-            created_ms: 1,
-            updated_ms: 1,
-        }
+        crate::ledger::suite::attempt(call_id, 0, 0, state)
     }
 
     fn indexes(ledger: &Rocks) -> Vec<Vec<u8>> {

@@ -42,43 +42,18 @@ impl Store for PostgresStore {
     }
 }
 
-fn attempt(call_id: &str, step: u32, generation: u32, state: AttemptState) -> AttemptRecord {
-    AttemptRecord {
-        key: format!("tg1_{call_id}_{step}_{generation}"),
-        session: "s".into(),
-        call_id: call_id.into(),
-        tool: "refund".into(),
-        args_digest: "d".into(),
-        step,
-        generation,
-        fingerprint: "f".into(),
-        downstream: "payments".into(),
-        request: StoredRequest { method: "POST".into(), url: "http://p/r".into(), headers: vec![], body: StoredBody::from_bytes(b"x") },
-        state,
-        response: None,
-        last_error: None,
-        tries: 0,
-        provider_replayed: false,
-        resolution: None,
-        created_ms: 1,
-        updated_ms: 1,
-    }
+/// An attempt of tool call (`s`, `call_id`) in `state`, with fixed times.
+pub(super) fn attempt(call_id: &str, step: u32, generation: u32, state: AttemptState) -> AttemptRecord {
+    let request = StoredRequest { method: "POST".into(), url: "http://p/r".into(), headers: vec![], body: StoredBody::from_bytes(b"x") };
+    let key = format!("tg1_{call_id}_{step}_{generation}");
+    let fresh = AttemptRecord::pending(&call("s", call_id), key, step, generation, "f".into(), "payments".into(), request);
+    AttemptRecord { state, created_ms: 1, updated_ms: 1, ..fresh }
 }
 
+/// A refund call just admitted, with a fixed time.
 fn call(session: &str, call_id: &str) -> CallRecord {
-    CallRecord {
-        session: session.into(),
-        call_id: call_id.into(),
-        tool: "refund".into(),
-        args_digest: "d".into(),
-        args: serde_json::json!({ "amount_cents": 100, "payment_intent": "pi_1" }),
-        state: CallState::Admitted,
-        outcome: None,
-        created_ms: 1,
-        completed_ms: None,
-        owner: None,
-        lease_until_ms: None,
-    }
+    let args = serde_json::json!({ "amount_cents": 100, "payment_intent": "pi_1" });
+    CallRecord { created_ms: 1, ..CallRecord::admitted(session.into(), call_id.into(), "refund".into(), "d".into(), args) }
 }
 
 fn keys(attempts: &[AttemptRecord]) -> Vec<&str> {
