@@ -113,38 +113,14 @@ pub fn serve_http(config: &Path, env: &[(&str, &str)]) -> Server {
 }
 
 
-/// A minimal MCP client: the 2025-11-25 handshake, then `tools/call` with
-/// the tool-call id and session in `_meta`.
-pub struct Mcp {
-    http: reqwest::Client,
-    url: String,
-    session: String,
-}
+/// An MCP client making `tools/call` requests with the tool-call id and
+/// session in `_meta`.
+pub struct Mcp(toolguard::bench::host::McpClient);
 
 impl Mcp {
     pub async fn connect(url: &str) -> Mcp {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::new();
-        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fleet-test","version":"1"}}}"#;
-        let response = Self::post(&http, url, None, init.into()).await.unwrap();
-        let session = response.headers()["mcp-session-id"].to_str().unwrap().to_string();
-        response.bytes().await.unwrap();
-        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-        Self::post(&http, url, Some(&session), initialized.into()).await.unwrap().bytes().await.unwrap();
-        Mcp { http, url: url.into(), session }
-    }
-
-    async fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: String) -> reqwest::Result<reqwest::Response> {
-        let mut req = http
-            .post(url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-11-25")
-            .body(body);
-        if let Some(s) = session {
-            req = req.header("mcp-session-id", s);
-        }
-        req.send().await
+        Mcp(toolguard::bench::host::McpClient::connect(url).await.unwrap())
     }
 
     /// `refund` under tool-call id `call_id`: the JSON-RPC result, or the transport error.
@@ -152,7 +128,7 @@ impl Mcp {
         let args: serde_json::Value = serde_json::from_str(&crate::payments::refund_args(amount)).unwrap();
         let body = serde_json::json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
             "name": "refund", "arguments": args, "_meta": { "toolguard/toolCallId": call_id, "toolguard/sessionId": "s1" } } });
-        let response = Self::post(&self.http, &self.url, Some(&self.session), body.to_string()).await.map_err(|e| e.to_string())?;
+        let response = self.0.send(body.to_string()).await.map_err(|e| e.to_string())?;
         let text = response.text().await.map_err(|e| e.to_string())?;
         // A JSON body, or server-sent events whose data line carries it.
         let event = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty());
@@ -161,4 +137,3 @@ impl Mcp {
         Ok(message["result"].clone())
     }
 }
-

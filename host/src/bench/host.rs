@@ -95,15 +95,20 @@ pub async fn mcp_http(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     ])
 }
 
-/// A minimal MCP client: the 2025-11-25 handshake, then `tools/call`.
-struct McpClient {
+/// A minimal MCP client over Streamable HTTP: the 2025-11-25 handshake, then
+/// requests in its session (the benchmarks' and the tests' client).
+pub struct McpClient {
     http: reqwest::Client,
     url: String,
     session: String,
 }
 
 impl McpClient {
-    async fn connect(url: &str) -> anyhow::Result<Self> {
+    /// Initialises a session with the server at `url` (its `/mcp` endpoint).
+    ///
+    /// # Errors
+    /// The server could not be reached or refused the handshake.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
         let http = reqwest::Client::new();
         let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
         let response = Self::post(&http, url, None, init.to_string()).await?;
@@ -128,9 +133,17 @@ impl McpClient {
         Ok(req.send().await?.error_for_status()?)
     }
 
+    /// Posts a JSON-RPC message in the session; the server's response.
+    ///
+    /// # Errors
+    /// The request failed or the server answered with an error status.
+    pub async fn send(&self, body: String) -> anyhow::Result<reqwest::Response> {
+        Self::post(&self.http, &self.url, Some(&self.session), body).await
+    }
+
     async fn call_tool(&self, id: usize) -> Result<(), String> {
         let body = format!(r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"p0_text_stats","arguments":{{"text":"a b c"}}}}}}"#, id + 1);
-        let response = Self::post(&self.http, &self.url, Some(&self.session), body).await.map_err(|e| e.to_string())?;
+        let response = self.send(body).await.map_err(|e| e.to_string())?;
         let text = response.text().await.map_err(|e| e.to_string())?;
         if text.contains("\"result\"") && !text.contains("\"isError\":true") { Ok(()) } else { Err(format!("unexpected answer: {text}")) }
     }
