@@ -3,9 +3,9 @@
 //! record. And `outbound.fetch`, which is none of that.
 
 use super::transport::Outcome;
-use super::{Guard, Reconciled, Reconciler, blocking, failpoint, keys, wire};
+use super::{Guard, Reconciled, Reconciler, failpoint, keys, wire};
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, Resolution, StoredRequest, StoredResponse, now_ms};
-use crate::ledger::{Durability, LedgerWrite, Prior};
+use crate::ledger::{Durability, LedgerWrite, Prior, QueuedWrite};
 use crate::policy::{self, Downstream, Grant, Refusal};
 use crate::runtime::Effect;
 use crate::runtime::bindings::types::{self, AttemptInfo, OutboundError};
@@ -25,7 +25,14 @@ pub struct CallGuard {
     /// The send on the wire right now. If the invocation is cancelled (its
     /// wall clock ran out) mid-send, this is what may have taken effect.
     in_flight: Option<AttemptInfo>,
+    /// Buffered outcome writes not waited for yet, by attempt key: they are
+    /// waited for before the call ends ([`CallGuard::flush`]).
+    queued: Vec<(String, QueuedWrite)>,
     _lock: tokio::sync::OwnedMutexGuard<()>,
+}
+
+fn outcome_not_recorded(e: &crate::ledger::LedgerError, key: &str) {
+    tracing::error!(error = %e, %key, "could not record an attempt's outcome; recovery will resolve it with the same key");
 }
 
 /// How driving an attempt ended.
@@ -46,7 +53,19 @@ impl CallGuard {
         rules: super::CallRules,
         lock: tokio::sync::OwnedMutexGuard<()>,
     ) -> Self {
-        Self { guard, record, persisted, rules, next_step: 0, unsettled: None, in_flight: None, _lock: lock }
+        Self { guard, record, persisted, rules, next_step: 0, unsettled: None, in_flight: None, queued: Vec::new(), _lock: lock }
+    }
+
+    /// Waits for the buffered outcome writes of this call's sends, so the
+    /// ledger holds them before the call's result (or error) is returned and
+    /// its lock is released.
+    pub(crate) async fn flush(&mut self) {
+        for (key, write) in self.queued.drain(..) {
+            match write.wait().await {
+                Ok(()) => failpoint("after-outcome-write"),
+                Err(e) => outcome_not_recorded(&e, &key),
+            }
+        }
     }
 
     /// The tool call this guard serves.
@@ -81,25 +100,19 @@ impl CallGuard {
         let step = self.next_step;
         self.next_step += 1;
 
-        // One trip to the ledger: look the step up and, if it is new, write it
-        // (and the call, the first time) synced before anything leaves.
+        // Look the step up and, if it is new, write it (and the call, the
+        // first time) synced before anything leaves.
         let fresh = self.fresh_attempt(step, 0, fingerprint.clone(), &downstream, request.clone());
         let first_write = (!self.persisted).then(|| self.record.clone());
-        let ledger = self.guard.ledger.clone();
-        let (session, call_id, new) = (self.record.session.clone(), self.record.call_id.clone(), fresh.clone());
-        let current = blocking(move || -> Result<Option<AttemptRecord>, crate::ledger::LedgerError> {
-            let current = ledger.attempt_at(&session, &call_id, step)?;
-            if current.is_none() {
-                let mut write = LedgerWrite::new().attempt_over(new, Prior::Absent);
-                if let Some(call) = first_write {
-                    write = write.call(call);
-                }
-                ledger.commit(write, Durability::Synced)?;
+        let (session, call_id) = (self.record.session.clone(), self.record.call_id.clone());
+        let current = self.guard.ledger.read(move |ledger| ledger.attempt_at(&session, &call_id, step)).await.map_err(ledger_down)?;
+        if current.is_none() {
+            let mut write = LedgerWrite::new().attempt_over(fresh.clone(), Prior::Absent);
+            if let Some(call) = first_write {
+                write = write.call(call);
             }
-            Ok(current)
-        })
-        .await
-        .map_err(ledger_down)?;
+            self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(ledger_down)?;
+        }
         let (mut attempt, possibly_sent) = match current {
             Some(a) if a.fingerprint != fingerprint => {
                 return Err(OutboundError::Conflict(format!(
@@ -124,7 +137,10 @@ impl CallGuard {
             }
         };
         let reconciler = self.rules.reconciler.clone();
-        let driven = self.guard.drive(&mut attempt, &downstream, reconciler.as_deref(), &self.record, possibly_sent, &mut self.in_flight).await;
+        let driven = self
+            .guard
+            .drive(&mut attempt, &downstream, reconciler.as_deref(), &self.record, possibly_sent, &mut self.in_flight, Some(&mut self.queued))
+            .await;
         match driven {
             Driven::Answered(response) => Ok(to_response(response)),
             Driven::Unsettled(info) => {
@@ -156,8 +172,7 @@ impl CallGuard {
         if !self.persisted {
             write = write.call(self.record.clone());
         }
-        let ledger = self.guard.ledger.clone();
-        blocking(move || ledger.commit(write, Durability::Synced)).await.map_err(ledger_down)?;
+        self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(ledger_down)?;
         self.persisted = true;
         failpoint("after-attempt-write");
         Ok(attempt)
@@ -174,8 +189,13 @@ impl Guard {
     /// otherwise it is reconciled. Its failure to connect now proves nothing
     /// about the earlier try, so it stays unknown.
     ///
+    /// A buffered outcome write goes into `later` when given (the caller
+    /// waits for it before its call ends: the plugin need not wait for the
+    /// ledger to hear the answer); otherwise, and when synced, it is waited for.
+    ///
     /// Runs in an `attempt` span (key, step, downstream; then the state it
     /// ended in and its latency), a child of the tool call's span.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn drive(
         &self,
         attempt: &mut AttemptRecord,
@@ -184,6 +204,7 @@ impl Guard {
         call: &CallRecord,
         possibly_sent: bool,
         in_flight: &mut Option<AttemptInfo>,
+        later: Option<&mut Vec<(String, QueuedWrite)>>,
     ) -> Driven {
         use tracing::Instrument as _;
         let span = tracing::info_span!("attempt", key = %attempt.key, step = attempt.step, downstream = %d.name,
@@ -237,13 +258,15 @@ impl Guard {
                 }
             };
             crate::metrics::attempt(&d.name, attempt.state);
-            let ledger = self.ledger.clone();
-            let record = attempt.clone();
-            if let Err(e) = blocking(move || ledger.commit(LedgerWrite::new().attempt_over(record, prior), durability)).await {
-                tracing::error!(error = %e, key = %attempt.key, "could not record an attempt's outcome; recovery will resolve it with the same key");
+            let write = self.ledger.queue(LedgerWrite::new().attempt_over(attempt.clone(), prior), durability);
+            match later {
+                Some(later) if durability == Durability::Buffered => later.push((attempt.key.clone(), write)),
+                _ => match write.wait().await {
+                    Ok(()) => failpoint("after-outcome-write"),
+                    Err(e) => outcome_not_recorded(&e, &attempt.key),
+                },
             }
             *in_flight = None;
-            failpoint("after-outcome-write");
             driven
         }
         .instrument(span.clone())

@@ -128,6 +128,7 @@ pub struct CallRules {
 }
 
 /// What admission decided.
+#[allow(clippy::large_enum_variant, reason = "one per tool call, moved once into the run")]
 pub enum Admission {
     /// The call completed before: its stored outcome, no plugin run.
     Replay(StoredOutcome),
@@ -152,10 +153,9 @@ pub trait Reconciler: Send + Sync {
     fn reconcile<'a>(&'a self, tool: &'a str, args: &'a Value, attempt: &'a AttemptRecord) -> Pin<Box<dyn Future<Output = Reconciled> + Send + 'a>>;
 }
 
-/// Runs a ledger operation `f` on the blocking pool: RocksDB (an fsync
-/// above all) never blocks an async worker, and concurrent synced writes meet
-/// in RocksDB's group commit. (`block_in_place` saves the thread hop but grew
-/// the thread count and the soak's RSS; docs/benchmarks.md.)
+/// Runs a ledger operation `f` on the blocking pool, so it never blocks an
+/// async worker. The hot path uses [`Ledger::read`] and
+/// [`Ledger::commit_async`] instead; this serves claims and recovery.
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.expect("a ledger task panicked")
 }
@@ -219,23 +219,24 @@ impl Guard {
         loop {
             // One trip to the ledger: the call, and for a new irreversible one
             // the hold rule's candidates (with whether another host runs them).
-            let ledger = self.ledger.clone();
             let probe = id.clone();
             let (irreversible, host) = (rules.effect == Effect::Irreversible, self.host.clone());
-            let (existing, candidates) = blocking(move || -> Result<_, crate::ledger::LedgerError> {
-                let existing = ledger.call(&probe.session, &probe.call_id)?;
-                let mut candidates = Vec::new();
-                if existing.is_none() && irreversible {
-                    for attempt in ledger.unsettled_like(&probe.session, &probe.tool, &probe.args_digest)? {
-                        let elsewhere = ledger.shared()
-                            && ledger.call(&attempt.session, &attempt.call_id)?.is_some_and(|c| c.leased_elsewhere(&host, now_ms()));
-                        candidates.push((attempt, elsewhere));
+            let (existing, candidates) = self
+                .ledger
+                .read(move |ledger| {
+                    let existing = ledger.call(&probe.session, &probe.call_id)?;
+                    let mut candidates = Vec::new();
+                    if existing.is_none() && irreversible {
+                        for attempt in ledger.unsettled_like(&probe.session, &probe.tool, &probe.args_digest)? {
+                            let elsewhere = ledger.shared()
+                                && ledger.call(&attempt.session, &attempt.call_id)?.is_some_and(|c| c.leased_elsewhere(&host, now_ms()));
+                            candidates.push((attempt, elsewhere));
+                        }
                     }
-                }
-                Ok((existing, candidates))
-            })
-            .await
-            .map_err(internal)?;
+                    Ok((existing, candidates))
+                })
+                .await
+                .map_err(internal)?;
             let (record, persisted) = match existing {
                 Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
                 Some(r) if r.state == CallState::Completed && r.outcome.is_some() => return Ok(self.replay(r)),
@@ -289,10 +290,11 @@ impl Guard {
     /// Refuses a new irreversible call once the session has made `max` calls
     /// of `tools` in the last hour.
     async fn session_budget(&self, id: &CallIdentity, max: u32, tools: &[String]) -> Result<(), CallError> {
-        let ledger = self.ledger.clone();
         let (session, tools) = (id.session.clone(), tools.to_vec());
         let since = now_ms().saturating_sub(3_600_000);
-        let recent = blocking(move || ledger.calls(Some(&session)))
+        let recent = self
+            .ledger
+            .read(move |ledger| ledger.calls(Some(&session)))
             .await
             .map_err(internal)?
             .iter()
@@ -347,6 +349,7 @@ impl Guard {
     /// the plugin returned; a result (or a tool-reported failure) completes it.
     pub async fn finish(&self, mut call: CallGuard, result: Result<Value, CallError>) -> Result<Value, CallError> {
         if let Some(info) = call.take_unsettled() {
+            call.flush().await;
             let message = match &result {
                 Err(e) if e.kind == ErrorKind::OutcomeUnknown => e.message.clone(),
                 _ => info.message.clone(),
@@ -358,6 +361,7 @@ impl Guard {
             Ok(value) => StoredOutcome::Result(value.clone()),
             Err(e) if e.kind == ErrorKind::ToolFailed => StoredOutcome::error(e),
             Err(_) => {
+                call.flush().await;
                 self.release(call.record()).await;
                 return result;
             }
@@ -368,14 +372,15 @@ impl Guard {
         record.completed_ms = Some(now_ms());
         // Completed: no claim is needed any more.
         (record.owner, record.lease_until_ms) = (None, None);
-        let call_id = record.call_id.clone();
-        let ledger = self.ledger.clone();
         // Buffered: a lost completion is rebuilt by re-running the plugin,
         // whose sends replay from their recorded attempts.
-        let written = blocking(move || ledger.commit(LedgerWrite::new().call(record.clone()), Durability::Buffered).map(|()| record)).await;
-        match written {
-            Ok(record) => self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(&record),
-            Err(e) => tracing::warn!(error = %e, %call_id, "could not record the completed tool call; a replay will re-run it"),
+        // Queued behind the outcomes of the call's sends, so waiting for it
+        // usually finds those written already.
+        let completion = self.ledger.queue(LedgerWrite::new().call(record.clone()), Durability::Buffered);
+        call.flush().await;
+        match completion.wait().await {
+            Ok(()) => self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(&record),
+            Err(e) => tracing::warn!(error = %e, call_id = %record.call_id, "could not record the completed tool call; a replay will re-run it"),
         }
         result
     }

@@ -81,7 +81,7 @@ impl Guard {
                 continue;
             };
             let reconciler = reconciler_for(&attempt.tool);
-            let driven = self.drive(&mut attempt, &downstream, reconciler.as_deref(), &call, true, &mut None).await;
+            let driven = self.drive(&mut attempt, &downstream, reconciler.as_deref(), &call, true, &mut None, None).await;
             if claimed {
                 self.release(&call).await;
             }

@@ -1,8 +1,11 @@
 //! The ledger: tool calls and attempts, and the grant history. One handle
 //! ([`Ledger`]) over two backends with the same semantics: RocksDB
 //! (embedded, the default; [`rocks`]) and PostgreSQL (shared by a fleet of
-//! hosts; [`postgres`]). Every method blocks; async callers run it on the
-//! blocking pool (see `guard`), never on a runtime worker.
+//! hosts; [`postgres`]). Every plain method blocks. Async callers use
+//! [`Ledger::read`] and [`Ledger::commit_async`], which never block a runtime
+//! worker: RocksDB answers reads from memory on the caller's thread when it
+//! can and queues writes for its writer thread; anything else runs on the
+//! blocking pool.
 //!
 //! Durability is chosen per write ([`Durability`]); why each write is synced
 //! or not is in `docs/ledger.md`.
@@ -26,6 +29,10 @@ pub struct LedgerError {
     location: String,
     message: String,
 }
+
+/// A backend's message for "this read needs the disk", under
+/// [`rocks::memory_only`]; [`Ledger::read`] then retries on the blocking pool.
+pub(crate) const NEEDS_IO: &str = "the read needs the disk";
 
 /// Whether a write waits for the WAL to reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +64,15 @@ pub(crate) trait Backend: Send + Sync {
     fn grant_history(&self) -> Result<Vec<GrantRecord>, String>;
     /// Applies `write` atomically.
     fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), String>;
+    /// Queues `write` for the backend's writer thread, if it has one.
+    fn enqueue(&self, _write: &LedgerWrite, _durability: Durability) -> Option<Result<rocks::Ticket, String>> {
+        None
+    }
+    /// Whether reads under [`rocks::memory_only`] answer from memory (or
+    /// fail with [`NEEDS_IO`]) instead of blocking.
+    fn memory_reads(&self) -> bool {
+        false
+    }
     /// Whether other hosts share this ledger: then calls are claimed.
     fn shared(&self) -> bool {
         false
@@ -277,9 +293,62 @@ impl Ledger {
     /// The write failed; nothing of it was applied.
     pub fn commit(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
         self.backend.commit(&write, durability).map_err(|m| self.err(m))?;
+        self.count(durability);
+        Ok(())
+    }
+
+    /// Runs the reads in `read` without blocking an async worker: on this
+    /// thread when the backend can answer from memory (RocksDB's memtables
+    /// and block cache hold what recent calls wrote), else on the blocking
+    /// pool. `read` may run twice, so it must only read.
+    ///
+    /// # Errors
+    /// Whatever `read` returns.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        read: impl Fn(&Ledger) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        if self.backend.memory_reads() {
+            match rocks::memory_only(|| read(self)) {
+                Err(e) if e.message == NEEDS_IO => {}
+                answered => return answered,
+            }
+        }
+        let ledger = self.clone();
+        tokio::task::spawn_blocking(move || read(&ledger)).await.expect("a ledger read panicked")
+    }
+
+    /// [`Ledger::commit`] for async callers: the write goes to the backend's
+    /// writer thread (RocksDB), where writes queued together share one
+    /// batch and one fsync, or to the blocking pool (PostgreSQL).
+    ///
+    /// # Errors
+    /// The write failed; nothing of it was applied.
+    pub async fn commit_async(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
+        self.queue(write, durability).wait().await
+    }
+
+    /// Hands `write` to the backend now and returns without waiting for it.
+    /// On RocksDB, writes are applied in the order they were queued, so a
+    /// later write never lands before an earlier one; on PostgreSQL they run
+    /// at once on the blocking pool, so wait for a write before queueing one
+    /// that must land after it *in the same record*. Call within a Tokio
+    /// runtime.
+    pub fn queue(&self, write: LedgerWrite, durability: Durability) -> QueuedWrite {
+        let waiting = match self.backend.enqueue(&write, durability) {
+            Some(Ok(pending)) => Waiting::Writer(pending),
+            Some(Err(e)) => Waiting::Failed(e),
+            None => {
+                let backend = self.backend.clone();
+                Waiting::Pool(tokio::task::spawn_blocking(move || backend.commit(&write, durability)))
+            }
+        };
+        QueuedWrite { ledger: self.clone(), durability, waiting }
+    }
+
+    fn count(&self, durability: Durability) {
         let slot = usize::from(durability == Durability::Buffered);
         self.counts[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
     }
 
     /// Whether other hosts share this ledger (PostgreSQL): then a host claims
@@ -327,6 +396,38 @@ impl Ledger {
     pub fn write_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed))
+    }
+}
+
+/// A write handed to the ledger's backend ([`Ledger::queue`]): it is
+/// applied whether or not anyone waits for it; waiting tells how it went.
+#[must_use = "wait for the write, or its failure goes unseen"]
+pub struct QueuedWrite {
+    ledger: Ledger,
+    durability: Durability,
+    waiting: Waiting,
+}
+
+enum Waiting {
+    Writer(rocks::Ticket),
+    Pool(tokio::task::JoinHandle<Result<(), String>>),
+    Failed(String),
+}
+
+impl QueuedWrite {
+    /// Waits until the write is applied (and synced, if it is to be).
+    ///
+    /// # Errors
+    /// The write failed; nothing of it was applied.
+    pub async fn wait(self) -> Result<(), LedgerError> {
+        let written = match self.waiting {
+            Waiting::Writer(ticket) => ticket.wait().await,
+            Waiting::Pool(task) => task.await.unwrap_or_else(|e| Err(format!("the ledger write panicked: {e}"))),
+            Waiting::Failed(e) => Err(e),
+        };
+        written.map_err(|m| self.ledger.err(m))?;
+        self.ledger.count(self.durability);
+        Ok(())
     }
 }
 

@@ -51,7 +51,7 @@ pub(super) fn attempt(call_id: &str, step: u32, generation: u32, state: AttemptS
 }
 
 /// A refund call just admitted, with a fixed time.
-fn call(session: &str, call_id: &str) -> CallRecord {
+pub(super) fn call(session: &str, call_id: &str) -> CallRecord {
     let args = serde_json::json!({ "amount_cents": 100, "payment_intent": "pi_1" });
     CallRecord { created_ms: 1, ..CallRecord::admitted(session.into(), call_id.into(), "refund".into(), "d".into(), args) }
 }
@@ -179,6 +179,25 @@ fn claims_tell_new_completed_and_conflicting_calls_apart(store: &dyn Store) {
     assert!(matches!(ledger.claim_call(&other, 0).unwrap(), Claim::Conflict(_)));
 }
 
+fn writes_from_many_tasks_at_once_all_land(store: &dyn Store) {
+    let ledger = store.open();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    runtime.block_on(async {
+        let before = ledger.write_counts().0;
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let ledger = ledger.clone();
+                tokio::spawn(async move { ledger.commit_async(LedgerWrite::new().call(call("t", &format!("c{i}"))), Durability::Synced).await })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(ledger.read(|l| l.calls(Some("t"))).await.unwrap().len(), 32);
+        assert_eq!(ledger.write_counts().0 - before, 32, "each write is counted once");
+    });
+}
+
 macro_rules! on_both_backends {
     ($($test:ident),* $(,)?) => {
         mod rocksdb {
@@ -204,6 +223,7 @@ on_both_backends!(
     the_secret_and_records_survive_a_reopen,
     grant_history_keeps_changes_only,
     claims_tell_new_completed_and_conflicting_calls_apart,
+    writes_from_many_tasks_at_once_all_land,
 );
 
 /// A host's claim keeps other hosts out until it lapses or is released.
