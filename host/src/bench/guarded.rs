@@ -120,6 +120,8 @@ pub async fn throughput(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Resu
         let total = scale.n(if in_flight == 1 { 300 } else { 2_000 });
         let rt = runtime.clone();
         let offset = in_flight * 1_000_000;
+        let ledger = runtime.guard().expect("the bench host has a guard").ledger().clone();
+        let (syncs, synced) = (ledger.wal_syncs().unwrap_or(0), ledger.write_counts().0);
         let cpu = cpu_seconds();
         let (mut samples, wall) = drive(in_flight, total, move |i| {
             let rt = rt.clone();
@@ -152,6 +154,10 @@ pub async fn throughput(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Resu
             cpu = cpu.against(format!("the CPU the target leaves a call on {cores} cores"), cpu_per_call / budget);
         }
         figures.push(cpu);
+        // Group commit at work: synced ledger writes (one per call) per WAL fsync.
+        let fsyncs = ledger.wal_syncs().unwrap_or(0).saturating_sub(syncs).max(1);
+        let shared = (ledger.write_counts().0 - synced) as f64 / fsyncs as f64;
+        figures.push(Figure::new(label("synced writes per fsync"), shared, "writes"));
     }
     Ok(figures)
 }

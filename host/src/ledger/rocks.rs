@@ -622,6 +622,25 @@ mod tests {
     }
 
     #[test]
+    fn writes_queued_while_the_writer_is_busy_share_its_next_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Rocks::open(dir.path()).unwrap();
+        let write = |i: usize| LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}")));
+        // Built first, then queued back to back: far faster than the writer
+        // commits even one, so all but the first few wait for it together.
+        let jobs: Vec<_> = (0..64).map(|i| job(&ledger, &write(i), true)).collect();
+        let syncs = ledger.wal_syncs().unwrap();
+        let queue = ledger.writer.as_ref().unwrap().queue.as_ref().unwrap();
+        let results: Vec<_> = jobs.into_iter().map(|(j, r)| queue.send(j).map(|()| r).unwrap()).collect();
+        for r in results {
+            assert_eq!(r.blocking_recv().unwrap(), Ok(()));
+        }
+        let fsyncs = ledger.wal_syncs().unwrap() - syncs;
+        assert!((1..=8).contains(&fsyncs), "64 synced writes queued at once took {fsyncs} fsyncs");
+        assert_eq!(ledger.calls(Some("s")).unwrap().len(), 64);
+    }
+
+    #[test]
     fn a_read_that_needs_the_disk_is_answered_off_the_async_workers() {
         let dir = tempfile::tempdir().unwrap();
         {
