@@ -144,7 +144,7 @@ fn the_grant_history_records_what_ran_with_which_grants() {
     assert_eq!(entries.len(), 3, "one entry per plugin; an unchanged reload adds none: {history}");
     let payments = entries.iter().find(|e| e["plugin"] == "payments").unwrap();
     assert_eq!(payments["grants"]["budgets"]["max_sends_per_call"], 2);
-    assert_eq!(payments["grants"]["credentials"][0]["source"].as_str().unwrap().starts_with("file:"), true);
+    assert!(payments["grants"]["credentials"][0]["source"].as_str().unwrap().starts_with("file:"));
     assert_eq!(payments["digest"].as_str().unwrap().len(), 64);
 
     // The reviewer changes a budget: the next load records the new grants.

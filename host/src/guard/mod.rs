@@ -34,13 +34,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
+/// The lock a run of one tool call (session, call id) holds.
+type CallLock = Arc<tokio::sync::Mutex<()>>;
+
 /// Shared by all tool calls of a host: the ledger, the HTTP client, the downstreams.
 pub struct Guard {
     ledger: Ledger,
     client: reqwest::Client,
     downstreams: Downstreams,
     /// One lock per tool call in progress: concurrent duplicates wait for it.
-    in_flight: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    in_flight: Mutex<HashMap<(String, String), CallLock>>,
     /// Recently completed calls: their outcomes never change, so replaying
     /// one needs no ledger read.
     completed: Mutex<Completed>,
