@@ -31,8 +31,13 @@ pub struct CallGuard {
     _lock: tokio::sync::OwnedMutexGuard<()>,
 }
 
-fn outcome_not_recorded(e: &crate::ledger::LedgerError, key: &str) {
-    tracing::error!(error = %e, %key, "could not record an attempt's outcome; recovery will resolve it with the same key");
+/// Waits for the outcome write of attempt `key`; a failure is logged, since
+/// recovery resolves the attempt with the same key.
+async fn outcome_written(key: &str, write: QueuedWrite) {
+    match write.wait().await {
+        Ok(()) => failpoint("after-outcome-write"),
+        Err(e) => tracing::error!(error = %e, %key, "could not record an attempt's outcome; recovery will resolve it with the same key"),
+    }
 }
 
 /// How driving an attempt ended.
@@ -61,10 +66,7 @@ impl CallGuard {
     /// its lock is released.
     pub(crate) async fn flush(&mut self) {
         for (key, write) in self.queued.drain(..) {
-            match write.wait().await {
-                Ok(()) => failpoint("after-outcome-write"),
-                Err(e) => outcome_not_recorded(&e, &key),
-            }
+            outcome_written(&key, write).await;
         }
     }
 
@@ -261,10 +263,7 @@ impl Guard {
             let write = self.ledger.queue(LedgerWrite::new().attempt_over(attempt.clone(), prior), durability);
             match later {
                 Some(later) if durability == Durability::Buffered => later.push((attempt.key.clone(), write)),
-                _ => match write.wait().await {
-                    Ok(()) => failpoint("after-outcome-write"),
-                    Err(e) => outcome_not_recorded(&e, &attempt.key),
-                },
+                _ => outcome_written(&attempt.key, write).await,
             }
             *in_flight = None;
             driven

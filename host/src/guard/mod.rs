@@ -290,6 +290,13 @@ impl Guard {
         }
     }
 
+    /// Ends a run that did not complete its call: its outcome writes land,
+    /// then its claim (on a shared ledger) is released.
+    async fn end_uncompleted(&self, call: &mut CallGuard) {
+        call.flush().await;
+        self.release(call.record()).await;
+    }
+
     /// Refuses a new irreversible call once the session has made `max` calls
     /// of `tools` in the last hour.
     async fn session_budget(&self, id: &CallIdentity, max: u32, tools: &[String]) -> Result<(), CallError> {
@@ -352,20 +359,18 @@ impl Guard {
     /// the plugin returned; a result (or a tool-reported failure) completes it.
     pub async fn finish(&self, mut call: CallGuard, result: Result<Value, CallError>) -> Result<Value, CallError> {
         if let Some(info) = call.take_unsettled() {
-            call.flush().await;
+            self.end_uncompleted(&mut call).await;
             let message = match &result {
                 Err(e) if e.kind == ErrorKind::OutcomeUnknown => e.message.clone(),
                 _ => info.message.clone(),
             };
-            self.release(call.record()).await;
             return Err(CallError::new(ErrorKind::OutcomeUnknown, message).with_detail(attempt_detail(&info)));
         }
         let outcome = match &result {
             Ok(value) => StoredOutcome::Result(value.clone()),
             Err(e) if e.kind == ErrorKind::ToolFailed => StoredOutcome::error(e),
             Err(_) => {
-                call.flush().await;
-                self.release(call.record()).await;
+                self.end_uncompleted(&mut call).await;
                 return result;
             }
         };

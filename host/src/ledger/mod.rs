@@ -103,7 +103,8 @@ fn new_secret() -> Result<[u8; 32], String> {
 #[derive(Clone)]
 pub struct Ledger {
     backend: Arc<dyn Backend>,
-    location: String,
+    /// Shared, so cloning the handle (once per queued write) allocates nothing.
+    location: Arc<str>,
     secret: KeySecret,
     /// Writes committed so far: (synced, buffered).
     counts: Arc<[std::sync::atomic::AtomicU64; 2]>,
@@ -164,7 +165,7 @@ impl Ledger {
 
     fn init(backend: Arc<dyn Backend>, location: String, create: bool) -> Result<Self, LedgerError> {
         let secret = backend.secret(create).map_err(|message| LedgerError { location: location.clone(), message })?;
-        Ok(Self { backend, location, secret: KeySecret(secret), counts: Arc::default() })
+        Ok(Self { backend, location: location.into(), secret: KeySecret(secret), counts: Arc::default() })
     }
 
     /// The secret keys are derived with.
@@ -178,7 +179,7 @@ impl Ledger {
     }
 
     fn err(&self, message: String) -> LedgerError {
-        LedgerError { location: self.location.clone(), message }
+        LedgerError { location: self.location.to_string(), message }
     }
 
     /// The tool call (session, call id), if recorded.
