@@ -88,8 +88,8 @@ case "${1:-}" in
         postgres_server
         if [ $# -gt 0 ]; then cargo test --workspace --locked "$@"; exit; fi
         cargo test --workspace --locked -- --skip torture
-        # The guard's edge cases and recovery again, on a PostgreSQL ledger.
-        TOOLGUARD_TEST_LEDGER=postgres cargo test --locked -p toolguard --test integration -- guard_ recovery_edges
+        # The guard's edge cases, recovery and the hold rule again, on a PostgreSQL ledger.
+        TOOLGUARD_TEST_LEDGER=postgres cargo test --locked -p toolguard --test integration -- guard_ recovery_edges hold::
         cargo test --locked -p toolguard --test integration torture -- --nocapture ;;
     *) echo "usage: ./dev.sh demo | ./dev.sh test" >&2; exit 2 ;;
 esac

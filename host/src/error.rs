@@ -2,14 +2,14 @@
 //! ([`CallError`], with a stable [`ErrorKind`]) and why a plugin was refused
 //! at load ([`LoadError`]).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Why a tool call failed, as a stable, machine-readable kind.
 ///
 /// Serialised in kebab-case (`unknown-tool`, `invalid-args`, …); these names
 /// are part of the CLI's and the MCP server's contract.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ErrorKind {
     /// No loaded plugin offers a tool of that name.
@@ -76,7 +76,10 @@ impl ErrorKind {
             Self::OutcomeUnknown => {
                 "Do not repeat it under a new tool-call id; check its status first. Retrying the same tool-call id is safe."
             }
-            Self::Held => "Check the earlier call's status first, or retry that earlier tool-call id.",
+            Self::Held => {
+                "If it carries the earlier call's outcome, that is what happened: repeat it only to do it a second time, under a new \
+                 tool-call id. Otherwise check the earlier call's status first, or retry that earlier tool-call id."
+            }
             Self::Transport => "Nothing reached the provider; retrying the same tool call is safe.",
             Self::InvalidRequest => "The tool built a request the host refuses; retrying will not help. Report it.",
             Self::Internal => "The host failed; retry the same tool call later.",
@@ -115,7 +118,7 @@ impl fmt::Display for ErrorKind {
 
 /// A failed tool call: a kind, a message a human (or model) can act on, and
 /// optional structured detail (e.g. the attempt of an unknown outcome).
-#[derive(Debug, Clone, PartialEq, Serialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
 #[error("{kind}: {message}")]
 pub struct CallError {
     /// What class of failure this is.
@@ -123,7 +126,7 @@ pub struct CallError {
     /// What happened and, where there is one, what to do next.
     pub message: String,
     /// Structured facts behind the message, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", default)]
     pub detail: Option<serde_json::Value>,
 }
 

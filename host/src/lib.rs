@@ -8,7 +8,8 @@
 //! - [`runtime`]: the engine, plugin loading and one sandboxed invocation.
 //! - [`outbound`]: the host side of the plugin's only way out.
 //! - [`guard`]: keys, admission, the attempt protocol, outbound HTTP.
-//! - [`ledger`]: tool calls and attempts on RocksDB.
+//! - [`ledger`]: tool calls, attempts and episodes, on RocksDB or PostgreSQL.
+//! - [`local`]: handing a call to the process that holds a data directory.
 //! - [`policy`]: downstreams and each plugin's outbound grants.
 //! - [`schema`]: JSON Schema validation of tool arguments and results.
 //! - [`error`]: the error kinds a caller sees.
@@ -26,6 +27,7 @@ pub mod error;
 pub mod guard;
 pub mod imports;
 pub mod ledger;
+pub mod local;
 pub mod mcp;
 pub mod metrics;
 pub mod outbound;

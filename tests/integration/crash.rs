@@ -26,12 +26,16 @@ pub struct World {
 
 impl World {
     pub fn new() -> Self {
+        Self::with(Downstream { timeout_ms: 5_000, ..Downstream::default() })
+    }
+
+    /// A world whose payments downstream has the knobs of `d`.
+    pub fn with(d: Downstream) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
         sandbox.add_payment_intent(PI, u64::MAX / 4);
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("toolguard.toml");
-        let d = Downstream { timeout_ms: 5_000, ..Downstream::default() };
         std::fs::write(&config, config_text(&sandbox.url(), &dir.path().join("data"), &d)).unwrap();
         Self { sandbox, config, dir, _rt: rt }
     }

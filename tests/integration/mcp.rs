@@ -160,17 +160,23 @@ fn check_refund_scenario(steps: &std::collections::BTreeMap<String, Value>, sand
     assert_eq!(ok("first")["status"], "succeeded");
     assert!(error("no-id", "invalid-args").contains("toolguard/toolCallId"));
     assert!(error("timeout", "outcome-unknown").contains("refund_status"));
+    // call-B has the same arguments as call-A: it runs only because call-A's
+    // answer was recorded as delivered when the response was written.
     let held = error("blind-repeat", "held");
-    assert!(held.contains("call-B"), "{held}");
+    assert!(held.contains("call-B") && held.contains("Nothing new was sent"), "{held}");
+    let earlier = &steps["blind-repeat"]["structured"]["detail"]["earlier_outcome"];
     let retried = ok("retry").clone();
+    assert_eq!(earlier["sends"][0]["body"]["id"], retried["refund_id"], "the held answer carries call-B's refund: {earlier}");
     assert_eq!(ok("replay"), &retried, "the replay returns the same refund");
     assert_eq!(steps["replay"]["meta"]["toolguard/replayed"], true);
-    assert_ne!(ok("repeat-after-resolution")["refund_id"], retried["refund_id"], "a genuine repeat once resolved");
+    error("blind-repeat-again", "held");
+    assert_eq!(steps["blind-repeat-again"]["structured"]["detail"]["earlier_outcome"], *earlier);
+    assert_ne!(ok("repeat-after-resolution")["refund_id"], retried["refund_id"], "a deliberate repeat once told");
     assert_eq!(ok("status")["refunds"].as_array().unwrap().len(), 3);
-    // At the provider: call-A, call-B (once, despite its timeout, retry and replay), call-C.
+    // At the provider: call-A, call-B (once, despite its timeout, the repeat and the retries), call-D.
     assert_eq!(sandbox.refunds().len(), 3);
     let b_posts: Vec<_> = sandbox.requests().into_iter().filter(|r| r.method == "POST").map(|r| r.idempotency_key).collect();
-    assert_eq!(b_posts.len(), 4, "A, B, B's retry (same key), C: {b_posts:?}");
+    assert_eq!(b_posts.len(), 4, "A, B, B re-sent with its key before answering call-C, D: {b_posts:?}");
     assert_eq!(b_posts[1], b_posts[2]);
 }
 

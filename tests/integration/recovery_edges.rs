@@ -119,26 +119,28 @@ async fn e19_a_full_refund_resent_under_a_new_key_is_never_taken_for_success() {
     assert_eq!(h.refunds(), 1);
 }
 
-#[tokio::test]
-async fn e20_hold_rule_a_blind_repeat_is_held_until_the_first_is_resolved() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e20_hold_rule_a_blind_repeat_is_held_and_never_refunds_twice() {
     let h = harness(Downstream::default()).await;
     h.sandbox.set_list_lag(LONG_LAG);
     h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
     assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
-    let posts = h.posts().len();
     let held = h.refund("c2", 500).await.unwrap_err();
     assert_eq!(held.kind, ErrorKind::Held, "{held}");
-    assert_eq!(held.detail.as_ref().unwrap()["earlier_call_id"], "c1");
-    assert!(held.message.contains("`c1`") && held.message.contains("status first"), "{}", held.message);
-    assert_eq!(h.posts().len(), posts, "no request at the sandbox");
+    let detail = held.detail.as_ref().unwrap();
+    assert_eq!(detail["earlier_call_id"], "c1");
+    // Before answering, the host resolved c1 itself: the same key, re-sent; the provider replayed.
+    assert_eq!(detail["earlier_outcome"]["sends"][0]["status"], 200, "{detail}");
+    let posts = h.posts();
+    assert!(posts.iter().all(|p| p.idempotency_key == posts[0].idempotency_key), "only c1's key went out");
     assert_eq!(h.refunds(), 1);
     // Other arguments are not held; neither is a read.
     h.refund("c3", 501).await.unwrap();
     h.call("c4", "refund_status", &format!(r#"{{"payment_intent":"{PI}"}}"#)).await.unwrap();
-    // The original is resolved by retrying it (same key, provider replay) ...
-    h.refund("c1", 500).await.unwrap();
-    // ... and then a legitimate repeat runs.
-    let again = h.refund("c2", 500).await.expect("no longer held");
+    // The original's retry returns its refund; told, a deliberate repeat under a new id runs.
+    let original = h.refund("c1", 500).await.unwrap();
+    assert_eq!(original.value["refund_id"], h.sandbox.refunds()[0].id.as_str());
+    let again = h.refund("c5", 500).await.expect("a legitimate repeat");
     assert_eq!(again.value["amount_cents"], 500);
     assert_eq!(h.refunds(), 3);
 }
@@ -265,18 +267,24 @@ async fn e30_a_lagging_listing_is_retried_within_the_reconcile_window_without_re
 }
 
 #[tokio::test]
-async fn hold_rule_releases_once_reconciliation_settles_the_earlier_call() {
+async fn a_held_call_gets_the_outcome_reconciliation_found_for_the_earlier_one() {
     // Past retention, so resolution can only come from reconciliation.
     let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;
     h.sandbox.set_list_lag(LONG_LAG);
     h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
     assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
-    assert_eq!(h.refund("c2", 500).await.unwrap_err().kind, ErrorKind::Held);
+    let held = h.refund("c2", 500).await.unwrap_err();
+    assert_eq!(held.kind, ErrorKind::Held);
+    assert!(held.detail.as_ref().unwrap()["earlier_outcome"].is_null(), "nothing found yet: {held}");
     assert_eq!(h.posts().len(), 1, "held: no request");
     h.sandbox.set_list_lag(Duration::ZERO);
     let report = h.rt.recover().await.unwrap();
     assert_eq!((report.examined, report.settled.len()), (1, 1), "{report:?}");
     assert_eq!(h.posts().len(), 1, "settled by looking, not by sending");
-    h.refund("c2", 500).await.expect("the earlier call is resolved: a new one runs");
+    // c2 was admitted while c1 was unresolved: it is answered with c1's outcome, now known.
+    let answered = h.refund("c2", 500).await.unwrap_err();
+    assert_eq!(answered.detail.as_ref().unwrap()["earlier_outcome"]["sends"][0]["status"], 200, "{answered}");
+    assert_eq!(h.refunds(), 1);
+    h.refund("c3", 500).await.expect("told the outcome, a new call runs");
     assert_eq!(h.refunds(), 2);
 }

@@ -9,9 +9,14 @@
 //!   request reached the provider (around the answer and our writes) — or
 //!   not at all if the call finished first.
 //!
-//! Then it restarts the host (whose start-up recovery runs first) and
-//! replays the same tool call, and checks: refunds at the sandbox ==
-//! distinct tool-call ids (no duplicate, none lost); every result
+//! Then it restarts the host (whose start-up recovery runs first). A call
+//! whose answer the caller got is replayed. A call that was never answered
+//! is what a model re-issues blindly: the trial makes that repeat under a
+//! new tool-call id, and then resumes the original id too (a harness
+//! replaying its checkpoint). It checks the hold rule's invariant at the
+//! provider: one refund per trial — two only if the killed call was never
+//! admitted (the host never saw it, so the repeat and the resume are each a
+//! call made after the caller heard a definitive outcome); every result
 //! acknowledged before a kill is identical after it; after a final
 //! `toolguard recover`, no attempt is left pending or unknown.
 //!
@@ -28,7 +33,7 @@ use toolguard_sandbox::Fault;
 /// The warm-up refund's amount, distinct from every trial's.
 const WARM_UP_AMOUNT: u64 = 99_999_999;
 
-const FAILPOINTS: [&str; 3] = ["after-attempt-write", "after-answer", "after-outcome-write"];
+const FAILPOINTS: [&str; 5] = ["after-admission", "after-attempt-write", "after-answer", "after-outcome-write", "after-print"];
 
 /// xorshift64*: a tiny deterministic generator, so a seed replays a run.
 struct Rng(u64);
@@ -44,6 +49,12 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// The refund a killed `toolguard call` printed before it died, if it got
+/// that far: then its caller was told.
+fn printed(out: &std::process::Output) -> Option<serde_json::Value> {
+    Some(crate::crash::stdout_json(out)).filter(|v| v.get("refund_id").is_some())
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -64,6 +75,7 @@ fn torture_kill_9_never_duplicates_or_loses_a_refund() {
     let call_ms = (started.elapsed().as_millis() as u64).max(10);
     let mut phases: BTreeMap<String, u64> = BTreeMap::new();
     let mut acknowledged = 0;
+    let (mut repeats_held, mut repeats_ran, mut never_admitted) = (0, 0, 0);
 
     for trial in 0..trials {
         let amount = trial + 1;
@@ -83,6 +95,7 @@ fn torture_kill_9_never_duplicates_or_loses_a_refund() {
                 let point = FAILPOINTS[rng.below(FAILPOINTS.len() as u64) as usize];
                 let out = w.spawn_refund(&call_id, amount, Some(point)).wait_with_output().unwrap();
                 assert!(!out.status.success(), "trial {trial}: failpoint {point} did not fire");
+                ack = printed(&out);
                 format!("aborted at failpoint {point}")
             }
             mode => {
@@ -104,23 +117,48 @@ fn torture_kill_9_never_duplicates_or_loses_a_refund() {
                     None => {
                         let reached = !w.posts_of(amount).is_empty();
                         child.kill().unwrap();
-                        child.wait().unwrap();
-                        if reached { "SIGKILL after the request reached the provider" } else { "SIGKILL before the request reached the provider" }.to_string()
+                        // The answer may be out already (the process stays a moment for calls handed to it).
+                        ack = printed(&child.wait_with_output().unwrap());
+                        match (ack.is_some(), reached) {
+                            (true, _) => "SIGKILL after the answer was printed (acknowledged)",
+                            (false, true) => "SIGKILL after the request reached the provider",
+                            (false, false) => "SIGKILL before the request reached the provider",
+                        }
+                        .to_string()
                     }
                 }
             }
         };
+        acknowledged += usize::from(ack.is_some() && !phase.starts_with("finished"));
+        let reached_a_send = phase.starts_with("killed between")
+            || phase.starts_with("SIGKILL after the request")
+            || (phase.starts_with("aborted") && !phase.ends_with("after-admission"));
         *phases.entry(phase).or_default() += 1;
 
-        // Restart and replay the same tool call.
-        let (ok, result) = w.refund(&call_id, amount);
-        assert!(ok, "trial {trial}: the replay failed: {result}");
-        assert_eq!(result["amount_cents"], amount, "trial {trial}");
+        // Restart: the caller who got an answer replays the same tool call.
         if let Some(ack) = ack {
+            let (ok, result) = w.refund(&call_id, amount);
+            assert!(ok, "trial {trial}: the replay failed: {result}");
             assert_eq!(result, ack, "trial {trial}: an acknowledged result changed after the restart");
+            assert_eq!(w.refunds_of(amount), 1, "trial {trial} (seed {seed})");
+            continue;
         }
+        // Never answered: the model re-issues it under a new id, then the harness resumes the original.
+        let admitted = w.ledger().call("crash", &call_id).unwrap().is_some();
+        assert!(admitted || !reached_a_send, "trial {trial}: a call that reached a send must have been admitted");
+        let (repeat_ok, repeat) = w.refund(&format!("{call_id}-model"), amount);
+        let (resume_ok, resumed) = w.refund(&call_id, amount);
+        for (ok, answer) in [(repeat_ok, &repeat), (resume_ok, &resumed)] {
+            assert!(ok || answer["kind"] == "held", "trial {trial} (seed {seed}): {answer}");
+            if ok {
+                assert_eq!(answer["amount_cents"], amount, "trial {trial}");
+            }
+        }
+        if repeat_ok { repeats_ran += 1 } else { repeats_held += 1 }
+        let expected = if admitted { 1 } else { 2 };
+        never_admitted += usize::from(!admitted);
         let refunds = w.refunds_of(amount);
-        assert_eq!(refunds, 1, "trial {trial} (seed {seed}): {refunds} refunds for one tool call");
+        assert_eq!(refunds, expected, "trial {trial} (seed {seed}, admitted: {admitted}): repeat {repeat}, resume {resumed}");
     }
 
     let out = w.toolguard(&["recover"]);
@@ -135,7 +173,8 @@ fn torture_kill_9_never_duplicates_or_loses_a_refund() {
         *per_amount.entry(r.amount).or_default() += 1;
     }
     per_amount.remove(&(WARM_UP_AMOUNT));
-    let duplicates: usize = per_amount.values().map(|n| n.saturating_sub(1)).sum();
+    // Only a trial whose call was never admitted may have two (a new action after a definitive answer).
+    let duplicates: usize = per_amount.values().map(|n| n.saturating_sub(1)).sum::<usize>() - never_admitted;
     let lost = (1..=trials).filter(|a| !per_amount.contains_key(a)).count();
 
     println!("torture tally (seed {seed})");
@@ -144,8 +183,10 @@ fn torture_kill_9_never_duplicates_or_loses_a_refund() {
         println!("  {phase}: {n}");
     }
     println!("  acknowledged before a kill point: {acknowledged}");
-    println!("  refunds at the provider: {} for {trials} distinct tool-call ids (and the warm-up)", refunds.len() - 1);
+    println!("  never answered: the model's blind repeat was held {repeats_held}, ran {repeats_ran}; then the original id resumed");
+    println!("  never admitted (killed before the host recorded the call; repeat and resume are new actions): {never_admitted}");
+    println!("  refunds at the provider: {} for {trials} trials (and the warm-up)", refunds.len() - 1);
     println!("  duplicates = {duplicates}, lost = {lost}, left pending = {pending}, left unknown = {unknown}");
     assert_eq!((duplicates, lost, pending, unknown), (0, 0, 0, 0));
-    assert_eq!(refunds.len() as u64, trials + 1, "the trials' refunds and the warm-up's");
+    assert_eq!(refunds.len() as u64, trials + 1 + never_admitted as u64, "the trials' refunds and the warm-up's");
 }

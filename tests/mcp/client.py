@@ -57,13 +57,16 @@ async def main():
         # The provider commits but answers after our deadline.
         inject(sandbox, {"kind": "delay-after-commit", "ms": 4000})
         step("timeout", await c.call_tool("refund", ARGS, meta=ids("call-B")))
-        # The model re-issues it blindly under a new id.
+        # The model re-issues it blindly under a new id: the host resolves call-B
+        # first (same key, the provider replays) and answers with its outcome.
         step("blind-repeat", await c.call_tool("refund", ARGS, meta=ids("call-C")))
-        # The transport retries the same tool call: same key, provider replays.
+        # The transport retries the same tool call: its send replays from the ledger.
         step("retry", await c.call_tool("refund", ARGS, meta=ids("call-B")))
         step("replay", await c.call_tool("refund", ARGS, meta=ids("call-B")))
-        # Now resolved, a genuine repeat runs.
-        step("repeat-after-resolution", await c.call_tool("refund", ARGS, meta=ids("call-C")))
+        # The blind repeat, replayed: the same answer, never a run.
+        step("blind-repeat-again", await c.call_tool("refund", ARGS, meta=ids("call-C")))
+        # Told the outcome, a deliberate repeat under a new id is a new refund.
+        step("repeat-after-resolution", await c.call_tool("refund", ARGS, meta=ids("call-D")))
         step("status", await c.call_tool("refund_status", {"payment_intent": "pi_mcp"}))
 
 

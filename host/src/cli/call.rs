@@ -1,9 +1,22 @@
 //! `toolguard call`: one tool call; the result (or a JSON error with a
-//! `kind`) on stdout.
+//! `kind`) on stdout. Once the answer is printed, the host records that the
+//! caller was told it (the hold rule counts on it: `docs/guard.md`).
+//!
+//! Several `toolguard call`s may run at once on one data directory: the
+//! first to open the ledger holds it and serves the others' calls over a
+//! local socket while it runs ([`crate::local`]).
 
-use crate::CallRequest;
+use crate::local::{self, HandOff};
+use crate::runtime::StartError;
+use crate::{CallError, CallOutput, CallRequest, Config, Runtime};
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a `toolguard call` that holds the ledger stays, after its own
+/// call, for calls handed to it: until none arrived for this long.
+const LINGER: Duration = Duration::from_millis(300);
 
 /// Runs the call and prints its outcome; returns the exit status.
 pub async fn run(config: &Path, session: String, call_id: String, tool: String, args: String) -> u8 {
@@ -17,21 +30,75 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
     } else {
         args
     };
-    let runtime = match super::load(config).await {
-        Ok(rt) => rt,
-        Err(code) => return code,
+    let config = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => return super::config_error(e.to_string()),
     };
-    match runtime.call(&CallRequest { session, call_id, tool, args_json }).await {
+    let request = CallRequest { session, call_id, tool, args_json };
+    let socket = super::ledger_dir(&config).and_then(local::socket_path);
+    let digest = local::config_digest(&config);
+    let deadline = Instant::now() + super::LEDGER_WAIT;
+    loop {
+        match Runtime::from_config(&config).await {
+            Ok(runtime) => return hold_and_call(Arc::new(runtime), socket, digest, &request).await,
+            Err(StartError::LedgerBusy(why)) => {
+                if let Some(path) = &socket {
+                    match local::hand_over(path, &digest, &request).await {
+                        Ok(handed) => {
+                            let answer = handed.answer.clone();
+                            let (printed, code) = print(&answer);
+                            if printed {
+                                handed.delivered().await;
+                            }
+                            return code;
+                        }
+                        Err(HandOff::Refused(message)) => return super::config_error(message),
+                        Err(HandOff::NoHolder) => {}
+                    }
+                }
+                if Instant::now() >= deadline {
+                    return super::config_error(super::busy_message(&why));
+                }
+                tokio::time::sleep(super::LEDGER_POLL).await;
+            }
+            Err(e) => return super::config_error(e.to_string()),
+        }
+    }
+}
+
+/// This process holds the ledger: it serves calls handed to it while it
+/// runs its own, and stays until they are done.
+async fn hold_and_call(runtime: Arc<Runtime>, socket: Option<std::path::PathBuf>, digest: String, request: &CallRequest) -> u8 {
+    let listener = socket.and_then(|path| match local::Listener::start(path, runtime.clone(), digest) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take calls from other toolguard processes on this data directory; they will wait");
+            None
+        }
+    });
+    let answer = runtime.call(request).await;
+    let (printed, code) = print(&answer);
+    if printed {
+        crate::guard::failpoint("after-print");
+        runtime.report(request, &answer).await;
+    }
+    if let Some(listener) = listener {
+        listener.until_idle(LINGER).await;
+    }
+    code
+}
+
+/// Prints the answer; whether it got out, and the exit status.
+fn print(answer: &Result<CallOutput, CallError>) -> (bool, u8) {
+    let (json, code) = match answer {
         Ok(output) => {
             if output.replayed {
                 tracing::info!("replayed: the stored result of the completed tool call (no plugin ran, nothing was sent)");
             }
-            super::print_json(&output.value);
-            0
+            (output.value.clone(), 0)
         }
-        Err(e) => {
-            super::print_json(&serde_json::to_value(&e).unwrap_or_default());
-            super::EXIT_CALL_FAILED
-        }
-    }
+        Err(e) => (serde_json::to_value(e).unwrap_or_default(), super::EXIT_CALL_FAILED),
+    };
+    // If nobody read it, the caller was not told, and the ledger must not say so.
+    (super::write_json(&json).is_ok(), code)
 }

@@ -79,43 +79,50 @@ async fn demo() -> anyhow::Result<bool> {
     println!("   for {RECONCILE_MS} ms cannot tell either.");
     sandbox.inject(Fault::DelayAfterCommit { ms: LATE_ANSWER_MS });
     sandbox.set_list_lag(std::time::Duration::from_millis(LIST_LAG_MS));
-    show(call(&runtime, "call_1", &args(1_500)).await);
+    call(&runtime, "call_1", &args(1_500)).await;
     expect("the provider did commit it", 1);
 
-    println!("\n2. The model reads an inconclusive result and re-issues the refund as a new tool call (call_1b).");
-    let posts = count_posts(&sandbox);
-    show(call(&runtime, "call_1b", &args(1_500)).await);
-    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
-    expect("held: never executed blind", 1);
+    println!("\n2. In the background, a recovery pass (as every start-up, `toolguard recover` and a fleet's takeover");
+    println!("   pass run) re-sends call_1 with the same key: the provider replays its stored answer. call_1 is");
+    println!("   settled in our ledger, but the model was never told.");
+    let report = runtime.recover().await.map_err(anyhow::Error::msg)?;
+    let replayed = runtime.guard().and_then(|g| g.ledger().attempts_of_call("demo", "call_1").ok()).is_some_and(|a| a.first().is_some_and(|a| a.provider_replayed));
+    println!("   → recovery settled {} attempt(s) and minted no key; the provider answered with its stored", report.settled.len());
+    println!("     response (Idempotent-Replayed: {replayed})");
+    expect("the same refund, replayed by the provider", 1);
 
-    println!("\n3. The transport retries the same tool call (call_1): the host re-sends the same key.");
-    show(call(&runtime, "call_1", &args(1_500)).await);
-    let replayed = sandbox.requests().last().is_some_and(|r| r.method == "POST")
-        && runtime.guard().and_then(|g| g.ledger().attempts_of_call("demo", "call_1").ok()).is_some_and(|a| a.first().is_some_and(|a| a.provider_replayed));
-    println!("   the provider answered with its stored response (Idempotent-Replayed: {replayed})");
+    println!("\n3. The model, having read an inconclusive result, re-issues the refund as a new tool call (call_1b).");
+    let posts = count_posts(&sandbox);
+    call(&runtime, "call_1b", &args(1_500)).await;
+    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
+    expect("held, carrying call_1's real outcome: never executed blind", 1);
+
+    println!("\n4. The transport retries the same tool call (call_1): its send replays from our ledger.");
+    let posts = count_posts(&sandbox);
+    call(&runtime, "call_1", &args(1_500)).await;
+    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
     expect("the original refund, not a new one", 1);
 
-    println!("\n4. The agent resumes from a checkpoint and replays call_1 once more.");
-    let posts = count_posts(&sandbox);
-    show(call(&runtime, "call_1", &args(1_500)).await);
-    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
-    expect("answered from our ledger", 1);
+    println!("\n5. The agent resumes from a checkpoint and replays call_1b once more.");
+    call(&runtime, "call_1b", &args(1_500)).await;
+    expect("the same answer, from our ledger", 1);
 
-    println!("\n5. The customer is owed a goodwill refund: a genuinely new tool call (call_2), same arguments.");
-    show(call(&runtime, "call_2", &args(1_500)).await);
-    expect("a new tool-call id is a new refund", 2);
+    println!("\n6. The customer is owed a goodwill refund: a genuinely new tool call (call_2), same arguments, made");
+    println!("   after the model was told how call_1 ended.");
+    call(&runtime, "call_2", &args(1_500)).await;
+    expect("a new tool-call id after a definitive answer is a new refund", 2);
 
-    println!("\n6. The model re-issues call_2 with mutated arguments (2500 instead of 1500).");
+    println!("\n7. The model re-issues call_2 with mutated arguments (2500 instead of 1500).");
     let posts = count_posts(&sandbox);
-    show(call(&runtime, "call_2", &args(2_500)).await);
+    call(&runtime, "call_2", &args(2_500)).await;
     println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
     expect("a conflict, nothing sent", 2);
 
-    println!("\n7. call_3 refunds 500: the provider commits it but answers HTTP 500. The host reconciles before");
+    println!("\n8. call_3 refunds 500: the provider commits it but answers HTTP 500. The host reconciles before");
     println!("   answering: it lists the payment's refunds (no lag now) and finds the one carrying the key.");
     sandbox.set_list_lag(std::time::Duration::ZERO);
     sandbox.inject(Fault::HiddenCommit500);
-    show(call(&runtime, "call_3", &args(500)).await);
+    call(&runtime, "call_3", &args(500)).await;
     expect("the real outcome, found by reconciliation", 3);
 
     println!("\nThe provider's refunds:");
@@ -127,7 +134,8 @@ async fn demo() -> anyhow::Result<bool> {
     if let Some(guard) = runtime.guard() {
         for c in guard.ledger().calls(None)? {
             let state = if c.state == crate::ledger::CallState::Completed { "completed" } else { "admitted" };
-            println!("   tool call {} ({}, {state})", c.call_id, c.tool);
+            let role = if c.is_executor() { "" } else { ", held behind an identical call" };
+            println!("   tool call {} ({}, {state}{role}; the model was told: {})", c.call_id, c.tool, c.reported.as_str());
             for a in guard.ledger().attempts_of_call(&c.session, &c.call_id)? {
                 let status = a.response.as_ref().map_or("-".to_string(), |r| r.status.to_string());
                 let tries = if a.tries == 1 { "1 try".to_string() } else { format!("{} tries", a.tries) };
@@ -139,15 +147,22 @@ async fn demo() -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-async fn call(runtime: &Runtime, call_id: &str, args: &str) -> Result<CallOutput, CallError> {
+/// Makes a tool call, shows its answer to "the model", and then records
+/// that the model was told it, as `toolguard call` and `serve` do.
+async fn call(runtime: &Runtime, call_id: &str, args: &str) {
     let req = CallRequest { session: "demo".into(), call_id: call_id.into(), tool: "refund".into(), args_json: args.into() };
-    runtime.call(&req).await
+    let answer = runtime.call(&req).await;
+    show(&answer);
+    runtime.report(&req, &answer).await;
 }
 
-fn show(result: Result<CallOutput, CallError>) {
+fn show(result: &Result<CallOutput, CallError>) {
     match result {
         Ok(out) if out.replayed => println!("   → {} (replayed from the ledger; no plugin ran)", out.value),
         Ok(out) => println!("   → {}", out.value),
+        Err(e) if e.detail.as_ref().is_some_and(|d| d["replayed"] == true) => {
+            println!("   → {}: {} (replayed from the ledger; no plugin ran)", e.kind, e.message);
+        }
         Err(e) => println!("   → {}: {}", e.kind, e.message),
     }
 }

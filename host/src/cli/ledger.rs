@@ -166,15 +166,33 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
 }
 
 fn print_table(rows: &[(CallRecord, Vec<AttemptRecord>)]) {
-    println!("{:<16} {:<20} {:<14} {:<10} ATTEMPTS (step key state tries)", "SESSION", "CALL ID", "TOOL", "STATE");
+    println!(
+        "{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} ATTEMPTS (step key state tries)",
+        "SESSION", "CALL ID", "TOOL", "STATE", "TOLD", "EPISODE"
+    );
     for (call, attempts) in rows {
         let state = match call.state {
             CallState::Admitted => "admitted",
             CallState::Completed => "completed",
         };
+        // The call's place in the hold rule's episode of its action, if it has one.
+        let episode = match (call.episode, &call.superseded_by) {
+            (None, _) => "-".to_string(),
+            (Some(n), Some(by)) => format!("{n} (by {by})"),
+            (Some(n), None) if call.follower => format!("{n} follows"),
+            (Some(n), None) => format!("{n} acts"),
+        };
         let attempts: Vec<String> =
             attempts.iter().map(|a| format!("{} {} {} {}", a.step, a.key, a.state.as_str(), a.tries)).collect();
         let attempts = if attempts.is_empty() { "-".to_string() } else { attempts.join("; ") };
-        println!("{:<16} {:<20} {:<14} {:<10} {attempts}", call.session, call.call_id, call.tool, state);
+        println!(
+            "{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} {attempts}",
+            call.session,
+            call.call_id,
+            call.tool,
+            state,
+            call.reported.as_str(),
+            episode
+        );
     }
 }

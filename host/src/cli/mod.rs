@@ -207,20 +207,61 @@ fn init_logging(runtime: tokio::runtime::Handle) -> Option<opentelemetry_sdk::tr
     provider
 }
 
-/// Loads the config and its plugins, or prints a JSON `config-error` and
-/// returns the exit status to use.
+/// How long a command waits for another toolguard process to release an
+/// embedded ledger it needs to write.
+const LEDGER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often it looks again.
+const LEDGER_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Prints a JSON `config-error`; returns the exit status to use.
+fn config_error(message: String) -> u8 {
+    print_json(&serde_json::json!({ "kind": "config-error", "message": message }));
+    EXIT_CONFIG
+}
+
+/// Why a command gave up waiting for the ledger.
+fn busy_message(why: &str) -> String {
+    format!(
+        "{why}; waited {} s for it. Stop that process (or wait for it), or run this command through it: a `toolguard serve` \
+         on this data directory takes `toolguard call`s handed to it",
+        LEDGER_WAIT.as_secs()
+    )
+}
+
+/// The directory of a config's embedded ledger, if it has one.
+fn ledger_dir(config: &crate::Config) -> Option<&std::path::Path> {
+    match &config.ledger {
+        crate::ledger::LedgerLocation::Dir(dir) => Some(dir),
+        crate::ledger::LedgerLocation::Postgres(_) => None,
+    }
+}
+
+/// Loads the config and its plugins, waiting (bounded) while another
+/// process holds the ledger, or prints a JSON `config-error` and returns the
+/// exit status to use.
 async fn load(path: &std::path::Path) -> Result<crate::Runtime, u8> {
-    let fail = |message: String| {
-        print_json(&serde_json::json!({ "kind": "config-error", "message": message }));
-        Err(EXIT_CONFIG)
-    };
-    let config = match crate::Config::load(path) {
-        Ok(c) => c,
-        Err(e) => return fail(e.to_string()),
-    };
-    match crate::Runtime::from_config(&config).await {
-        Ok(rt) => Ok(rt),
-        Err(e) => fail(e.to_string()),
+    let config = crate::Config::load(path).map_err(|e| config_error(e.to_string()))?;
+    start(&config).await
+}
+
+/// [`load`] for a parsed config.
+async fn start(config: &crate::Config) -> Result<crate::Runtime, u8> {
+    open_runtime(config).await.map_err(config_error)
+}
+
+/// The runtime of `config`, once the ledger is free (bounded), or why not.
+async fn open_runtime(config: &crate::Config) -> Result<crate::Runtime, String> {
+    let deadline = std::time::Instant::now() + LEDGER_WAIT;
+    loop {
+        match crate::Runtime::from_config(config).await {
+            Ok(rt) => return Ok(rt),
+            Err(crate::runtime::StartError::LedgerBusy(why)) if std::time::Instant::now() < deadline => {
+                tracing::debug!(%why, "waiting for the ledger");
+                tokio::time::sleep(LEDGER_POLL).await;
+            }
+            Err(crate::runtime::StartError::LedgerBusy(why)) => return Err(busy_message(&why)),
+            Err(e) => return Err(e.to_string()),
+        }
     }
 }
 
@@ -245,7 +286,7 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
             return EXIT_CONFIG;
         }
     };
-    let runtime = match crate::Runtime::from_config(&config).await {
+    let runtime = match open_runtime(&config).await {
         Ok(rt) => std::sync::Arc::new(rt),
         Err(e) => {
             eprintln!("toolguard serve: {e}");
@@ -255,6 +296,12 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
     if runtime.guard().is_some_and(|g| g.ledger().shared()) {
         tokio::spawn(takeovers(runtime.clone()));
     }
+    // `toolguard call`s on this data directory hand their calls to this process.
+    let _listener = ledger_dir(&config).and_then(crate::local::socket_path).and_then(|path| {
+        crate::local::Listener::start(path, runtime.clone(), crate::local::config_digest(&config))
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot take `toolguard call`s from other processes"))
+            .ok()
+    });
     let host = crate::mcp::McpHost::new(runtime, config.mcp.clone());
     let served = match http {
         Some(addr) => crate::mcp::http::serve(host, addr).await,
@@ -303,5 +350,16 @@ async fn bench(dir: PathBuf, quick: bool, json: bool, only: String) -> u8 {
 
 /// Prints pretty JSON to stdout.
 fn print_json(value: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()));
+    let _ = write_json(value);
+}
+
+/// Writes pretty JSON and a newline to stdout and flushes it.
+///
+/// # Errors
+/// stdout is closed or full (the reader went away).
+fn write_json(value: &serde_json::Value) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()))?;
+    out.flush()
 }

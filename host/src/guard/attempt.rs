@@ -20,8 +20,12 @@ pub struct CallGuard {
     persisted: bool,
     rules: super::CallRules,
     next_step: u32,
-    /// The first send whose outcome is not settled, if any.
-    unsettled: Option<AttemptInfo>,
+    /// Sends made so far, re-sends of an unsettled step included (the budget).
+    sends: u32,
+    /// Sends of this run whose outcome is not settled, in the order they
+    /// were made, with their request fingerprint: the same request again
+    /// re-drives that step with its key.
+    open_steps: Vec<(String, AttemptInfo)>,
     /// The send on the wire right now. If the invocation is cancelled (its
     /// wall clock ran out) mid-send, this is what may have taken effect.
     in_flight: Option<AttemptInfo>,
@@ -58,7 +62,7 @@ impl CallGuard {
         rules: super::CallRules,
         lock: tokio::sync::OwnedMutexGuard<()>,
     ) -> Self {
-        Self { guard, record, persisted, rules, next_step: 0, unsettled: None, in_flight: None, queued: Vec::new(), _lock: lock }
+        Self { guard, record, persisted, rules, next_step: 0, sends: 0, open_steps: Vec::new(), in_flight: None, queued: Vec::new(), _lock: lock }
     }
 
     /// Waits for the buffered outcome writes of this call's sends, so the
@@ -77,7 +81,8 @@ impl CallGuard {
 
     /// The first unsettled send, or the one cut off mid-flight, if any.
     pub(crate) fn take_unsettled(&mut self) -> Option<AttemptInfo> {
-        self.unsettled.take().or_else(|| self.in_flight.take())
+        let first = (!self.open_steps.is_empty()).then(|| self.open_steps.remove(0).1);
+        first.or_else(|| self.in_flight.take())
     }
 
     /// `outbound.send`: see `docs/guard.md`.
@@ -88,7 +93,7 @@ impl CallGuard {
                 self.record.tool
             )));
         }
-        if self.next_step >= self.rules.max_sends {
+        if self.sends >= self.rules.max_sends {
             return Err(OutboundError::Denied(format!(
                 "send budget spent: a call of `{}` may send {} time(s) (max_sends_per_call); nothing was sent",
                 self.record.tool, self.rules.max_sends
@@ -99,6 +104,14 @@ impl CallGuard {
         let request = wire::stored(&req.method, url.as_str(), headers, &req.body);
         wire::check(&request, &downstream).map_err(OutboundError::Invalid)?;
         let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, &req.body);
+        self.sends += 1;
+        // The plugin sends again what an earlier send of this run sent without
+        // a settled outcome (it swallowed `outcome-unknown` and retried): that
+        // is the same side effect, so it gets the same step and key — re-sent
+        // or reconciled as recovery would, never a second effect.
+        if let Some(step) = self.open_steps.iter().find(|(f, _)| *f == fingerprint).map(|(_, info)| info.step) {
+            return self.redrive(step, &downstream).await;
+        }
         let step = self.next_step;
         self.next_step += 1;
 
@@ -138,18 +151,44 @@ impl CallGuard {
                 (fresh, false)
             }
         };
+        self.drive_step(&mut attempt, &downstream, possibly_sent).await
+    }
+
+    /// Drives `attempt` and tells the plugin how it ended, keeping track of
+    /// this run's steps whose outcome is not settled.
+    async fn drive_step(&mut self, attempt: &mut AttemptRecord, downstream: &Downstream, possibly_sent: bool) -> Result<types::Response, OutboundError> {
         let reconciler = self.rules.reconciler.clone();
         let driven = self
             .guard
-            .drive(&mut attempt, &downstream, reconciler.as_deref(), &self.record, possibly_sent, &mut self.in_flight, Some(&mut self.queued))
+            .drive(attempt, downstream, reconciler.as_deref(), &self.record, possibly_sent, &mut self.in_flight, Some(&mut self.queued))
             .await;
         match driven {
-            Driven::Answered(response) => Ok(to_response(response)),
+            Driven::Answered(response) => {
+                self.open_steps.retain(|(_, info)| info.step != attempt.step);
+                Ok(to_response(response))
+            }
             Driven::Unsettled(info) => {
-                self.unsettled.get_or_insert_with(|| info.clone());
+                match self.open_steps.iter_mut().find(|(_, open)| open.step == attempt.step) {
+                    Some((_, open)) => *open = info.clone(),
+                    None => self.open_steps.push((attempt.fingerprint.clone(), info.clone())),
+                }
                 Err(OutboundError::OutcomeUnknown(info))
             }
             Driven::NotSent(message) => Err(OutboundError::Transport(message)),
+        }
+    }
+
+    /// Drives step `step` of this run again: its outcome was not settled when
+    /// the plugin sent the same request once more.
+    async fn redrive(&mut self, step: u32, downstream: &Downstream) -> Result<types::Response, OutboundError> {
+        // Its outcome writes land before it is read again.
+        self.flush().await;
+        let (session, call_id) = (self.record.session.clone(), self.record.call_id.clone());
+        let current = self.guard.ledger.read(move |ledger| ledger.attempt_at(&session, &call_id, step)).await.map_err(ledger_down)?;
+        match current {
+            Some(a) if a.state.is_final() && a.response.is_some() => Ok(to_response(a.response.expect("checked"))),
+            Some(mut a) if a.state.is_unsettled() => self.drive_step(&mut a, downstream, true).await,
+            _ => Err(OutboundError::Transport(format!("step {step} of this call is no longer in the ledger as it was; nothing was sent"))),
         }
     }
 

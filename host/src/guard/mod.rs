@@ -9,10 +9,12 @@
 //! - [`keys`]: what "the same action" means.
 //! - [`wire`]: refusals and key injection.
 //! - [`transport`]: retries and classification of one send.
+//! - [`hold`]: the hold rule — episodes of identical irreversible calls.
 //! - [`attempt`]: the attempt protocol of `send`, and `fetch`.
 //! - [`recover`]: resolving unsettled attempts at start-up.
 
 mod attempt;
+mod hold;
 pub mod keys;
 pub mod recover;
 pub mod transport;
@@ -20,6 +22,7 @@ pub mod wire;
 
 pub use attempt::{CallGuard, fetch};
 pub(crate) use attempt::wit_state;
+pub use hold::DEFAULT_HOLD_WAIT;
 pub use recover::RecoveryReport;
 
 use crate::error::{CallError, ErrorKind};
@@ -34,8 +37,27 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-/// The lock a run of one tool call (session, call id) holds.
+/// The lock a run of one tool call (session, call id) holds; also the lock
+/// under which the guard decides about one action (session, tool, digest).
 type CallLock = Arc<tokio::sync::Mutex<()>>;
+
+/// Locks by name, each dropped from the map once nobody holds or waits for it.
+#[derive(Default)]
+struct Locks<K>(Mutex<HashMap<K, CallLock>>);
+
+impl<K: std::hash::Hash + Eq> Locks<K> {
+    fn get(&self, key: K) -> CallLock {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.retain(|_, l| Arc::strong_count(l) > 1);
+        map.entry(key).or_default().clone()
+    }
+
+    /// Whether the lock of `key` is held right now.
+    fn held(&self, key: &K) -> bool {
+        let map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(key).is_some_and(|l| l.try_lock().is_err())
+    }
+}
 
 /// Shared by all tool calls of a host: the ledger, the HTTP client, the downstreams.
 pub struct Guard {
@@ -43,7 +65,9 @@ pub struct Guard {
     client: reqwest::Client,
     downstreams: Downstreams,
     /// One lock per tool call in progress: concurrent duplicates wait for it.
-    in_flight: Mutex<HashMap<(String, String), CallLock>>,
+    in_flight: Locks<(String, String)>,
+    /// One lock per irreversible action being decided about (hold rule).
+    actions: Locks<(String, String, String)>,
     /// Recently completed calls: their outcomes never change, so replaying
     /// one needs no ledger read.
     completed: Mutex<Completed>,
@@ -113,6 +137,7 @@ pub struct CallIdentity {
 }
 
 /// The reviewer's rules a tool call runs under.
+#[derive(Clone)]
 pub struct CallRules {
     /// The tool's effective effect class.
     pub effect: Effect,
@@ -124,10 +149,13 @@ pub struct CallRules {
     pub max_sends: u32,
     /// For an irreversible tool: the most calls of the plugin's irreversible
     /// tools (named) one session may make per hour.
-    pub session_hour_budget: Option<(u32, Vec<String>)>,
+    pub session_hour_budget: Option<(u32, Arc<[String]>)>,
     /// On a shared ledger, how long this host's claim on the call lasts: the
     /// longest a run can take. Past it, another host may take the call over.
     pub lease_ms: u64,
+    /// For an irreversible tool: how long a call held behind an identical
+    /// earlier one waits for it to end before answering `held`.
+    pub hold_wait: std::time::Duration,
 }
 
 /// What admission decided.
@@ -137,6 +165,16 @@ pub enum Admission {
     Replay(StoredOutcome),
     /// Run the plugin under this call guard.
     Run(CallGuard),
+}
+
+/// How starting a run came out (on a shared ledger, after claiming the call).
+#[allow(clippy::large_enum_variant, reason = "one per tool call")]
+enum Started {
+    Admitted(Admission),
+    /// Another host runs this call now; the lock back, to wait and retry.
+    Busy(tokio::sync::OwnedMutexGuard<()>),
+    /// An identical later call superseded it meanwhile; the lock back, to decide again.
+    Superseded(tokio::sync::OwnedMutexGuard<()>),
 }
 
 /// What looking an attempt up at its provider found.
@@ -188,7 +226,7 @@ impl Guard {
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         let host = host_id();
-        Ok(Self { ledger, client, downstreams, in_flight: Mutex::new(HashMap::new()), completed: Mutex::default(), host })
+        Ok(Self { ledger, client, downstreams, in_flight: Locks::default(), actions: Locks::default(), completed: Mutex::default(), host })
     }
 
     /// The ledger the guard records into.
@@ -196,9 +234,17 @@ impl Guard {
         &self.ledger
     }
 
+    /// How long a call held behind an identical earlier one waits for it:
+    /// the longest reconcile window among the downstreams `grants` reach
+    /// (the time the host itself gives a provider to tell), or
+    /// [`DEFAULT_HOLD_WAIT`] without any.
+    pub fn hold_wait(&self, grants: &[Grant]) -> std::time::Duration {
+        grants.iter().filter_map(|g| self.downstreams.get(&g.downstream)).map(|d| d.reconcile_window).max().unwrap_or(DEFAULT_HOLD_WAIT)
+    }
+
     /// Admits a tool call: waits for a duplicate in progress, then replays a
-    /// completed call, refuses changed arguments, holds a blind repeat of an
-    /// unresolved irreversible action, or lets the plugin run.
+    /// completed call, refuses changed arguments, applies the hold rule to an
+    /// irreversible one ([`hold`]), or lets the plugin run.
     ///
     /// # Errors
     /// `conflict` when the call id was used with another tool or arguments;
@@ -213,69 +259,66 @@ impl Guard {
         {
             return Ok(Admission::Replay((*done.outcome).clone()));
         }
-        let lock = {
-            let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            map.retain(|_, l| Arc::strong_count(l) > 1);
-            map.entry((id.session.clone(), id.call_id.clone())).or_default().clone()
-        };
-        let lock = lock.lock_owned().await;
+        let mut lock = self.call_lock(&id.session, &id.call_id).lock_owned().await;
+        if rules.effect == Effect::Irreversible {
+            return self.admit_irreversible(id, rules, lock).await;
+        }
         loop {
-            // One trip to the ledger: the call, and for a new irreversible one
-            // the hold rule's candidates (with whether another host runs them).
-            let probe = id.clone();
-            let (irreversible, host) = (rules.effect == Effect::Irreversible, self.host.clone());
-            let (existing, candidates) = self
-                .ledger
-                .read(move |ledger| {
-                    let existing = ledger.call(&probe.session, &probe.call_id)?;
-                    let mut candidates = Vec::new();
-                    if existing.is_none() && irreversible {
-                        for attempt in ledger.unsettled_like(&probe.session, &probe.tool, &probe.args_digest)? {
-                            let elsewhere = ledger.shared()
-                                && ledger.call(&attempt.session, &attempt.call_id)?.is_some_and(|c| c.leased_elsewhere(&host, now_ms()));
-                            candidates.push((attempt, elsewhere));
-                        }
-                    }
-                    Ok((existing, candidates))
-                })
-                .await
-                .map_err(internal)?;
+            let (session, call_id) = (id.session.clone(), id.call_id.clone());
+            let existing = self.ledger.read(move |ledger| ledger.call(&session, &call_id)).await.map_err(internal)?;
             let (record, persisted) = match existing {
                 Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
                 Some(r) if r.state == CallState::Completed && r.outcome.is_some() => return Ok(self.replay(r)),
                 Some(r) => (r, true),
-                None => {
-                    if irreversible {
-                        self.hold_rule(&id, candidates)?;
-                        if let Some((max, tools)) = &rules.session_hour_budget {
-                            self.session_budget(&id, *max, tools).await?;
-                        }
-                    }
-                    let record = CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone());
-                    (record, false)
-                }
+                None => (CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone()), false),
             };
-            if !self.ledger.shared() {
-                // The lock above is the claim: no other process writes this ledger.
-                return Ok(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules, lock)));
-            }
-            // A shared ledger: claim the call so no other host runs it at once.
-            let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + rules.lease_ms), ..record };
-            let ledger = self.ledger.clone();
-            match blocking(move || ledger.claim_call(&claim, now_ms())).await.map_err(internal)? {
-                Claim::Run { record, persisted } => return Ok(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules, lock))),
-                Claim::Completed(r) => return Ok(self.replay(r)),
-                Claim::Conflict(r) => return Err(conflict(&id, &r)),
-                // Another host runs it: wait for it to finish, or for its claim to lapse.
-                Claim::Busy(_) => tokio::time::sleep(CLAIM_POLL).await,
+            match self.start(record, persisted, &rules, lock).await? {
+                Started::Admitted(admission) => return Ok(admission),
+                Started::Busy(back) | Started::Superseded(back) => {
+                    lock = back;
+                    tokio::time::sleep(CLAIM_POLL).await;
+                }
             }
         }
     }
 
+    /// Starts the run of `record` under `lock`: at once on a host's own
+    /// ledger (the lock is the claim); on a shared one after claiming the
+    /// call, so no other host runs it at the same time.
+    async fn start(self: &Arc<Self>, record: CallRecord, persisted: bool, rules: &CallRules, lock: tokio::sync::OwnedMutexGuard<()>) -> Result<Started, CallError> {
+        if !self.ledger.shared() {
+            return Ok(Started::Admitted(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules.clone(), lock))));
+        }
+        let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + rules.lease_ms), ..record };
+        let ledger = self.ledger.clone();
+        Ok(match blocking(move || ledger.claim_call(&claim, now_ms())).await.map_err(internal)? {
+            Claim::Run { record, persisted } => Started::Admitted(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules.clone(), lock))),
+            Claim::Completed(r) => Started::Admitted(self.replay(r)),
+            Claim::Conflict(r) => return Err(conflict_with(&r.call_id, &r)),
+            Claim::Busy(_) => Started::Busy(lock),
+            Claim::Superseded(_) => Started::Superseded(lock),
+        })
+    }
+
+    /// The lock of tool call (session, call id).
+    fn call_lock(&self, session: &str, call_id: &str) -> CallLock {
+        self.in_flight.get((session.to_string(), call_id.to_string()))
+    }
+
+    /// The lock under which the guard decides about `id`'s action.
+    fn action_lock(&self, id: &CallIdentity) -> CallLock {
+        self.actions.get((id.session.clone(), id.tool.clone(), id.args_digest.clone()))
+    }
+
     /// A completed call's stored outcome, remembered for the next replay.
     fn replay(&self, record: CallRecord) -> Admission {
-        self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(&record);
+        self.remember(&record);
         Admission::Replay(record.outcome.expect("completed calls carry their outcome"))
+    }
+
+    /// Keeps a completed call's outcome for fast replays.
+    fn remember(&self, record: &CallRecord) {
+        self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(record);
     }
 
     /// Ends this host's claim on a call that did not complete, so another host
@@ -300,7 +343,7 @@ impl Guard {
     /// Refuses a new irreversible call once the session has made `max` calls
     /// of `tools` in the last hour.
     async fn session_budget(&self, id: &CallIdentity, max: u32, tools: &[String]) -> Result<(), CallError> {
-        let (session, tools) = (id.session.clone(), tools.to_vec());
+        let session = id.session.clone();
         let since = now_ms().saturating_sub(3_600_000);
         let recent = self
             .ledger
@@ -308,7 +351,8 @@ impl Guard {
             .await
             .map_err(internal)?
             .iter()
-            .filter(|c| tools.contains(&c.tool) && c.created_ms >= since)
+            // Followers never run: they are answered with another call's outcome.
+            .filter(|c| tools.contains(&c.tool) && c.created_ms >= since && !c.follower)
             .count();
         if recent >= max as usize {
             return Err(CallError::new(
@@ -322,37 +366,9 @@ impl Guard {
         Ok(())
     }
 
-    /// The hold rule: a *new* tool call of an irreversible tool with the same
-    /// session, tool and arguments as an earlier call whose attempt is still
-    /// unresolved — unknown, or pending without its call running (a crash or a
-    /// cut-off invocation left it) — is not executed. An identical call that
-    /// is merely in flight does not hold a new one.
-    ///
-    /// `candidates` pairs each with whether another host runs its call now
-    /// (a live claim on a shared ledger), which counts as in flight.
-    fn hold_rule(&self, id: &CallIdentity, candidates: Vec<(AttemptRecord, bool)>) -> Result<(), CallError> {
-        let earlier = candidates.into_iter().find(|(a, elsewhere)| {
-            let running = *elsewhere || self.in_progress(&a.session, &a.call_id);
-            a.call_id != id.call_id && (a.state == crate::ledger::AttemptState::Unknown || !running)
-        });
-        let Some((attempt, _)) = earlier else { return Ok(()) };
-        let message = format!(
-            "Not executed: an identical earlier call of `{}` (tool call `{}`) has an outcome that is still unknown, \
-             so repeating it could do it twice. Check its status first (for refunds: refund_status), or retry tool \
-             call `{}` itself, which is safe. Once it is resolved, a new call with these arguments will run.",
-            id.tool, attempt.call_id, attempt.call_id
-        );
-        Err(CallError::new(ErrorKind::Held, message).with_detail(json!({
-            "earlier_call_id": attempt.call_id,
-            "earlier_key": attempt.key,
-            "earlier_state": attempt.state.as_str(),
-        })))
-    }
-
     /// Whether a run of tool call (session, call id) holds its lock right now.
     fn in_progress(&self, session: &str, call_id: &str) -> bool {
-        let map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.get(&(session.to_string(), call_id.to_string())).is_some_and(|l| l.try_lock().is_err())
+        self.in_flight.held(&(session.to_string(), call_id.to_string()))
     }
 
     /// Ends a tool call: an unsettled send makes it `outcome-unknown` whatever
@@ -387,7 +403,7 @@ impl Guard {
         let completion = self.ledger.queue(LedgerWrite::new().call(record.clone()), Durability::Buffered);
         call.flush().await;
         match completion.wait().await {
-            Ok(()) => self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(&record),
+            Ok(()) => self.remember(&record),
             Err(e) => tracing::warn!(error = %e, call_id = %record.call_id, "could not record the completed tool call; a replay will re-run it"),
         }
         result
@@ -395,11 +411,15 @@ impl Guard {
 }
 
 fn conflict(id: &CallIdentity, first: &CallRecord) -> CallError {
+    conflict_with(&id.call_id, first)
+}
+
+fn conflict_with(call_id: &str, first: &CallRecord) -> CallError {
     CallError::new(
         ErrorKind::Conflict,
         format!(
-            "tool call `{}` was first made as `{}` with other arguments; a changed request needs a new tool-call id. Nothing was sent",
-            id.call_id, first.tool
+            "tool call `{call_id}` was first made as `{}` with other arguments; a changed request needs a new tool-call id. Nothing was sent",
+            first.tool
         ),
     )
     .with_detail(json!({ "first_args": first.args, "first_tool": first.tool }))

@@ -29,12 +29,26 @@ pub struct RecoveryReport {
     pub running_elsewhere: Vec<String>,
 }
 
+/// How resolving one unsettled attempt came out.
+enum Resolved {
+    /// Settled: by the downstream's answer, by reconciliation, or found settled already.
+    Settled,
+    /// Still unknown, and why.
+    Unresolved(String),
+    /// Not found past the provider's retention: only an operator can settle it.
+    NeedsOperator,
+    /// Another host runs its tool call now.
+    RunningElsewhere,
+}
+
 impl Guard {
     /// Resolves every pending or unknown attempt. `reconciler_for(tool)`
     /// gives the plugin that can reconcile a tool's attempts, if any.
     ///
     /// Run it before serving: it takes each call's lock, so it never races a
-    /// run of the same call, but new calls could otherwise hit the hold rule.
+    /// run of the same call. It settles sends and nothing else: a call it
+    /// settles stays uncompleted and its episode open, so a blind repeat of it
+    /// is still held — now with the outcome found here (`docs/guard.md`).
     ///
     /// # Errors
     /// The ledger cannot be read.
@@ -50,46 +64,14 @@ impl Guard {
         })
         .await?;
         let mut report = RecoveryReport { examined: unsettled.len(), ..RecoveryReport::default() };
-        for mut attempt in unsettled {
+        for attempt in unsettled {
             let key = attempt.key.clone();
-            let lock = {
-                let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                map.entry((attempt.session.clone(), attempt.call_id.clone())).or_default().clone()
-            };
-            let _held = lock.lock_owned().await;
-            let ledger = self.ledger.clone();
-            let (session, call_id) = (attempt.session.clone(), attempt.call_id.clone());
-            let call = blocking(move || ledger.call(&session, &call_id)).await?;
-            let Some(call) = call else {
-                report.unresolved.push((key, "its tool call is not in the ledger".into()));
-                continue;
-            };
-            // On a shared ledger, take the call over first: a host that runs it
-            // now keeps it; one that died has let its claim lapse.
-            let claimed = self.ledger.shared();
-            if claimed {
-                let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + RECOVERY_LEASE_MS), ..call.clone() };
-                let ledger = self.ledger.clone();
-                if let Claim::Busy(_) = blocking(move || ledger.claim_call(&claim, now_ms())).await? {
-                    report.running_elsewhere.push(key);
-                    continue;
-                }
-            }
-            let Some(downstream) = self.downstreams.get(&attempt.downstream).cloned() else {
-                let why = format!("downstream `{}` is no longer configured", attempt.downstream);
-                report.unresolved.push((key, why));
-                continue;
-            };
             let reconciler = reconciler_for(&attempt.tool);
-            let driven = self.drive(&mut attempt, &downstream, reconciler.as_deref(), &call, true, &mut None, None).await;
-            if claimed {
-                self.release(&call).await;
-            }
-            match driven {
-                super::attempt::Driven::Answered(_) => report.settled.push(key),
-                _ if attempt.resolution == Some(Resolution::ReconciledNotFound) => report.needs_operator.push(key),
-                super::attempt::Driven::Unsettled(info) => report.unresolved.push((key, info.message)),
-                super::attempt::Driven::NotSent(why) => report.unresolved.push((key, why)),
+            match self.resolve_attempt(attempt, reconciler.as_deref(), RECOVERY_LEASE_MS).await? {
+                Resolved::Settled => report.settled.push(key),
+                Resolved::Unresolved(why) => report.unresolved.push((key, why)),
+                Resolved::NeedsOperator => report.needs_operator.push(key),
+                Resolved::RunningElsewhere => report.running_elsewhere.push(key),
             }
         }
         // A fleet runs this every few seconds: only progress is news (what
@@ -102,5 +84,61 @@ impl Guard {
             tracing::debug!(examined, settled, unresolved, needs_operator, "recovery pass finished");
         }
         Ok(report)
+    }
+
+    /// Resolves the unsettled sends of `call` as recovery would (the hold
+    /// rule's resolution of an executor nobody runs). Failures are logged:
+    /// the attempts stay as they were, for the next pass.
+    pub(crate) async fn resolve_call(&self, call: &CallRecord, reconciler: Option<&dyn Reconciler>) {
+        let (ledger, session, call_id) = (self.ledger.clone(), call.session.clone(), call.call_id.clone());
+        let attempts = match blocking(move || ledger.attempts_of_call(&session, &call_id)).await {
+            Ok(attempts) => attempts,
+            Err(e) => return tracing::warn!(error = %e, call_id = %call.call_id, "could not read a held-behind call's attempts"),
+        };
+        for attempt in attempts.into_iter().filter(|a| a.state.is_unsettled()) {
+            if let Err(e) = self.resolve_attempt(attempt, reconciler, RECOVERY_LEASE_MS).await {
+                tracing::warn!(error = %e, call_id = %call.call_id, "could not resolve a held-behind call's send");
+            }
+        }
+    }
+
+    /// Resolves one unsettled attempt under its call's lock (and, on a shared
+    /// ledger, a claim of `lease_ms` on its call): re-sent with the same key
+    /// within the downstream's retention, else reconciled. Never a new key.
+    async fn resolve_attempt(&self, attempt: AttemptRecord, reconciler: Option<&dyn Reconciler>, lease_ms: u64) -> Result<Resolved, crate::ledger::LedgerError> {
+        let _held = self.call_lock(&attempt.session, &attempt.call_id).lock_owned().await;
+        let (ledger, session, call_id, key) = (self.ledger.clone(), attempt.session.clone(), attempt.call_id.clone(), attempt.key.clone());
+        let (call, current) = blocking(move || Ok::<_, crate::ledger::LedgerError>((ledger.call(&session, &call_id)?, ledger.attempt(&key)?))).await?;
+        let Some(call) = call else {
+            return Ok(Resolved::Unresolved("its tool call is not in the ledger".into()));
+        };
+        // A run of its call may have settled it while we waited for the lock.
+        let Some(mut attempt) = current.filter(|a| a.state.is_unsettled()) else { return Ok(Resolved::Settled) };
+        // On a shared ledger, take the call over first: a host that runs it
+        // now keeps it; one that died has let its claim lapse.
+        let claimed = self.ledger.shared();
+        if claimed {
+            let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + lease_ms), ..call.clone() };
+            let ledger = self.ledger.clone();
+            if let Claim::Busy(_) = blocking(move || ledger.claim_call(&claim, now_ms())).await? {
+                return Ok(Resolved::RunningElsewhere);
+            }
+        }
+        let Some(downstream) = self.downstreams.get(&attempt.downstream).cloned() else {
+            if claimed {
+                self.release(&call).await;
+            }
+            return Ok(Resolved::Unresolved(format!("downstream `{}` is no longer configured", attempt.downstream)));
+        };
+        let driven = self.drive(&mut attempt, &downstream, reconciler, &call, true, &mut None, None).await;
+        if claimed {
+            self.release(&call).await;
+        }
+        Ok(match driven {
+            super::attempt::Driven::Answered(_) => Resolved::Settled,
+            _ if attempt.resolution == Some(Resolution::ReconciledNotFound) => Resolved::NeedsOperator,
+            super::attempt::Driven::Unsettled(info) => Resolved::Unresolved(info.message),
+            super::attempt::Driven::NotSent(why) => Resolved::Unresolved(why),
+        })
     }
 }

@@ -10,13 +10,14 @@
 //! Durability is chosen per write ([`Durability`]); why each write is synced
 //! or not is in `docs/ledger.md`.
 
+mod migrate;
 pub mod postgres;
 pub mod records;
 pub mod rocks;
 #[cfg(test)]
 mod suite;
 
-pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, GrantRecord, Resolution, StoredOutcome};
+pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
 
 use crate::guard::keys::KeySecret;
 use std::path::Path;
@@ -28,7 +29,59 @@ use std::sync::Arc;
 pub struct LedgerError {
     location: String,
     message: String,
+    /// A conditional write found the ledger changed ([`BackendError::Conflict`]),
+    /// or another process holds it ([`BackendError::Busy`]).
+    conflict: bool,
+    busy: bool,
 }
+
+impl LedgerError {
+    fn at(location: &str, message: String) -> Self {
+        Self { location: location.to_string(), message, conflict: false, busy: false }
+    }
+
+    fn of(location: &str, e: BackendError) -> Self {
+        match e {
+            BackendError::Conflict(message) => Self { conflict: true, ..Self::at(location, message) },
+            BackendError::Busy(message) => Self { busy: true, ..Self::at(location, message) },
+            BackendError::Failed(message) => Self::at(location, message),
+        }
+    }
+
+    /// Whether a conditional write was refused because the ledger changed
+    /// under it (another call or host got there first): re-read and decide again.
+    pub fn is_conflict(&self) -> bool {
+        self.conflict
+    }
+
+    /// Whether another process holds the (embedded) ledger right now.
+    pub fn is_busy(&self) -> bool {
+        self.busy
+    }
+}
+
+/// Why a backend's operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BackendError {
+    /// A condition of the write did not hold (an episode opened or handed
+    /// over by someone else first, a call no longer supersedable); nothing
+    /// of the write was applied.
+    Conflict(String),
+    /// Another process holds the database (RocksDB's lock).
+    Busy(String),
+    /// Anything else; nothing of the write was applied.
+    Failed(String),
+}
+
+impl From<String> for BackendError {
+    fn from(message: String) -> Self {
+        Self::Failed(message)
+    }
+}
+
+/// The schema version this code reads and writes: 2 added episodes
+/// (`docs/ledger.md`, "Schema versions"); 1 is migrated on open.
+pub(crate) const SCHEMA: &str = "2";
 
 /// A backend's message for "this read needs the disk", under
 /// [`rocks::memory_only`]; [`Ledger::read`] then retries on the blocking pool.
@@ -47,25 +100,29 @@ pub enum Durability {
 /// What a ledger backend stores and finds; errors are plain messages, which
 /// [`Ledger`] prefixes with the ledger's location.
 pub(crate) trait Backend: Send + Sync {
-    /// Checks the schema and returns the key secret, creating both on a new
-    /// ledger when `create`.
-    fn secret(&self, create: bool) -> Result<[u8; 32], String>;
+    /// The schema version and the key secret, both created on a new ledger
+    /// when `create` (then at [`SCHEMA`]).
+    fn meta(&self, create: bool) -> Result<(String, [u8; 32]), String>;
+    /// Records that the ledger now holds schema `version`.
+    fn set_schema(&self, version: &str) -> Result<(), String>;
+    /// Episode `episode` of the action (session, tool, args digest), or its
+    /// latest episode when `None`.
+    fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, String>;
     fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String>;
     fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String>;
     /// The latest generation's attempt at `step`.
     fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, String>;
     /// The current attempt of each step, by step.
     fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, String>;
-    fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, String>;
     fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, String>;
     fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String>;
     fn attempts(&self) -> Result<Vec<AttemptRecord>, String>;
     fn record_grants(&self, record: &GrantRecord) -> Result<bool, String>;
     fn grant_history(&self) -> Result<Vec<GrantRecord>, String>;
-    /// Applies `write` atomically.
-    fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), String>;
+    /// Applies `write` atomically, if its conditions hold.
+    fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), BackendError>;
     /// Queues `write` for the backend's writer thread, if it has one.
-    fn enqueue(&self, _write: &LedgerWrite, _durability: Durability) -> Option<Result<rocks::Ticket, String>> {
+    fn enqueue(&self, _write: &LedgerWrite, _durability: Durability) -> Option<Result<rocks::Ticket, BackendError>> {
         None
     }
     /// Whether reads under [`rocks::memory_only`] answer from memory (or
@@ -124,7 +181,7 @@ impl Ledger {
     /// was written by an incompatible version.
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
         let location = dir.display().to_string();
-        let backend = rocks::Rocks::open(dir).map_err(|message| LedgerError { location: location.clone(), message })?;
+        let backend = rocks::Rocks::open(dir).map_err(|e| LedgerError::of(&location, e))?;
         Self::init(Arc::new(backend), location, true)
     }
 
@@ -134,7 +191,7 @@ impl Ledger {
     /// There is no ledger in `dir`, or it cannot be read.
     pub fn open_read_only(dir: &Path) -> Result<Self, LedgerError> {
         let location = dir.display().to_string();
-        let backend = rocks::Rocks::open_read_only(dir).map_err(|message| LedgerError { location: location.clone(), message })?;
+        let backend = rocks::Rocks::open_read_only(dir).map_err(|message| LedgerError::at(&location, message))?;
         Self::init(Arc::new(backend), location, false)
     }
 
@@ -146,7 +203,7 @@ impl Ledger {
     /// incompatible schema.
     pub fn connect(url: &str) -> Result<Self, LedgerError> {
         let location = postgres::redacted(url);
-        let backend = postgres::Postgres::connect(url).map_err(|message| LedgerError { location: location.clone(), message })?;
+        let backend = postgres::Postgres::connect(url).map_err(|message| LedgerError::at(&location, message))?;
         Self::init(Arc::new(backend), location, true)
     }
 
@@ -163,9 +220,20 @@ impl Ledger {
         }
     }
 
-    fn init(backend: Arc<dyn Backend>, location: String, create: bool) -> Result<Self, LedgerError> {
-        let secret = backend.secret(create).map_err(|message| LedgerError { location: location.clone(), message })?;
-        Ok(Self { backend, location: location.into(), secret: KeySecret(secret), counts: Arc::default() })
+    /// Checks the schema (migrating an older one, unless opened read-only)
+    /// and reads the key secret.
+    fn init(backend: Arc<dyn Backend>, location: String, writable: bool) -> Result<Self, LedgerError> {
+        let failed = |message| LedgerError::at(&location, message);
+        let (schema, secret) = backend.meta(writable).map_err(failed)?;
+        let ledger = Self { backend, location: location.clone().into(), secret: KeySecret(secret), counts: Arc::default() };
+        match schema.as_str() {
+            SCHEMA => {}
+            // Read-only opens read schema-1 records as they are.
+            "1" if !writable => {}
+            "1" => migrate::to_2(&ledger)?,
+            other => return Err(failed(format!("schema {other} is not {SCHEMA}; use a matching toolguard"))),
+        }
+        Ok(ledger)
     }
 
     /// The secret keys are derived with.
@@ -179,7 +247,20 @@ impl Ledger {
     }
 
     fn err(&self, message: String) -> LedgerError {
-        LedgerError { location: self.location.to_string(), message }
+        LedgerError::at(&self.location, message)
+    }
+
+    fn backend_err(&self, e: BackendError) -> LedgerError {
+        LedgerError::of(&self.location, e)
+    }
+
+    /// Episode `episode` of the action (session, tool, args digest), or its
+    /// latest when `None`.
+    ///
+    /// # Errors
+    /// The read failed or the record is damaged.
+    pub fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, LedgerError> {
+        self.backend.episode(session, tool, args_digest, episode).map_err(|m| self.err(m))
     }
 
     /// The tool call (session, call id), if recorded.
@@ -233,15 +314,6 @@ impl Ledger {
         self.backend.attempts_of_call(session, call_id).map_err(|m| self.err(m))
     }
 
-    /// Unsettled (pending or unknown) attempts of any tool call in `session`
-    /// with this tool and argument digest: the hold rule's candidates.
-    ///
-    /// # Errors
-    /// A read failed or a record is damaged.
-    pub fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        self.backend.unsettled_like(session, tool, args_digest).map_err(|m| self.err(m))
-    }
-
     /// Tool calls, in (session, call id) order; only those of `session` if given.
     ///
     /// # Errors
@@ -293,7 +365,7 @@ impl Ledger {
     /// # Errors
     /// The write failed; nothing of it was applied.
     pub fn commit(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
-        self.backend.commit(&write, durability).map_err(|m| self.err(m))?;
+        self.backend.commit(&write, durability).map_err(|e| self.backend_err(e))?;
         self.count(durability);
         Ok(())
     }
@@ -311,7 +383,7 @@ impl Ledger {
     ) -> Result<T, LedgerError> {
         if self.backend.memory_reads() {
             match rocks::memory_only(|| read(self)) {
-                Err(e) if e.message == NEEDS_IO => {}
+                Err(e) if e.message == NEEDS_IO && !e.conflict && !e.busy => {}
                 answered => return answered,
             }
         }
@@ -411,8 +483,8 @@ pub struct QueuedWrite {
 
 enum Waiting {
     Writer(rocks::Ticket),
-    Pool(tokio::task::JoinHandle<Result<(), String>>),
-    Failed(String),
+    Pool(tokio::task::JoinHandle<Result<(), BackendError>>),
+    Failed(BackendError),
 }
 
 impl QueuedWrite {
@@ -422,11 +494,11 @@ impl QueuedWrite {
     /// The write failed; nothing of it was applied.
     pub async fn wait(self) -> Result<(), LedgerError> {
         let written = match self.waiting {
-            Waiting::Writer(ticket) => ticket.wait().await,
-            Waiting::Pool(task) => task.await.unwrap_or_else(|e| Err(format!("the ledger write panicked: {e}"))),
+            Waiting::Writer(ticket) => ticket.wait().await.map_err(BackendError::Failed),
+            Waiting::Pool(task) => task.await.unwrap_or_else(|e| Err(BackendError::Failed(format!("the ledger write panicked: {e}")))),
             Waiting::Failed(e) => Err(e),
         };
-        written.map_err(|m| self.ledger.err(m))?;
+        written.map_err(|e| self.ledger.backend_err(e))?;
         self.ledger.count(self.durability);
         Ok(())
     }
@@ -444,6 +516,8 @@ pub enum Claim {
     Conflict(CallRecord),
     /// Another host runs it now; its claim is live.
     Busy(CallRecord),
+    /// An identical later call took its place in its episode: it never runs again.
+    Superseded(CallRecord),
 }
 
 impl Claim {
@@ -454,6 +528,7 @@ impl Claim {
             None => Self::Run { record: call.clone(), persisted: false },
             Some(r) if r.tool != call.tool || r.args_digest != call.args_digest => Self::Conflict(r),
             Some(r) if r.state == CallState::Completed && r.outcome.is_some() => Self::Completed(r),
+            Some(r) if r.superseded_by.is_some() => Self::Superseded(r),
             Some(r) => Self::Run { record: r, persisted: true },
         }
     }
@@ -468,11 +543,53 @@ pub enum LedgerLocation {
     Postgres(String),
 }
 
-/// Records to write together, atomically.
+/// Records to write together, atomically; with conditions (an episode
+/// opened or handed over, a call superseded) the whole write is refused
+/// with a conflict ([`LedgerError::is_conflict`]) if one does not hold.
 #[derive(Debug, Default, Clone)]
 pub struct LedgerWrite {
     calls: Vec<CallRecord>,
     attempts: Vec<(AttemptRecord, Prior)>,
+    episodes: Vec<EpisodeOp>,
+    /// (session, call id, what its caller was told): set on the stored record.
+    reports: Vec<(String, String, Reported)>,
+    superseding: Option<Superseding>,
+}
+
+/// A change to an episode record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EpisodeOp {
+    /// Creates it; refused if that episode of the action exists already.
+    Open(EpisodeRecord),
+    /// Makes `record.executor` its executor; refused unless `from` still is.
+    Hand { record: EpisodeRecord, from: String },
+    /// Marks it closed at `at_ms` (a no-op if it is closed already).
+    Close { record: EpisodeRecord, at_ms: u64 },
+}
+
+impl EpisodeOp {
+    /// The episode this changes.
+    pub fn record(&self) -> &EpisodeRecord {
+        match self {
+            Self::Open(record) | Self::Hand { record, .. } | Self::Close { record, .. } => record,
+        }
+    }
+}
+
+/// The condition of a write that supersedes an episode's executor: the
+/// call (`session`, `call_id`) is not completed, holds no live claim at
+/// `now_ms`, and has no attempt that may have taken effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superseding {
+    pub session: String,
+    pub call_id: String,
+    pub now_ms: u64,
+}
+
+/// Whether `attempts` prove their call sent nothing that could have taken
+/// effect: none, or each settled as never sent (by the transport or an operator).
+pub fn sent_nothing(attempts: &[AttemptRecord]) -> bool {
+    attempts.iter().all(|a| a.state == AttemptState::Failed && a.response.is_none())
 }
 
 /// What the ledger held under an attempt's key before a write replaces it.
@@ -508,6 +625,25 @@ impl LedgerWrite {
     /// key. A wrong `prior` leaves stale index entries, which reads skip.
     pub fn attempt_over(mut self, attempt: AttemptRecord, prior: Prior) -> Self {
         self.attempts.push((attempt, prior));
+        self
+    }
+
+    /// Adds a change to an episode.
+    pub fn episode(mut self, op: EpisodeOp) -> Self {
+        self.episodes.push(op);
+        self
+    }
+
+    /// Records what the caller of (session, call id) was told, on its stored
+    /// record (a no-op if there is none).
+    pub fn reported(mut self, session: &str, call_id: &str, reported: Reported) -> Self {
+        self.reports.push((session.into(), call_id.into(), reported));
+        self
+    }
+
+    /// Makes the write conditional on `call` being supersedable (see [`Superseding`]).
+    pub fn superseding(mut self, call: Superseding) -> Self {
+        self.superseding = Some(call);
         self
     }
 }

@@ -12,6 +12,8 @@
 //! - `toolguard_attempts (key) → session, call_id, step, generation, tool,
 //!   args_digest, state, record`; unique (session, call_id, step, generation).
 //! - `toolguard_grant_history (plugin, recorded_ms) → record`.
+//! - `toolguard_episodes (session, tool, args_digest, episode) → executor,
+//!   closed, record` (schema 2): the hold rule's episodes.
 //!
 //! A new attempt (written over `Prior::Absent`) is inserted with `ON
 //! CONFLICT DO NOTHING`: if another host recorded it first the whole write
@@ -21,16 +23,13 @@
 //! buffered writes of the RocksDB backend are an fsync optimisation, and a
 //! shared ledger must not lose a write another host may already rely on.
 
-use super::{AttemptRecord, AttemptState, Backend, CallRecord, CallState, Claim, Durability, GrantRecord, LedgerWrite, Prior};
+use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{NoTls, Row};
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
 use std::time::Duration;
 
-/// The schema this code reads and writes.
-const SCHEMA: &str = "1";
-
-/// Version 1: every table and index.
+/// Version 1's tables and indexes.
 const MIGRATION_1: &str = "
 CREATE TABLE IF NOT EXISTS toolguard_meta (
     name TEXT PRIMARY KEY,
@@ -67,6 +66,21 @@ CREATE TABLE IF NOT EXISTS toolguard_grant_history (
     record TEXT NOT NULL,
     PRIMARY KEY (plugin, recorded_ms)
 );
+";
+
+/// Version 2: episodes. (The migration of the rows is `ledger::migrate`.)
+const MIGRATION_2: &str = "
+CREATE TABLE IF NOT EXISTS toolguard_episodes (
+    session TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    args_digest TEXT NOT NULL,
+    episode BIGINT NOT NULL,
+    executor TEXT NOT NULL,
+    closed BOOLEAN NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (session, tool, args_digest, episode)
+);
+DROP INDEX IF EXISTS toolguard_attempts_by_action;
 ";
 
 /// Connections one host keeps to the ledger.
@@ -122,17 +136,18 @@ impl Postgres {
         pool.get().map_err(|e| format!("no connection to PostgreSQL: {e}"))
     }
 
-    /// Creates the tables a new database lacks. Hosts starting together may
-    /// race on `CREATE … IF NOT EXISTS` (the catalogue's own unique index),
-    /// so a failed attempt is retried.
+    /// Creates the tables a new database lacks, and those of later schema
+    /// versions an older one lacks. Hosts starting together may race on
+    /// `CREATE … IF NOT EXISTS` (the catalogue's own unique index), so a
+    /// failed attempt is retried.
     fn migrate(&self) -> Result<(), String> {
         let current = self.client()?.query("SELECT value FROM toolguard_meta WHERE name = 'schema'", &[]);
-        if current.is_ok_and(|rows| rows.iter().any(|r| r.get::<_, Vec<u8>>(0) == SCHEMA.as_bytes())) {
+        if current.is_ok_and(|rows| rows.iter().any(|r| r.get::<_, Vec<u8>>(0) == super::SCHEMA.as_bytes())) {
             return Ok(());
         }
         let mut last = String::new();
         for _ in 0..5 {
-            match self.client()?.batch_execute(MIGRATION_1) {
+            match self.client()?.batch_execute(&format!("{MIGRATION_1}{MIGRATION_2}")) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = e.to_string(),
             }
@@ -208,23 +223,44 @@ fn int(n: u32) -> Result<i32, String> {
 }
 
 impl Backend for Postgres {
-    fn secret(&self, create: bool) -> Result<[u8; 32], String> {
+    fn meta(&self, create: bool) -> Result<(String, [u8; 32]), String> {
         off_async(|| {
             let mut client = self.client()?;
             if create {
                 let insert = "INSERT INTO toolguard_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
-                client.execute(insert, &[&"schema", &SCHEMA.as_bytes()]).map_err(|e| e.to_string())?;
+                client.execute(insert, &[&"schema", &super::SCHEMA.as_bytes()]).map_err(|e| e.to_string())?;
                 // The first host to get here sets the secret; every other reads it.
                 client.execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(|e| e.to_string())?;
             }
             let rows = client.query("SELECT name, value FROM toolguard_meta", &[]).map_err(|e| e.to_string())?;
             let value = |name: &str| rows.iter().find(|r| r.get::<_, &str>("name") == name).map(|r| r.get::<_, Vec<u8>>("value"));
-            match value("schema") {
-                Some(v) if v == SCHEMA.as_bytes() => {}
-                Some(v) => return Err(format!("schema {} is not {SCHEMA}; use a matching toolguard", String::from_utf8_lossy(&v))),
-                None => return Err("the ledger has no schema record".into()),
-            }
-            value("secret").and_then(|s| s.try_into().ok()).ok_or_else(|| "the key secret is missing or damaged".into())
+            let schema = value("schema").ok_or("the ledger has no schema record")?;
+            let secret = value("secret").and_then(|s| s.try_into().ok()).ok_or("the key secret is missing or damaged")?;
+            Ok((String::from_utf8_lossy(&schema).into_owned(), secret))
+        })
+    }
+
+    fn set_schema(&self, version: &str) -> Result<(), String> {
+        off_async(|| {
+            let sql = "UPDATE toolguard_meta SET value = $1 WHERE name = 'schema'";
+            self.client()?.execute(sql, &[&version.as_bytes()]).map(|_| ()).map_err(|e| e.to_string())
+        })
+    }
+
+    fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, String> {
+        off_async(|| {
+            let rows = match episode {
+                Some(n) => {
+                    let sql = "SELECT record FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
+                    self.query(sql, &[&session, &tool, &args_digest, &big(n)?])?
+                }
+                None => {
+                    let sql = "SELECT record FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 \
+                               ORDER BY episode DESC LIMIT 1";
+                    self.query(sql, &[&session, &tool, &args_digest])?
+                }
+            };
+            Self::one(&rows)
         })
     }
 
@@ -254,14 +290,6 @@ impl Backend for Postgres {
                        (SELECT max(generation) FROM toolguard_attempts b WHERE b.session = a.session AND b.call_id = a.call_id AND b.step = a.step) \
                        ORDER BY step";
             Self::records(&self.query(sql, &[&session, &call_id])?)
-        })
-    }
-
-    fn unsettled_like(&self, session: &str, tool: &str, args_digest: &str) -> Result<Vec<AttemptRecord>, String> {
-        off_async(|| {
-            let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND tool = $2 AND args_digest = $3 \
-                       AND state IN ('pending', 'unknown') ORDER BY octet_length(call_id), call_id COLLATE \"C\", step";
-            Self::records(&self.query(sql, &[&session, &tool, &args_digest])?)
         })
     }
 
@@ -327,6 +355,7 @@ impl Backend for Postgres {
                        WHERE NOT toolguard_calls.completed AND toolguard_calls.tool = EXCLUDED.tool \
                        AND toolguard_calls.args_digest = EXCLUDED.args_digest \
                        AND (toolguard_calls.lease_until < $9 OR toolguard_calls.owner = EXCLUDED.owner) \
+                       AND (toolguard_calls.record::jsonb ->> 'superseded_by') IS NULL \
                        RETURNING record";
             let row = call_row(call)?;
             let now = i64::try_from(now_ms).map_err(|e| e.to_string())?;
@@ -357,10 +386,23 @@ impl Backend for Postgres {
         })
     }
 
-    fn commit(&self, write: &LedgerWrite, _durability: Durability) -> Result<(), String> {
+    fn commit(&self, write: &LedgerWrite, _durability: Durability) -> Result<(), BackendError> {
         off_async(|| {
             let mut client = self.client()?;
             let mut tx = client.transaction().map_err(|e| e.to_string())?;
+            if let Some(s) = &write.superseding {
+                // The call's row stays locked until the commit: a host claiming it
+                // waits, then finds it superseded (the claim's condition).
+                let sql = "SELECT completed, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2 FOR UPDATE";
+                let row = tx.query_opt(sql, &[&s.session, &s.call_id]).map_err(|e| e.to_string())?;
+                let now = i64::try_from(s.now_ms).map_err(|e| e.to_string())?;
+                let free = row.is_some_and(|r| !r.get::<_, bool>("completed") && r.get::<_, i64>("lease_until") <= now);
+                let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2";
+                let attempts: Vec<AttemptRecord> = Self::records(&tx.query(sql, &[&s.session, &s.call_id]).map_err(|e| e.to_string())?)?;
+                if !free || !super::sent_nothing(&attempts) {
+                    return Err(BackendError::Conflict(format!("tool call `{}` can no longer be superseded", s.call_id)));
+                }
+            }
             for call in &write.calls {
                 let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
@@ -379,17 +421,55 @@ impl Backend for Postgres {
                     // nothing is sent).
                     let inserted = tx.execute(&format!("{insert} ON CONFLICT DO NOTHING"), &params).map_err(|e| e.to_string())?;
                     if inserted == 0 {
-                        return Err(format!(
+                        return Err(BackendError::Conflict(format!(
                             "attempt `{}` (step {} of tool call `{}`) was already recorded by another host; nothing was sent — retry the tool call",
                             a.key, a.step, a.call_id
-                        ));
+                        )));
                     }
                 } else {
                     let upsert = format!("{insert} ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record");
                     tx.execute(&upsert, &params).map_err(|e| e.to_string())?;
                 }
             }
-            tx.commit().map_err(|e| e.to_string())
+            for (session, call_id, reported) in &write.reports {
+                let sql = "UPDATE toolguard_calls SET record = (record::jsonb || jsonb_build_object('reported', $3::text))::text \
+                           WHERE session = $1 AND call_id = $2";
+                tx.execute(sql, &[session, call_id, &reported.as_str()]).map_err(|e| e.to_string())?;
+            }
+            for op in &write.episodes {
+                let r = op.record();
+                let (n, record) = (big(r.episode)?, serde_json::to_string(r).map_err(|e| e.to_string())?);
+                let key: [&(dyn r2d2_postgres::postgres::types::ToSql + Sync); 4] = [&r.session, &r.tool, &r.args_digest, &n];
+                let changed = match op {
+                    EpisodeOp::Open(_) => {
+                        let sql = "INSERT INTO toolguard_episodes (session, tool, args_digest, episode, executor, closed, record) \
+                                   VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
+                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &r.executor, &r.closed, &record]).map_err(|e| e.to_string())?
+                    }
+                    EpisodeOp::Hand { from, .. } => {
+                        let sql = "UPDATE toolguard_episodes SET executor = $5, \
+                                   record = (record::jsonb || jsonb_build_object('executor', $5::text))::text \
+                                   WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND executor = $6";
+                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &r.executor, from]).map_err(|e| e.to_string())?
+                    }
+                    EpisodeOp::Close { at_ms, .. } => {
+                        let sql = "UPDATE toolguard_episodes SET closed = true, \
+                                   record = (record::jsonb || jsonb_build_object('closed', true, 'closed_ms', $5::bigint))::text \
+                                   WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND NOT closed";
+                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(|e| e.to_string())?;
+                        continue;
+                    }
+                };
+                if changed == 0 {
+                    return Err(BackendError::Conflict(format!("episode {} of `{}` changed under this write", r.episode, r.tool)));
+                }
+            }
+            tx.commit().map_err(|e| BackendError::Failed(e.to_string()))
         })
     }
+}
+
+/// An episode number or time as SQL's BIGINT.
+fn big(n: u64) -> Result<i64, String> {
+    i64::try_from(n).map_err(|_| format!("{n} is too large for the ledger"))
 }

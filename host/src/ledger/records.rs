@@ -44,6 +44,24 @@ pub struct CallRecord {
     /// dies leaves its claim to lapse; then another host may take the call over.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub lease_until_ms: Option<u64>,
+    /// For a call of an irreversible tool: the episode of its action (same
+    /// session, tool and arguments) it belongs to ([`EpisodeRecord`]).
+    /// `None` on calls of other tools and on calls recorded before episodes.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub episode: Option<u64>,
+    /// Admitted behind an earlier identical call (its episode's executor)
+    /// instead of running: it never sends unless it supersedes that call.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub follower: bool,
+    /// The identical later call that took this call's place as its
+    /// episode's executor, because this one provably sent nothing and was
+    /// not running: this call never runs again.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub superseded_by: Option<String>,
+    /// What the caller was last told about this call, written when the
+    /// answer left the host.
+    #[serde(skip_serializing_if = "Reported::is_nothing", default)]
+    pub reported: Reported,
 }
 
 impl CallRecord {
@@ -61,12 +79,94 @@ impl CallRecord {
             completed_ms: None,
             owner: None,
             lease_until_ms: None,
+            episode: None,
+            follower: false,
+            superseded_by: None,
+            reported: Reported::Nothing,
         }
+    }
+
+    /// Whether this call may run its plugin: it is not a follower and was not
+    /// superseded (for calls outside episodes, always).
+    pub fn is_executor(&self) -> bool {
+        !self.follower && self.superseded_by.is_none()
     }
 
     /// Whether a host other than `host` holds a live claim on this call at `now_ms`.
     pub fn leased_elsewhere(&self, host: &str, now_ms: u64) -> bool {
         self.owner.as_deref().is_some_and(|o| o != host) && self.lease_until_ms.is_some_and(|t| t > now_ms)
+    }
+}
+
+/// What the caller of a tool call was last told, as far as the host knows:
+/// recorded when the answer left the host (the CLI printed it, the MCP
+/// response was written), never before.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reported {
+    /// Nothing yet: the call is in flight, or its host died before answering.
+    #[default]
+    Nothing,
+    /// An answer that did not settle the action: `outcome-unknown`, `held`
+    /// without an earlier outcome, or a host error.
+    Unknown,
+    /// A definitive outcome: the tool's result, a failure it reported, or
+    /// `held` carrying the outcome of the identical call that acted.
+    Definitive,
+}
+
+impl Reported {
+    /// Whether nothing was reported.
+    pub fn is_nothing(&self) -> bool {
+        *self == Self::Nothing
+    }
+
+    /// The kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nothing => "nothing",
+            Self::Unknown => "unknown",
+            Self::Definitive => "definitive",
+        }
+    }
+}
+
+/// One episode of an irreversible action: identical calls (same session,
+/// tool and canonical arguments) whose lifetimes overlap, from the first
+/// one's admission until a definitive outcome of one of them reached the
+/// caller. Exactly one of them, the executor, may send; the others follow it
+/// and are answered with its outcome. Keyed by (session, tool, args digest,
+/// episode number); see `docs/guard.md`, "The hold rule".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpisodeRecord {
+    pub session: String,
+    pub tool: String,
+    pub args_digest: String,
+    /// Numbered from 1 per action; a new one opens only after the last closed.
+    pub episode: u64,
+    /// The call id of the one call of this episode that may send.
+    pub executor: String,
+    /// A definitive outcome of this episode reached the caller: an identical
+    /// call admitted from now on is a new action.
+    pub closed: bool,
+    pub opened_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub closed_ms: Option<u64>,
+}
+
+impl EpisodeRecord {
+    /// Episode `episode` of `call`'s action, opened now with `call` as its executor.
+    pub fn open(call: &CallRecord, episode: u64) -> Self {
+        Self {
+            session: call.session.clone(),
+            tool: call.tool.clone(),
+            args_digest: call.args_digest.clone(),
+            episode,
+            executor: call.call_id.clone(),
+            closed: false,
+            opened_ms: now_ms(),
+            closed_ms: None,
+        }
     }
 }
 

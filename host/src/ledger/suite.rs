@@ -107,7 +107,7 @@ fn a_new_generation_becomes_the_steps_current_attempt(store: &dyn Store) {
     assert_eq!(ledger.attempt(&old.key).unwrap(), Some(old), "the old generation stays readable");
 }
 
-fn states_and_the_hold_rules_index_follow_every_transition(store: &dyn Store) {
+fn states_follow_every_transition(store: &dyn Store) {
     use AttemptState::*;
     let ledger = store.open();
     let paths: [&[AttemptState]; 5] =
@@ -121,16 +121,79 @@ fn states_and_the_hold_rules_index_follow_every_transition(store: &dyn Store) {
             }
             prior = Prior::Was(*state);
             let mine = |found: Vec<AttemptRecord>| found.into_iter().filter(|a| ids.contains(&a.call_id)).count();
-            let unsettled = mine(ledger.unsettled_like("s", "refund", "d").unwrap());
-            assert_eq!(unsettled, if state.is_unsettled() { 2 } else { 0 }, "path {path:?} at {state:?}");
             for s in AttemptState::ALL {
                 let expect = if s == *state { 2 } else { 0 };
                 assert_eq!(mine(ledger.attempts_in_state(s).unwrap()), expect, "path {path:?} at {state:?}: in {s:?}");
             }
         }
     }
-    assert!(ledger.unsettled_like("s", "refund", "other-digest").unwrap().is_empty());
-    assert!(ledger.unsettled_like("other", "refund", "d").unwrap().is_empty());
+}
+
+/// Episode `n` of call `executor`'s action (session `s`, refund, digest `d`).
+fn episode(n: u64, executor: &str) -> EpisodeRecord {
+    EpisodeRecord { opened_ms: 1, ..EpisodeRecord::open(&call("s", executor), n) }
+}
+
+fn episodes_open_once_hand_over_conditionally_and_close(store: &dyn Store) {
+    let ledger = store.open();
+    let latest = || ledger.episode("s", "refund", "d", None).unwrap();
+    assert_eq!(latest(), None);
+    ledger.commit(LedgerWrite::new().call(call("s", "c1")).episode(EpisodeOp::Open(episode(1, "c1"))), Durability::Buffered).unwrap();
+    assert_eq!(latest(), Some(episode(1, "c1")));
+    // Someone else opening the same episode (another host, a stale decision) is refused, whole.
+    let err = ledger.commit(LedgerWrite::new().call(call("s", "c2")).episode(EpisodeOp::Open(episode(1, "c2"))), Durability::Buffered).unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    assert_eq!(ledger.call("s", "c2").unwrap(), None, "nothing of the refused write applied");
+    // Handing over needs the executor the writer saw.
+    let stale = EpisodeOp::Hand { record: episode(1, "c3"), from: "c9".into() };
+    assert!(ledger.commit(LedgerWrite::new().episode(stale), Durability::Buffered).unwrap_err().is_conflict());
+    ledger.commit(LedgerWrite::new().episode(EpisodeOp::Hand { record: episode(1, "c3"), from: "c1".into() }), Durability::Buffered).unwrap();
+    assert_eq!(latest().unwrap().executor, "c3");
+    // Closing is idempotent and keeps the first time.
+    for at in [50, 60] {
+        ledger.commit(LedgerWrite::new().episode(EpisodeOp::Close { record: episode(1, "c3"), at_ms: at }), Durability::Buffered).unwrap();
+    }
+    let closed = latest().unwrap();
+    assert_eq!((closed.closed, closed.closed_ms, closed.executor.as_str()), (true, Some(50), "c3"));
+    ledger.commit(LedgerWrite::new().episode(EpisodeOp::Open(episode(2, "c4"))), Durability::Buffered).unwrap();
+    assert_eq!(latest().unwrap().episode, 2, "the latest episode of the action");
+    assert_eq!(ledger.episode("s", "refund", "d", Some(1)).unwrap().unwrap().executor, "c3", "earlier ones stay readable");
+    assert_eq!(ledger.episode("s", "refund", "other", None).unwrap(), None, "another action");
+    assert_eq!(ledger.episode("other", "refund", "d", None).unwrap(), None, "another session");
+}
+
+fn what_the_caller_was_told_is_set_on_the_stored_call(store: &dyn Store) {
+    let ledger = store.open();
+    let mut done = call("s", "c1");
+    done.state = CallState::Completed;
+    done.outcome = Some(StoredOutcome::Result(serde_json::json!({ "id": "re_1" })));
+    ledger.commit(LedgerWrite::new().call(done.clone()), Durability::Buffered).unwrap();
+    ledger.commit(LedgerWrite::new().reported("s", "c1", Reported::Definitive).reported("s", "none", Reported::Unknown), Durability::Buffered).unwrap();
+    assert_eq!(ledger.call("s", "c1").unwrap(), Some(CallRecord { reported: Reported::Definitive, ..done }), "only the field changed");
+    assert_eq!(ledger.call("s", "none").unwrap(), None, "no record is created");
+}
+
+fn only_a_call_that_sent_nothing_can_be_superseded(store: &dyn Store) {
+    let ledger = store.open();
+    let supersede = |executor: &str| {
+        let condition = Superseding { session: "s".into(), call_id: executor.into(), now_ms: 10 };
+        let moved = CallRecord { superseded_by: Some("new".into()), ..call("s", executor) };
+        ledger.commit(LedgerWrite::new().call(moved).superseding(condition), Durability::Buffered)
+    };
+    let mut not_sent = attempt("a", 0, 0, AttemptState::Failed);
+    not_sent.last_error = Some("not sent: connection refused".into());
+    let mut done = call("s", "done");
+    done.state = CallState::Completed;
+    done.outcome = Some(StoredOutcome::Result(serde_json::json!({})));
+    let write = LedgerWrite::new().call(call("s", "none")).call(call("s", "a")).call(call("s", "p")).call(done);
+    ledger.commit(write.attempt_over(not_sent, Prior::Absent).attempt_over(attempt("p", 0, 0, AttemptState::Pending), Prior::Absent), Durability::Buffered).unwrap();
+    supersede("none").expect("no attempt at all");
+    supersede("a").expect("its only attempt never left");
+    for refused in ["p", "done", "missing"] {
+        assert!(supersede(refused).unwrap_err().is_conflict(), "{refused}");
+        assert!(ledger.call("s", refused).unwrap().is_none_or(|c| c.superseded_by.is_none()), "{refused} untouched");
+    }
+    assert_eq!(ledger.call("s", "a").unwrap().unwrap().superseded_by.as_deref(), Some("new"));
 }
 
 fn the_secret_and_records_survive_a_reopen(store: &dyn Store) {
@@ -219,7 +282,10 @@ on_both_backends!(
     calls_round_trip_and_group_by_session,
     attempts_are_found_by_key_step_call_and_state,
     a_new_generation_becomes_the_steps_current_attempt,
-    states_and_the_hold_rules_index_follow_every_transition,
+    states_follow_every_transition,
+    episodes_open_once_hand_over_conditionally_and_close,
+    what_the_caller_was_told_is_set_on_the_stored_call,
+    only_a_call_that_sent_nothing_can_be_superseded,
     the_secret_and_records_survive_a_reopen,
     grant_history_keeps_changes_only,
     claims_tell_new_completed_and_conflicting_calls_apart,
@@ -244,6 +310,22 @@ fn a_live_claim_keeps_other_hosts_out_until_it_lapses() {
     assert!(matches!(ledger.claim_call(&claimed("c1", "host-a", 9_000), 3_000).unwrap(), Claim::Busy(_)), "only the owner releases");
     ledger.release_call("s", "c1", "host-b").unwrap();
     assert!(run(ledger.claim_call(&claimed("c1", "host-a", 9_000), 3_000).unwrap()), "released: free to claim");
+}
+
+/// A call another host runs now (a live claim) cannot be superseded; once
+/// superseded, no host can claim it to run.
+#[test]
+fn a_claimed_call_cannot_be_superseded_nor_a_superseded_one_claimed() {
+    let ledger = PostgresStore::new().open();
+    assert!(matches!(ledger.claim_call(&claimed("c1", "host-a", 1_000), 0).unwrap(), Claim::Run { .. }));
+    let supersede = |now_ms: u64| {
+        let moved = CallRecord { superseded_by: Some("c2".into()), ..call("s", "c1") };
+        let condition = Superseding { session: "s".into(), call_id: "c1".into(), now_ms };
+        ledger.commit(LedgerWrite::new().call(moved).superseding(condition), Durability::Buffered)
+    };
+    assert!(supersede(500).unwrap_err().is_conflict(), "host-a's claim is live");
+    supersede(1_500).expect("the claim lapsed");
+    assert!(matches!(ledger.claim_call(&claimed("c1", "host-b", 9_000), 2_000).unwrap(), Claim::Superseded(_)));
 }
 
 /// A new attempt another host already recorded is refused, whole.

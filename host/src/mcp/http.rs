@@ -63,9 +63,14 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
         .with_allowed_hosts(hosts)
         .with_max_request_body_bytes(config.max_request_bytes);
     let ledger = host.runtime.guard().map(|g| g.ledger().clone());
+    let runtime = host.runtime.clone();
     let service = StreamableHttpService::new(move || Ok(host.clone()), Arc::new(LocalSessionManager::default()), mcp_config);
     let token = Arc::new(token);
-    let router = axum::Router::new().nest_service(PATH, service).route(METRICS_PATH, axum::routing::get(move || metrics(ledger.clone())));
+    // Answers are recorded as told once their response body has been sent (delivery.rs).
+    let mcp = axum::Router::new()
+        .nest_service(PATH, service)
+        .layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)));
+    let router = mcp.route(METRICS_PATH, axum::routing::get(move || metrics(ledger.clone())));
     Ok(router.layer(axum::middleware::from_fn(move |req, next| {
         let token = token.clone();
         async move { bearer(token.as_deref(), req, next).await }

@@ -4,6 +4,7 @@
 //! stateless 2026-07-28). The tool-call and session ids that scope the
 //! guard's keys come from `_meta` (see [`ids`] and `docs/mcp.md`).
 
+mod delivery;
 pub mod http;
 pub mod ids;
 pub mod results;
@@ -28,6 +29,8 @@ pub struct McpHost {
     /// Tools in name order (the list is the same for every client).
     tools: Arc<BTreeMap<String, (Tool, Effect)>>,
     config: Arc<McpConfig>,
+    /// Over stdio: answers waiting for their response to be written.
+    pending: Option<Arc<delivery::Pending>>,
 }
 
 impl McpHost {
@@ -52,17 +55,38 @@ impl McpHost {
                 (t.name.clone(), (tool.with_annotations(annotations), t.effect))
             })
             .collect();
-        Self { runtime, tools: Arc::new(tools), config: Arc::new(config) }
+        Self { runtime, tools: Arc::new(tools), config: Arc::new(config), pending: None }
     }
 
     /// Serves MCP over stdin/stdout until the client goes away.
     ///
     /// # Errors
     /// The transport failed.
-    pub async fn serve_stdio(self) -> anyhow::Result<()> {
-        let running = self.serve(rmcp::transport::stdio()).await?;
+    pub async fn serve_stdio(mut self) -> anyhow::Result<()> {
+        let pending = Arc::new(delivery::Pending::default());
+        self.pending = Some(pending.clone());
+        let (stdin, stdout) = rmcp::transport::stdio();
+        let inner = rmcp::transport::async_rw::AsyncRwTransport::new_server(stdin, stdout);
+        let transport = delivery::Delivering { inner, pending, runtime: self.runtime.clone() };
+        let running = self.serve(transport).await?;
         running.waiting().await?;
         Ok(())
+    }
+
+    /// Records what the caller of an irreversible tool was told once the
+    /// response carrying it has been written ([`delivery`]).
+    fn deliver(&self, cx: &RequestContext<RoleServer>, request: CallRequest, answer: Result<crate::CallOutput, crate::CallError>) {
+        let answer = delivery::Answer { request, answer };
+        let slot = cx.extensions.get::<axum::http::request::Parts>().and_then(|p| p.extensions.get::<delivery::Slot>());
+        match (slot, &self.pending) {
+            (Some(slot), _) => slot.push(answer),
+            (None, Some(pending)) => pending.insert(cx.id.clone(), answer),
+            // Another transport: the answer is as good as sent.
+            (None, None) => {
+                let runtime = self.runtime.clone();
+                tokio::spawn(async move { answer.delivered(&runtime).await });
+            }
+        }
     }
 
     /// The authenticated principal of an HTTP request (the bearer middleware
@@ -115,11 +139,15 @@ impl ServerHandler for McpHost {
         };
         let session = ids::session(meta, self.principal(&cx).as_deref(), &self.config);
         let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json };
-        let result = match self.runtime.call(&call).await {
-            Ok(out) => results::success(out),
-            Err(e) if e.kind == ErrorKind::UnknownTool => return Err(ErrorData::invalid_params(e.message, None)),
-            Err(e) => results::error_result(&e),
+        let answer = self.runtime.call(&call).await;
+        let result = match &answer {
+            Ok(out) => results::success(out.clone()),
+            Err(e) if e.kind == ErrorKind::UnknownTool => return Err(ErrorData::invalid_params(e.message.clone(), None)),
+            Err(e) => results::error_result(e),
         };
+        if *effect == Effect::Irreversible {
+            self.deliver(&cx, call, answer);
+        }
         Ok(result.into())
     }
 }

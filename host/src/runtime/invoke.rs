@@ -10,7 +10,7 @@ use super::state::CallContext;
 use super::{CallOutput, CallRequest, Runtime};
 use crate::error::{CallError, ErrorKind};
 use crate::guard::{Admission, CallIdentity, CallRules, Reconciler, keys};
-use crate::ledger::StoredOutcome;
+use crate::ledger::{Reported, StoredOutcome};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -43,6 +43,7 @@ impl Runtime {
                     session_hour_budget: plugin.ctx.max_irreversible_calls_per_session_hour.map(|max| (max, self.irreversible_tools(plugin))),
                     // The wall clock cuts a run off, so nothing is sent after it.
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
+                    hold_wait: guard.hold_wait(&plugin.ctx.grants),
                 };
                 match guard.admit(id, rules).await? {
                     Admission::Replay(stored) => return replayed(stored),
@@ -75,8 +76,34 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// Records what the caller of `request` was told, once `answer` has left
+    /// the host (printed, written to the client): the hold rule counts a
+    /// call's lifetime until a definitive outcome reached the caller
+    /// (`docs/guard.md`). Only calls of irreversible tools keep this; other
+    /// calls, and answers that admitted nothing (unknown tool, bad
+    /// arguments, a conflict), are ignored. A failure to record is logged:
+    /// it can only make a later identical call be held once more.
+    pub async fn report(&self, request: &CallRequest, answer: &Result<CallOutput, CallError>) {
+        let (Some(guard), Some((_, tool))) = (self.core.guard.get(), self.tools.get(&request.tool)) else { return };
+        if tool.effect != super::Effect::Irreversible {
+            return;
+        }
+        let reported = match answer {
+            Ok(_) => Reported::Definitive,
+            Err(e) => match e.kind {
+                ErrorKind::UnknownTool | ErrorKind::InvalidArgs | ErrorKind::Conflict | ErrorKind::Internal => return,
+                ErrorKind::ToolFailed => Reported::Definitive,
+                ErrorKind::Held if e.detail.as_ref().is_some_and(|d| d.get("earlier_outcome").is_some()) => Reported::Definitive,
+                _ => Reported::Unknown,
+            },
+        };
+        if let Err(e) = guard.report(&request.session, &request.call_id, reported).await {
+            tracing::warn!(error = %e, call_id = %request.call_id, "could not record what the caller was told");
+        }
+    }
+
     /// The names of `plugin`'s irreversible tools.
-    fn irreversible_tools(&self, plugin: &super::plugin::LoadedPlugin) -> Vec<String> {
+    fn irreversible_tools(&self, plugin: &super::plugin::LoadedPlugin) -> std::sync::Arc<[String]> {
         self.tools
             .values()
             .filter(|(_, t)| t.plugin == *plugin.ctx.name && t.effect == super::Effect::Irreversible)

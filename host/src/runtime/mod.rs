@@ -37,7 +37,7 @@ use sandbox::{Core, Slot};
 use wasmtime::component::{HasSelf, Linker};
 
 /// One tool call as a caller makes it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CallRequest {
     /// The agent session (conversation) the call belongs to.
     pub session: String,
@@ -80,6 +80,10 @@ pub enum StartError {
     /// The ledger could not be opened or the guard set up.
     #[error("{0}")]
     Guard(String),
+    /// Another process holds the (embedded) ledger now; retry, or hand the
+    /// call to that process ([`crate::local`]).
+    #[error("{0}")]
+    LedgerBusy(String),
     /// One or more plugins were refused; every refusal is listed.
     #[error("{} plugin(s) refused:\n{}", .0.len(), .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
     Plugins(Vec<LoadError>),
@@ -175,7 +179,7 @@ impl Runtime {
         let ledger = tokio::task::spawn_blocking(move || Ledger::open_at(&location, false))
             .await
             .map_err(|e| StartError::Guard(e.to_string()))?
-            .map_err(|e| StartError::Guard(e.to_string()))?;
+            .map_err(|e| if e.is_busy() { StartError::LedgerBusy(e.to_string()) } else { StartError::Guard(e.to_string()) })?;
         runtime.set_guard(Guard::new(ledger, config.downstreams.clone()).map_err(StartError::Guard)?);
         let mut refused = Vec::new();
         for plugin in &config.plugins {

@@ -1,0 +1,55 @@
+//! Schema migrations, run when a writable handle opens an older ledger.
+//! Each step only adds: every record an older version wrote is kept as it
+//! was and read with the defaults of the fields it lacks.
+
+use super::{CallState, Durability, EpisodeOp, EpisodeRecord, Ledger, LedgerError, LedgerWrite};
+use std::collections::BTreeMap;
+
+/// 1 → 2: episodes. Schema 1 had no episodes; its hold rule held a new
+/// identical call while an earlier one had an attempt pending or unknown.
+/// Every call that never completed but made an attempt may still be that
+/// earlier call, so each opens an episode of its action with itself as the
+/// executor (several of one action: episodes 1, 2, … in admission order),
+/// and a new identical call follows it. Calls that completed were answered
+/// by schema-1 code before it printed them: their episodes would be closed,
+/// so none is written. The write is deterministic (times from the calls),
+/// so hosts of a fleet migrating at once write the same rows.
+pub(super) fn to_2(ledger: &Ledger) -> Result<(), LedgerError> {
+    let mut actions: BTreeMap<(String, String, String), Vec<(u64, String)>> = BTreeMap::new();
+    for call in ledger.calls(None)? {
+        if call.state == CallState::Completed || ledger.attempts_of_call(&call.session, &call.call_id)?.is_empty() {
+            continue;
+        }
+        actions.entry((call.session, call.tool, call.args_digest)).or_default().push((call.created_ms, call.call_id));
+    }
+    let mut write = LedgerWrite::new();
+    let mut opened = 0;
+    for ((session, tool, args_digest), mut calls) in actions {
+        calls.sort();
+        for (n, (created_ms, executor)) in calls.into_iter().enumerate() {
+            let episode = n as u64 + 1;
+            if ledger.episode(&session, &tool, &args_digest, Some(episode))?.is_some() {
+                continue; // another host of the fleet migrated first
+            }
+            let record = EpisodeRecord {
+                session: session.clone(),
+                tool: tool.clone(),
+                args_digest: args_digest.clone(),
+                episode,
+                executor,
+                closed: false,
+                opened_ms: created_ms,
+                closed_ms: None,
+            };
+            write = write.episode(EpisodeOp::Open(record));
+            opened += 1;
+        }
+    }
+    match ledger.commit(write, Durability::Synced) {
+        Err(e) if !e.is_conflict() => return Err(e),
+        _ => {}
+    }
+    ledger.backend.set_schema(super::SCHEMA).map_err(|m| ledger.err(m))?;
+    tracing::info!(ledger = %ledger.location(), episodes = opened, "ledger migrated from schema 1 to 2");
+    Ok(())
+}

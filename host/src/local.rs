@@ -1,0 +1,214 @@
+//! One host per data directory, many callers: the process that holds an
+//! embedded (RocksDB) ledger — a `toolguard serve`, or the first of several
+//! `toolguard call`s started together — listens on a Unix socket beside the
+//! ledger (`<ledger dir>.sock`, mode 0600), and every other `toolguard call`
+//! on that data directory hands its call over instead of failing on the
+//! ledger's lock. The holder runs it as one of its own, so identical calls
+//! made in parallel meet in one process and the hold rule sees them all.
+//!
+//! The exchange, one JSON line each: the caller sends its config digest and
+//! the call; the holder answers with the result or error; the caller prints
+//! it and then acknowledges, and only then does the holder record that the
+//! caller was told (`docs/guard.md`). A caller that dies before that leaves
+//! the call "never answered", which is the safe side.
+
+use crate::error::{CallError, ErrorKind};
+use crate::runtime::{CallOutput, CallRequest, Runtime};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt as _, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+/// The most bytes one line of the exchange may have (arguments included).
+const MAX_LINE: usize = 16 << 20;
+/// How long the holder waits for a caller to say it printed the answer.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+/// The longest socket path Linux accepts (`sun_path`, with its NUL).
+const MAX_PATH: usize = 107;
+
+/// The socket of the ledger in `ledger_dir`, if its path is short enough.
+pub fn socket_path(ledger_dir: &Path) -> Option<PathBuf> {
+    let mut name = ledger_dir.as_os_str().to_owned();
+    name.push(".sock");
+    let path = PathBuf::from(name);
+    (path.as_os_str().len() <= MAX_PATH).then_some(path)
+}
+
+/// A digest of a parsed config: a caller and the holder must run under the
+/// same plugins and policy.
+pub fn config_digest(config: &crate::Config) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(format!("{config:?}").as_bytes()))
+}
+
+/// What a caller sends.
+#[derive(Serialize, Deserialize)]
+struct Hello {
+    config: String,
+    request: CallRequest,
+}
+
+/// What the holder answers.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Reply {
+    Ok { value: serde_json::Value, replayed: bool },
+    Error(CallError),
+    /// Not run: the caller's config differs from the holder's.
+    Refused { message: String },
+}
+
+/// The holder's side: accepts handed-over calls until dropped.
+pub struct Listener {
+    path: PathBuf,
+    active: Arc<AtomicUsize>,
+    accepted: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Listener {
+    /// Listens on `path` for calls run on `runtime` (whose config has `digest`).
+    /// A stale socket file (its holder died) is replaced: the caller holds the
+    /// ledger's lock, so no other holder can be alive.
+    ///
+    /// # Errors
+    /// The socket cannot be bound.
+    pub fn start(path: PathBuf, runtime: Arc<Runtime>, digest: String) -> std::io::Result<Self> {
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        let (active, accepted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (a, n) = (active.clone(), accepted.clone());
+        let digest: Arc<str> = digest.into();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                n.fetch_add(1, Ordering::SeqCst);
+                a.fetch_add(1, Ordering::SeqCst);
+                let (runtime, digest, a) = (runtime.clone(), digest.clone(), a.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = serve_one(stream, &runtime, &digest).await {
+                        tracing::debug!(error = %e, "a handed-over call's caller went away");
+                    }
+                    a.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Ok(Self { path, active, accepted, task })
+    }
+
+    /// Waits until no handed-over call is running and none arrived for
+    /// `quiet`: then a `toolguard call` that holds the ledger may exit.
+    pub async fn until_idle(&self, quiet: Duration) {
+        loop {
+            let seen = self.accepted.load(Ordering::SeqCst);
+            tokio::time::sleep(quiet).await;
+            if self.active.load(Ordering::SeqCst) == 0 && self.accepted.load(Ordering::SeqCst) == seen {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Runs one handed-over call and records that its caller was told, once it
+/// says it printed the answer.
+async fn serve_one(stream: UnixStream, runtime: &Runtime, digest: &str) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read.take(MAX_LINE as u64 * 2));
+    let Some(hello) = read_line::<Hello>(&mut lines).await? else { return Ok(()) };
+    if hello.config != digest {
+        let message = "another toolguard process holds this data directory with a different config (plugins or policy); \
+                       use the same config, or another data_dir"
+            .to_string();
+        return send(&mut write, &Reply::Refused { message }).await;
+    }
+    let answer = runtime.call(&hello.request).await;
+    let reply = match &answer {
+        Ok(out) => Reply::Ok { value: out.value.clone(), replayed: out.replayed },
+        Err(e) => Reply::Error(e.clone()),
+    };
+    send(&mut write, &reply).await?;
+    if let Ok(Ok(Some(Delivered {}))) = tokio::time::timeout(ACK_WAIT, read_line::<Delivered>(&mut lines)).await {
+        runtime.report(&hello.request, &answer).await;
+    }
+    Ok(())
+}
+
+/// The caller's acknowledgement: it printed the answer.
+#[derive(Serialize, Deserialize)]
+struct Delivered {}
+
+async fn send<T: Serialize>(write: &mut (impl AsyncWriteExt + Unpin), message: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    write.write_all(&line).await?;
+    write.flush().await
+}
+
+async fn read_line<T: serde::de::DeserializeOwned>(lines: &mut (impl AsyncBufReadExt + Unpin)) -> std::io::Result<Option<T>> {
+    let mut line = String::new();
+    if lines.read_line(&mut line).await? == 0 || line.len() > MAX_LINE {
+        return Ok(None);
+    }
+    serde_json::from_str(&line).map(Some).map_err(std::io::Error::other)
+}
+
+/// A call handed over to the holder: its answer, and the means to say it
+/// was printed.
+pub struct HandedOver {
+    /// The holder's answer.
+    pub answer: Result<CallOutput, CallError>,
+    stream: UnixStream,
+}
+
+impl HandedOver {
+    /// Tells the holder the answer reached the caller.
+    pub async fn delivered(mut self) {
+        let _ = send(&mut self.stream, &Delivered {}).await;
+        // Wait for the holder to close: it has recorded the report by then.
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(ACK_WAIT, self.stream.read_to_end(&mut rest)).await;
+    }
+}
+
+/// Why a call could not be handed over.
+#[derive(Debug)]
+pub enum HandOff {
+    /// Nobody listens (the holder is starting, or exiting): retry the ledger.
+    NoHolder,
+    /// The holder refused it (another config), with why.
+    Refused(String),
+}
+
+/// Hands `request` to the process listening on `path`.
+///
+/// # Errors
+/// See [`HandOff`]. If the holder dies after taking the call, the answer is
+/// an `outcome-unknown` error: the call may have taken effect.
+pub async fn hand_over(path: &Path, digest: &str, request: &CallRequest) -> Result<HandedOver, HandOff> {
+    let mut stream = UnixStream::connect(path).await.map_err(|_| HandOff::NoHolder)?;
+    let hello = Hello { config: digest.to_string(), request: request.clone() };
+    send(&mut stream, &hello).await.map_err(|_| HandOff::NoHolder)?;
+    let mut lines = BufReader::new(&mut stream);
+    let reply = read_line::<Reply>(&mut lines).await.ok().flatten();
+    let answer = match reply {
+        Some(Reply::Ok { value, replayed }) => Ok(CallOutput { value, replayed }),
+        Some(Reply::Error(e)) => Err(e),
+        Some(Reply::Refused { message }) => return Err(HandOff::Refused(message)),
+        None => Err(CallError::new(
+            ErrorKind::OutcomeUnknown,
+            "the toolguard process running this call stopped before it answered; it may have taken effect. \
+             Retrying the same tool-call id is safe: it never does it twice",
+        )),
+    };
+    Ok(HandedOver { answer, stream })
+}

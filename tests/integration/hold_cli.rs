@@ -1,0 +1,265 @@
+//! The hold rule through the real binary: `toolguard call` processes
+//! (restarted, killed, run in parallel), `toolguard recover`, the MCP
+//! server, and two `serve --http` hosts over one PostgreSQL ledger. Every
+//! test counts refunds at the sandbox.
+
+use crate::common::{Mcp, Server, fresh_postgres_database, serve_http};
+use crate::crash::{World, stdout_json, wait_for};
+use crate::payments::{Downstream, config_text};
+use serde_json::Value;
+use std::time::Duration;
+use toolguard::ledger::AttemptState;
+use toolguard_sandbox::{Fault, Mode, Sandbox};
+
+/// Longer than any test runs: reconciliation by listing cannot see the refund.
+const LONG_LAG: Duration = Duration::from_secs(600);
+
+/// A deadline far shorter than the provider's late answer.
+fn short_deadline() -> Downstream {
+    Downstream { timeout_ms: 500, reconcile_ms: 200, ..Downstream::default() }
+}
+
+/// Makes the provider commit the next refund but answer late, and lag its listing.
+fn commit_then_answer_late(sandbox: &Sandbox) {
+    sandbox.set_list_lag(LONG_LAG);
+    sandbox.inject(Fault::DelayAfterCommit { ms: 2_000 });
+}
+
+fn kind(v: &Value) -> &str {
+    v["kind"].as_str().unwrap_or("")
+}
+
+/// Checks `v` is `held` carrying an earlier outcome; returns that outcome.
+fn held_with_outcome(v: &Value) -> Value {
+    assert_eq!(kind(v), "held", "{v}");
+    let outcome = v["detail"]["earlier_outcome"].clone();
+    assert!(!outcome.is_null(), "the held answer carries the earlier call's outcome: {v}");
+    assert!(v["message"].as_str().unwrap().contains("Nothing new was sent"), "{v}");
+    outcome
+}
+
+/// The refund id an earlier outcome names (a tool result, or the provider's answer).
+fn refund_id(outcome: &Value) -> Option<&str> {
+    outcome["result"]["refund_id"].as_str().or_else(|| outcome["sends"][0]["body"]["id"].as_str())
+}
+
+/// k1's outcome is unknown; a later process settles it in the background
+/// (`resolve` runs between the two calls); the model's blind repeat under a
+/// new id is held with the real outcome; a third identical call runs.
+fn unknown_resolved_then_repeated(resolve: impl FnOnce(&World)) {
+    let w = World::with(short_deadline());
+    commit_then_answer_late(&w.sandbox);
+    let (ok, first) = w.refund("k1", 500);
+    assert!(!ok);
+    assert_eq!(kind(&first), "outcome-unknown", "{first}");
+    resolve(&w);
+    let (ok, repeat) = w.refund("k1-retry", 500);
+    assert!(!ok, "{repeat}");
+    let outcome = held_with_outcome(&repeat);
+    assert_eq!(refund_id(&outcome), Some(w.sandbox.refunds()[0].id.as_str()), "the real refund: {outcome}");
+    assert_eq!(w.refunds_of(500), 1);
+    let posts = w.posts_of(500);
+    assert!(posts.iter().all(|p| p.idempotency_key == posts[0].idempotency_key), "only k1's key ever went out");
+    let (ok, third) = w.refund("k1-third", 500);
+    assert!(ok, "after the definitive answer, a new call is a new refund: {third}");
+    assert_eq!(w.refunds_of(500), 2);
+}
+
+#[test]
+fn a_repeat_after_start_up_recovery_settled_the_first_is_held_with_its_outcome() {
+    // The repeat's own process resolves k1 at start-up, before admitting the repeat.
+    unknown_resolved_then_repeated(|_| {});
+}
+
+#[test]
+fn a_repeat_after_toolguard_recover_settled_the_first_is_held_with_its_outcome() {
+    unknown_resolved_then_repeated(|w| {
+        let out = w.toolguard(&["recover"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+        assert_eq!(stdout_json(&out)["settled"].as_array().unwrap().len(), 1);
+        assert_eq!(w.ledger().attempts_in_state(AttemptState::Succeeded).unwrap().len(), 1);
+    });
+}
+
+#[test]
+fn a_repeat_after_the_host_was_killed_mid_call_is_held_with_the_outcome() {
+    let w = World::new();
+    w.sandbox.inject(Fault::PauseAfterCommit);
+    let mut child = w.spawn_refund("k1", 700, None);
+    assert!(wait_for(Duration::from_secs(30), || w.sandbox.paused() == 1), "the provider committed");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    w.sandbox.release();
+    let (ok, repeat) = w.refund("k2", 700);
+    assert!(!ok);
+    held_with_outcome(&repeat);
+    assert_eq!(w.refunds_of(700), 1);
+    // The harness resumes k1 itself: its send replays from the ledger.
+    let (ok, k1) = w.refund("k1", 700);
+    assert!(ok, "{k1}");
+    assert_eq!(k1["refund_id"], w.sandbox.refunds()[0].id.as_str());
+    assert_eq!(w.refunds_of(700), 1);
+}
+
+#[test]
+fn a_call_killed_before_it_sent_is_answered_with_the_repeat_that_superseded_it() {
+    let w = World::new();
+    let out = w.spawn_refund("t1", 800, Some("after-admission")).wait_with_output().unwrap();
+    assert!(!out.status.success(), "aborted after its admission was written");
+    assert!(w.posts_of(800).is_empty(), "nothing was sent");
+    let (ok, model) = w.refund("t1-model", 800);
+    assert!(ok, "t1 sent nothing and runs nowhere: the model's repeat takes its place: {model}");
+    assert_eq!(w.refunds_of(800), 1);
+    let (ok, resumed) = w.refund("t1", 800);
+    assert!(!ok);
+    let outcome = held_with_outcome(&resumed);
+    assert_eq!(outcome["result"], model, "t1 is answered with t1-model's outcome");
+    assert_eq!(w.refunds_of(800), 1);
+    assert_eq!(w.posts_of(800).len(), 1);
+}
+
+#[test]
+fn eight_concurrent_toolguard_calls_on_one_data_directory_are_all_answered() {
+    let w = World::new();
+    // (call id, amount): two ids twice (the same tool call, e.g. a transport retry),
+    // and a pair of identical refunds under different ids.
+    let calls = [("c1", 901), ("c1", 901), ("c2", 902), ("c2", 902), ("c3", 903), ("c4", 904), ("c5", 905), ("c6", 905)];
+    let children: Vec<_> = calls.iter().map(|(id, amount)| w.spawn_refund(id, *amount, None)).collect();
+    let outputs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let answers: Vec<(bool, Value)> = outputs.iter().map(|o| (o.status.success(), stdout_json(o))).collect();
+    for (i, (ok, answer)) in answers.iter().enumerate() {
+        let held = kind(answer) == "held";
+        assert!(*ok || held, "call {i} {:?}: {answer}\n{}", calls[i], String::from_utf8_lossy(&outputs[i].stderr));
+    }
+    assert_eq!(answers[0], answers[1], "the same tool call, the same answer");
+    assert_eq!(answers[2], answers[3]);
+    for amount in [901, 902, 903, 904] {
+        assert_eq!(w.refunds_of(amount), 1, "one refund per tool call ({amount})");
+    }
+    // c5 and c6 are identical: what each caller was told matches the provider.
+    let ran = answers[6..].iter().filter(|(ok, _)| *ok).count();
+    assert_eq!(w.refunds_of(905), ran, "{:?}", &answers[6..]);
+    if ran == 1 {
+        let held = answers[6..].iter().find(|(ok, _)| !ok).unwrap();
+        let winner = answers[6..].iter().find(|(ok, _)| *ok).unwrap();
+        assert_eq!(held_with_outcome(&held.1)["result"], winner.1, "the held one carries the other's refund");
+    }
+}
+
+/// A refund host over MCP (`serve --http`) on the payments sandbox.
+fn mcp_world(d: &Downstream, ledger: Option<&str>) -> (tokio::runtime::Runtime, Sandbox, Vec<Server>, tempfile::TempDir) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent(crate::payments::PI, crate::payments::PI_AMOUNT);
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = if ledger.is_some() { 2 } else { 1 };
+    let servers = (0..hosts)
+        .map(|i| {
+            let text = config_text(&sandbox.url(), &dir.path().join(format!("host{i}")), d);
+            let text = ledger.map_or(text.clone(), |url| format!("ledger = {url:?}\n{text}"));
+            let path = dir.path().join(format!("host{i}.toml"));
+            std::fs::write(&path, text).unwrap();
+            serve_http(&path, &[])
+        })
+        .collect();
+    (rt, sandbox, servers, dir)
+}
+
+/// The structured content of an MCP tool result.
+fn structured(result: &Value) -> &Value {
+    &result["structuredContent"]
+}
+
+#[test]
+fn over_mcp_a_blind_repeat_is_held_with_the_outcome_and_a_third_call_runs() {
+    let (rt, sandbox, servers, _dir) = mcp_world(&short_deadline(), None);
+    let client = rt.block_on(Mcp::connect(&servers[0].url));
+    commit_then_answer_late(&sandbox);
+    let first = rt.block_on(client.refund("k1", 500)).unwrap();
+    assert_eq!(structured(&first)["kind"], "outcome-unknown", "{first}");
+    let repeat = rt.block_on(client.refund("k2", 500)).unwrap();
+    assert_eq!(repeat["isError"], true);
+    held_with_outcome(structured(&repeat));
+    assert_eq!(sandbox.refunds().len(), 1);
+    // The held answer was written to the client, so the episode is over.
+    let third = rt.block_on(client.refund("k3", 500)).unwrap();
+    assert_eq!(third["isError"], false, "{third}");
+    assert_eq!(sandbox.refunds().len(), 2);
+}
+
+#[test]
+fn over_mcp_parallel_identical_calls_make_one_refund() {
+    let d = Downstream { reconcile_ms: 3_000, ..Downstream::default() };
+    let (rt, sandbox, servers, _dir) = mcp_world(&d, None);
+    sandbox.inject(Fault::DelayBeforeCommit { ms: 300 });
+    let (a, b) = rt.block_on(async {
+        let client = Mcp::connect(&servers[0].url).await;
+        let second = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            client.refund("p2", 500).await
+        };
+        tokio::join!(client.refund("p1", 500), second)
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a["isError"], false, "{a}");
+    let outcome = held_with_outcome(structured(&b));
+    assert_eq!(&outcome["result"], structured(&a), "the second waited and carries the first's refund");
+    assert_eq!(sandbox.refunds().len(), 1);
+}
+
+/// Waits until the shared ledger at `url` holds no unsettled attempt.
+fn until_settled(url: &str) {
+    let url = url.to_string();
+    let settled = std::thread::spawn(move || {
+        let ledger = toolguard::ledger::Ledger::connect(&url).unwrap();
+        wait_for(Duration::from_secs(30), || {
+            let open = ledger.attempts_in_state(AttemptState::Pending).unwrap().len() + ledger.attempts_in_state(AttemptState::Unknown).unwrap().len();
+            open == 0 && !ledger.attempts().unwrap().is_empty()
+        })
+    });
+    assert!(settled.join().unwrap(), "a takeover pass settles the unknown attempt");
+}
+
+#[test]
+fn on_a_fleet_a_repeat_after_a_takeover_pass_settled_the_first_is_held_with_its_outcome() {
+    let ledger = fresh_postgres_database();
+    let (rt, sandbox, servers, _dir) = mcp_world(&short_deadline(), Some(&ledger));
+    let (a, b) = rt.block_on(async { (Mcp::connect(&servers[0].url).await, Mcp::connect(&servers[1].url).await) });
+    commit_then_answer_late(&sandbox);
+    let first = rt.block_on(a.refund("k1", 500)).unwrap();
+    assert_eq!(structured(&first)["kind"], "outcome-unknown", "{first}");
+    // Every 2 s each host re-drives unknown attempts with their keys.
+    until_settled(&ledger);
+    let repeat = rt.block_on(b.refund("k2", 500)).unwrap();
+    held_with_outcome(structured(&repeat));
+    assert_eq!(sandbox.refunds().len(), 1);
+    let third = rt.block_on(b.refund("k3", 500)).unwrap();
+    assert_eq!(third["isError"], false, "{third}");
+    assert_eq!(sandbox.refunds().len(), 2);
+}
+
+#[test]
+fn on_a_fleet_a_repeat_of_a_dead_hosts_call_never_refunds_twice() {
+    let ledger = fresh_postgres_database();
+    let d = Downstream { wall_ms: 1_500, ..Downstream::default() };
+    let (rt, sandbox, mut servers, _dir) = mcp_world(&d, Some(&ledger));
+    let (a, b) = rt.block_on(async { (Mcp::connect(&servers[0].url).await, Mcp::connect(&servers[1].url).await) });
+    sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    // Host A sends; the provider commits; A is SIGKILLed before the answer.
+    let pending = rt.spawn(async move { a.refund("k1", 500).await });
+    assert!(wait_for(Duration::from_secs(10), || !sandbox.refunds().is_empty()));
+    servers[0].child.kill().unwrap();
+    servers[0].child.wait().unwrap();
+    assert!(rt.block_on(pending).unwrap().is_err(), "A died mid-call: the model never heard");
+    // The client re-issues on B under a new id, and keeps retrying that id while it is held.
+    let mut answer = Value::Null;
+    assert!(wait_for(Duration::from_secs(30), || {
+        answer = rt.block_on(b.refund("k2", 500)).unwrap();
+        !structured(&answer)["detail"]["earlier_outcome"].is_null()
+    }), "once A's claim lapsed, k2 gets k1's outcome: {answer}");
+    held_with_outcome(structured(&answer));
+    assert_eq!(sandbox.refunds().len(), 1, "never a second refund");
+    let third = rt.block_on(b.refund("k3", 500)).unwrap();
+    assert_eq!(third["isError"], false, "{third}");
+    assert_eq!(sandbox.refunds().len(), 2);
+}
