@@ -26,7 +26,8 @@ pub struct World {
 
 impl World {
     pub fn new() -> Self {
-        Self::with(Downstream { timeout_ms: 5_000, ..Downstream::default() })
+        // The torture makes thousands of refunds in one session within the hour.
+        Self::with(Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, ..Downstream::default() })
     }
 
     /// A world whose payments downstream has the knobs of `d`.

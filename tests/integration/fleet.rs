@@ -117,6 +117,30 @@ async fn a_dead_hosts_call_is_taken_over_once_its_claim_lapses_with_the_same_key
     assert_eq!(out.value["refund_id"], f.sandbox.refunds()[0].id.as_str());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_calls_under_new_ids_on_two_hosts_at_once_refund_once() {
+    // The provider refunds every request it gets: only the hosts' episodes stand between
+    // two identical calls made at the same moment and two refunds.
+    let f = fleet(Downstream { key: NO_KEY, reconcile_ms: 3_000, ..Downstream::default() }).await;
+    for round in 0..5u64 {
+        let amount = 500 + round;
+        f.sandbox.inject(Fault::DelayBeforeCommit { ms: 200 });
+        let (a, b) = (f.hosts[0].clone(), f.hosts[1].clone());
+        let (first, second) = tokio::join!(
+            tokio::spawn(async move { refund_on(&a, &format!("a{round}"), amount).await }),
+            tokio::spawn(async move { refund_on(&b, &format!("b{round}"), amount).await }),
+        );
+        let answers = [first.unwrap(), second.unwrap()];
+        let refunds = f.sandbox.refunds().iter().filter(|r| r.amount == amount).count();
+        assert_eq!(refunds, 1, "round {round}: {answers:?}");
+        let ran: Vec<_> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        let held: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+        assert_eq!((ran.len(), held.len()), (1, 1), "round {round}: one ran, one was held: {answers:?}");
+        assert_eq!(held[0].kind, ErrorKind::Held);
+        assert_eq!(held[0].detail.as_ref().unwrap()["earlier_outcome"]["result"], ran[0].value, "round {round}");
+    }
+}
+
 // --- Two `toolguard serve --http` processes over one PostgreSQL ledger ---
 
 /// A sandbox, a fresh PostgreSQL ledger and two `serve --http` processes sharing it.

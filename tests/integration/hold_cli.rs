@@ -4,7 +4,7 @@
 //! test counts refunds at the sandbox.
 
 use crate::common::{Mcp, Server, fresh_postgres_database, serve_http};
-use crate::crash::{World, stdout_json, wait_for};
+use crate::crash::{PI, World, stdout_json, wait_for};
 use crate::payments::{Downstream, config_text};
 use serde_json::Value;
 use std::time::Duration;
@@ -116,6 +116,24 @@ fn a_call_killed_before_it_sent_is_answered_with_the_repeat_that_superseded_it()
     assert_eq!(outcome["result"], model, "t1 is answered with t1-model's outcome");
     assert_eq!(w.refunds_of(800), 1);
     assert_eq!(w.posts_of(800).len(), 1);
+}
+
+#[test]
+fn a_plugin_that_resends_an_unknown_request_makes_one_refund() {
+    let w = World::with(short_deadline());
+    w.sandbox.inject(Fault::DelayAfterCommit { ms: 2_000 });
+    let request = serde_json::json!({ "method": "POST", "url": format!("{}/v1/refunds", w.sandbox.url()),
+        "headers": { "Content-Type": "application/x-www-form-urlencoded" }, "body": format!("payment_intent={PI}&amount=950") });
+    let args = crate::payments::rogue_args(serde_json::json!([request, request]), true);
+    let out = w.toolguard(&["call", "--session", "crash", "--call-id", "r1", "send_all", &args]);
+    let answer = stdout_json(&out);
+    assert!(out.status.success(), "{answer}");
+    assert!(answer[0]["error"].as_str().unwrap().starts_with("outcome-unknown"), "{answer}");
+    assert_eq!(answer[1]["status"], 200, "the re-send got the provider's stored answer: {answer}");
+    assert_eq!(w.refunds_of(950), 1);
+    let posts = w.posts_of(950);
+    assert_eq!(posts.len(), 2);
+    assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key, "one key: the same step");
 }
 
 #[test]

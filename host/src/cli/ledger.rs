@@ -155,10 +155,10 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
         LedgerCommand::Resolve { .. } => unreachable!("handled before the ledger is opened read-only"),
         LedgerCommand::Export => {
             for call in ledger.calls(None)? {
-                println!("{}", json!({ "type": "call", "record": call }));
+                println!("{}", super::json_for_terminal(&json!({ "type": "call", "record": call }).to_string()));
             }
             for attempt in ledger.attempts()? {
-                println!("{}", json!({ "type": "attempt", "record": attempt }));
+                println!("{}", super::json_for_terminal(&json!({ "type": "attempt", "record": attempt }).to_string()));
             }
             Ok(0)
         }
@@ -186,13 +186,14 @@ fn print_table(rows: &[(CallRecord, Vec<AttemptRecord>)]) {
             attempts.iter().map(|a| format!("{} {} {} {}", a.step, a.key, a.state.as_str(), a.tries)).collect();
         let attempts = if attempts.is_empty() { "-".to_string() } else { attempts.join("; ") };
         println!(
-            "{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} {attempts}",
-            call.session,
-            call.call_id,
-            call.tool,
+            "{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} {}",
+            super::terminal_safe(&call.session),
+            super::terminal_safe(&call.call_id),
+            super::terminal_safe(&call.tool),
             state,
             call.reported.as_str(),
-            episode
+            super::terminal_safe(&episode),
+            super::terminal_safe(&attempts)
         );
     }
 }

@@ -390,7 +390,7 @@ fn sends_outcome(attempts: &[AttemptRecord]) -> (String, Value) {
             format!("{} {} was answered {status} {body}", a.request.method, a.request.url)
         })
         .collect();
-    let summary = format!("{} (the earlier call stopped before it finished; retrying it completes it)", words.join("; "));
+    let summary = format!("{} (that tool call has not completed; retrying it returns its result)", words.join("; "));
     (summary, json!({ "sends": sends }))
 }
 

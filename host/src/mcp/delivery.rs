@@ -34,16 +34,25 @@ impl Answer {
 }
 
 /// Answers of a stdio session waiting to be written, by JSON-RPC request id.
+/// `None` marks an id a client used for two requests in flight at once
+/// (JSON-RPC forbids it): a response with that id cannot tell which answer
+/// it carried, so neither is recorded as told — the safe side.
 #[derive(Default)]
-pub(crate) struct Pending(Mutex<HashMap<RequestId, Answer>>);
+pub(crate) struct Pending(Mutex<HashMap<RequestId, Option<Answer>>>);
 
 impl Pending {
     pub(crate) fn insert(&self, id: RequestId, answer: Answer) {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, answer);
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match map.entry(id) {
+            std::collections::hash_map::Entry::Occupied(mut taken) => *taken.get_mut() = None,
+            std::collections::hash_map::Entry::Vacant(free) => {
+                free.insert(Some(answer));
+            }
+        }
     }
 
     fn take(&self, id: &RequestId) -> Option<Answer> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id)
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id).flatten()
     }
 }
 
@@ -162,5 +171,34 @@ impl Drop for Delivered {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(call_id: &str) -> Answer {
+        let request = CallRequest { session: "s".into(), call_id: call_id.into(), tool: "refund".into(), args_json: "{}".into() };
+        Answer { request, answer: Ok(CallOutput { value: serde_json::Value::Null, replayed: false }) }
+    }
+
+    #[test]
+    fn a_response_is_matched_to_its_answer_by_request_id() {
+        let pending = Pending::default();
+        pending.insert(RequestId::Number(1), answer("a"));
+        pending.insert(RequestId::Number(2), answer("b"));
+        assert_eq!(pending.take(&RequestId::Number(2)).map(|a| a.request.call_id), Some("b".into()));
+        assert_eq!(pending.take(&RequestId::Number(1)).map(|a| a.request.call_id), Some("a".into()));
+        assert!(pending.take(&RequestId::Number(1)).is_none(), "recorded once");
+    }
+
+    #[test]
+    fn an_id_used_twice_at_once_records_neither_answer() {
+        let pending = Pending::default();
+        pending.insert(RequestId::Number(7), answer("a"));
+        pending.insert(RequestId::Number(7), answer("b"));
+        assert!(pending.take(&RequestId::Number(7)).is_none(), "the first response cannot tell whose answer it carried");
+        assert!(pending.take(&RequestId::Number(7)).is_none());
     }
 }
