@@ -64,6 +64,12 @@ pub const DEFAULT_RETENTION_HOURS: u64 = 24;
 pub const DEFAULT_RECONCILE_MS: u64 = 3_000;
 /// The key header used when a downstream configures none.
 pub const DEFAULT_KEY_HEADER: &str = "Idempotency-Key";
+/// Default largest request body a plugin may send to a downstream.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+/// The methods a grant may list: every real method a side effect or a read
+/// uses. `TRACE` (which echoes the request, credential included, back to the
+/// plugin) and `CONNECT` (a tunnel) never.
+pub const GRANTABLE_METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 
 /// How a downstream expects the idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -107,6 +113,8 @@ pub struct RawDownstream {
     pub key: Option<Vec<KeyTransport>>,
     /// A credential the host adds to every request to this downstream.
     pub credential: Option<CredentialSpec>,
+    /// Largest request body a plugin may send here (default 1 MiB).
+    pub max_request_bytes: Option<usize>,
 }
 
 /// Where a credential comes from and how it is sent. Its value is read when
@@ -200,6 +208,8 @@ pub struct Downstream {
     pub credential: Option<CredentialSpec>,
     /// Its value, once the host has read it (`Guard::new`).
     pub secret: Option<Secret>,
+    /// Largest request body a plugin may send here, in bytes.
+    pub max_request_bytes: usize,
 }
 
 impl Downstream {
@@ -224,12 +234,22 @@ impl Downstream {
                 return Err(("credential".into(), "give exactly one of `env` or `file`".into()));
             }
             Some(c) if c.header.trim().is_empty() => return Err(("credential.header".into(), "must not be empty".into())),
+            Some(c) if http::HeaderName::from_bytes(c.header.as_bytes()).is_err() => {
+                return Err(("credential.header".into(), format!("`{}` is not a valid HTTP header name", c.header)));
+            }
             Some(mut c) => {
                 c.file = c.file.map(|f| if f.is_absolute() { f } else { base.join(f) });
                 Some(c)
             }
             None => None,
         };
+        for (i, k) in keys.iter().enumerate() {
+            if let KeyTransport::Header { name } | KeyTransport::SfString { name } = k
+                && http::HeaderName::from_bytes(name.as_bytes()).is_err()
+            {
+                return Err((format!("key[{i}].name"), format!("`{name}` is not a valid HTTP header name")));
+            }
+        }
         let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
         if timeout_ms == 0 {
             return Err(("timeout_ms".into(), "must be greater than 0".into()));
@@ -246,6 +266,7 @@ impl Downstream {
             keys,
             credential,
             secret: None,
+            max_request_bytes: raw.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
         })
     }
 
@@ -272,6 +293,12 @@ pub struct Grant {
     /// Path prefix under the downstream's base path (default: all of it).
     #[serde(default)]
     pub path_prefix: String,
+    /// Whether paths this grant covers may carry what a downstream or a
+    /// proxy could read as another path: encoded `/`, `\` or `%`, and `;`
+    /// parameters (default false: refused). Only for downstreams whose ids
+    /// need them, and that do not decode them into separators.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_encoded_path: bool,
 }
 
 fn read_methods() -> Vec<String> {
@@ -374,8 +401,9 @@ impl Policy {
                     let known = downstreams.keys().cloned().collect::<Vec<_>>().join(", ");
                     return Err((at(&format!("grants[{i}].downstream")), format!("no downstream `{}`; configured: {known}", g.downstream)));
                 }
-                if g.methods.is_empty() || g.methods.iter().any(|m| m.is_empty() || !m.chars().all(|c| c.is_ascii_uppercase())) {
-                    return Err((at(&format!("grants[{i}].methods")), "list upper-case HTTP methods, e.g. [\"POST\"]".into()));
+                if g.methods.is_empty() || g.methods.iter().any(|m| !GRANTABLE_METHODS.contains(&m.as_str())) {
+                    let why = format!("list upper-case HTTP methods among {} (never TRACE or CONNECT)", GRANTABLE_METHODS.join(", "));
+                    return Err((at(&format!("grants[{i}].methods")), why));
                 }
             }
             let policy = PluginPolicy {
@@ -404,6 +432,14 @@ pub enum Refusal {
 /// Finds the downstream a grant opens for `method url`, returning it with
 /// the parsed (normalised) URL to send to.
 ///
+/// The URL is parsed as a browser would (WHATWG): `\` becomes `/`, and dot
+/// segments — literal or percent-encoded — are resolved. The path is then
+/// compared with the grant's prefix *decoded*, segment by segment. What
+/// could still make a downstream or a proxy route the request elsewhere than
+/// the path that was checked — an encoded `/` or `\`, an encoded `%` (a
+/// second decoding), a `;` path parameter, an encoded control character —
+/// is refused unless the grant opts in (`allow_encoded_path`).
+///
 /// # Errors
 /// [`Refusal::Invalid`] for a URL that does not parse or carries
 /// credentials; [`Refusal::Denied`] when no grant covers the request.
@@ -413,17 +449,56 @@ pub fn authorize(grants: &[Grant], downstreams: &Downstreams, method: &str, url:
         return Err(Refusal::Invalid("URLs may not carry credentials".into()));
     }
     let method = method.to_ascii_uppercase();
+    let ambiguous = ambiguous_path(parsed.path());
+    let Some(path) = decoded_path(parsed.path()) else {
+        return Err(Refusal::Invalid(format!("the path of `{parsed}` does not decode to UTF-8")));
+    };
+    // Dot segments were resolved by the parser; one that appears only once
+    // decoded (from `%2F..`) could climb out of any prefix.
+    if path.split('/').any(|segment| segment == "." || segment == "..") {
+        return Err(Refusal::Denied(format!("{method} {parsed}: its decoded path has a `.` or `..` segment; nothing was sent")));
+    }
     for grant in grants {
         let Some(d) = downstreams.get(&grant.downstream) else { continue };
         let same_origin = parsed.scheme() == d.origin.scheme()
             && parsed.host_str() == d.origin.host_str()
             && parsed.port_or_known_default() == d.origin.port_or_known_default();
-        let prefix = join_paths(d.origin.path(), &grant.path_prefix);
-        if same_origin && path_within(parsed.path(), &prefix) && grant.methods.iter().any(|m| m.eq_ignore_ascii_case(&method)) {
+        let prefix = decoded_path(&join_paths(d.origin.path(), &grant.path_prefix)).unwrap_or_default();
+        if same_origin && path_within(&path, &prefix) && grant.methods.iter().any(|m| m.eq_ignore_ascii_case(&method)) {
+            if let Some(what) = ambiguous.filter(|_| !grant.allow_encoded_path) {
+                return Err(Refusal::Denied(format!(
+                    "{method} {parsed}: the path contains {what}, which a downstream or proxy may read as another path than \
+                     the one the grant was checked against; nothing was sent (a reviewer may allow it with \
+                     `allow_encoded_path = true` on the grant)"
+                )));
+            }
             return Ok((d.clone(), parsed));
         }
     }
     Err(Refusal::Denied(format!("{method} {parsed}: no outbound grant of this plugin covers it; nothing was sent")))
+}
+
+/// What in a (parsed, still encoded) path could be read as another path.
+fn ambiguous_path(path: &str) -> Option<&'static str> {
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2f") {
+        Some("an encoded `/` (%2F)")
+    } else if lower.contains("%5c") {
+        Some("an encoded `\\` (%5C)")
+    } else if lower.contains("%25") {
+        Some("an encoded `%` (%25), which a second decoding turns into something else")
+    } else if path.contains(';') {
+        Some("a `;` path parameter, which some servers and proxies strip")
+    } else if (0..0x20u8).chain([0x7f]).any(|c| lower.contains(&format!("%{c:02x}"))) {
+        Some("an encoded control character")
+    } else {
+        None
+    }
+}
+
+/// `path` percent-decoded, if that is UTF-8.
+fn decoded_path(path: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(path).decode_utf8().ok().map(|p| p.into_owned())
 }
 
 /// `base` and `prefix` joined with exactly one slash between them.
@@ -447,7 +522,7 @@ mod tests {
     }
 
     fn grant(methods: &[&str], prefix: &str) -> Grant {
-        Grant { downstream: "pay".into(), methods: methods.iter().map(|m| m.to_string()).collect(), path_prefix: prefix.into() }
+        Grant { downstream: "pay".into(), methods: methods.iter().map(|m| m.to_string()).collect(), path_prefix: prefix.into(), allow_encoded_path: false }
     }
 
     #[test]
@@ -470,5 +545,57 @@ mod tests {
         assert!(matches!(authorize(&g, &d, "POST", "/v1/refunds"), Err(Refusal::Invalid(_))));
         assert!(matches!(authorize(&g, &d, "POST", "http://u:p@127.0.0.1:4242/v1/refunds"), Err(Refusal::Invalid(_))));
         assert!(matches!(authorize(&[], &d, "GET", "http://127.0.0.1:4242/"), Err(Refusal::Denied(_))));
+    }
+
+    #[test]
+    fn paths_that_could_be_read_as_another_path_are_refused_unless_the_grant_allows_them() {
+        let g = [grant(&["POST"], "/v1/refunds")];
+        let d = downstreams();
+        let base = "http://127.0.0.1:4242";
+        for path in [
+            "/v1/refunds/..%2Fcharges",
+            "/v1/refunds/..%2fcharges",
+            "/v1/refunds/..;/charges",
+            "/v1/refunds;jsessionid=1/../charges",
+            "/v1/refunds/%2e%2e/charges",
+            "/v1/refunds/.%2E/charges",
+            "/v1/refunds\\..\\charges",
+            "/v1/refunds/..%5Ccharges",
+            "/v1/refunds/%252e%252e/charges",
+            "/v1/refunds/re_1%00",
+            "/v1/refunds%2F..%2Fcharges",
+        ] {
+            let url = format!("{base}{path}");
+            assert!(matches!(authorize(&g, &d, "POST", &url), Err(Refusal::Denied(_))), "{path}: {:?}", authorize(&g, &d, "POST", &url));
+        }
+        // Encodings that do not change the path's structure are compared decoded.
+        assert!(authorize(&g, &d, "POST", &format!("{base}/v1/%72efunds/re_1")).is_ok());
+        assert!(authorize(&g, &d, "POST", &format!("{base}/v1/refunds/re%20one")).is_ok());
+        // A reviewer may let a grant carry encoded separators, never climb out of it.
+        let open = [Grant { allow_encoded_path: true, ..grant(&["POST"], "/v1/refunds") }];
+        assert!(authorize(&open, &d, "POST", &format!("{base}/v1/refunds/a%2Fb")).is_ok());
+        assert!(matches!(authorize(&open, &d, "POST", &format!("{base}/v1/refunds/..%2Fcharges")), Err(Refusal::Denied(_))));
+    }
+
+    #[test]
+    fn grants_list_real_methods_only_and_header_names_are_checked() {
+        let policy = |methods: &str| {
+            let text = format!(
+                "[downstreams.pay]\nurl = \"http://127.0.0.1:1\"\n[[plugins.p.grants]]\ndownstream = \"pay\"\nmethods = {methods}\n"
+            );
+            Policy::from_raw(toml::from_str(&text).unwrap(), Path::new("."))
+        };
+        assert!(policy(r#"["POST", "GET"]"#).is_ok());
+        for bad in [r#"["TRACE"]"#, r#"["CONNECT"]"#, r#"["post"]"#, r#"["FOO"]"#, "[]"] {
+            let (field, message) = policy(bad).unwrap_err();
+            assert_eq!(field, "plugins.p.grants[0].methods", "{bad}");
+            assert!(message.contains("never TRACE or CONNECT"), "{message}");
+        }
+        let header = |name: &str| {
+            let raw = RawDownstream { url: "http://127.0.0.1:1".into(), key: Some(vec![KeyTransport::Header { name: name.into() }]), ..RawDownstream::default() };
+            Downstream::from_raw("d", raw, Path::new("."))
+        };
+        assert!(header("Idempotency-Key").is_ok());
+        assert_eq!(header("Bad Header\r\n").unwrap_err().0, "key[0].name");
     }
 }

@@ -19,4 +19,5 @@ mod migration;
 mod payments;
 mod recovery_edges;
 mod sandbox_limits;
+mod security;
 mod torture;

@@ -73,6 +73,8 @@ api_base = "{url}"
 
 [plugins.rogue]
 component = {rogue:?}
+[plugins.rogue.limits]
+max_args_bytes = 4194304
 
 [policy.downstreams.payments]
 url = "{url}"

@@ -100,6 +100,14 @@ impl CallGuard {
             )));
         }
         let (downstream, url) = policy::authorize(&self.rules.grants, &self.guard.downstreams, &req.method, &req.url).map_err(refusal)?;
+        if req.body.len() > downstream.max_request_bytes {
+            return Err(OutboundError::Invalid(format!(
+                "the request body is {} bytes; `{}` takes at most {} (max_request_bytes); nothing was sent",
+                req.body.len(),
+                downstream.name,
+                downstream.max_request_bytes
+            )));
+        }
         let headers: Vec<(String, String)> = req.headers.into_iter().map(|h| (h.name, h.value)).collect();
         let request = wire::stored(&req.method, url.as_str(), headers, &req.body);
         wire::check(&request, &downstream).map_err(OutboundError::Invalid)?;
@@ -137,6 +145,7 @@ impl CallGuard {
                 )));
             }
             Some(a) if a.state.is_final() && a.response.is_some() => return Ok(to_response(a.response.expect("checked"))),
+            Some(a) if a.resolution == Some(Resolution::HostFault) => return Err(self.left_for_operator(&a)),
             Some(a) if a.resolution == Some(Resolution::OperatorNotSent) => {
                 let next = self.fresh_attempt(step, a.generation + 1, fingerprint, &downstream, request);
                 (self.write_pending(next, Prior::Absent).await?, false)
@@ -187,6 +196,7 @@ impl CallGuard {
         let current = self.guard.ledger.read(move |ledger| ledger.attempt_at(&session, &call_id, step)).await.map_err(ledger_down)?;
         match current {
             Some(a) if a.state.is_final() && a.response.is_some() => Ok(to_response(a.response.expect("checked"))),
+            Some(a) if a.resolution == Some(Resolution::HostFault) => Err(self.left_for_operator(&a)),
             Some(mut a) if a.state.is_unsettled() => self.drive_step(&mut a, downstream, true).await,
             _ => Err(OutboundError::Transport(format!("step {step} of this call is no longer in the ledger as it was; nothing was sent"))),
         }
@@ -195,6 +205,17 @@ impl CallGuard {
     /// `outbound.fetch`: a `GET`/`HEAD` inside the grants; not keyed, not recorded.
     pub async fn fetch(&mut self, req: types::Request) -> Result<types::Response, OutboundError> {
         fetch(&self.guard, &self.rules.grants, req).await
+    }
+
+    /// An attempt the host failed on before (a panic): it is never sent
+    /// again on its own, and the call cannot complete past it.
+    fn left_for_operator(&mut self, a: &AttemptRecord) -> OutboundError {
+        let message = a.last_error.clone().unwrap_or_else(|| "the host failed on it; an operator must resolve it".into());
+        let info = AttemptInfo { message, ..info(a, "the host failed on it") };
+        if !self.open_steps.iter().any(|(_, open)| open.step == a.step) {
+            self.open_steps.push((a.fingerprint.clone(), info.clone()));
+        }
+        OutboundError::OutcomeUnknown(info)
     }
 
     fn fresh_attempt(&self, step: u32, generation: u32, fingerprint: String, d: &Downstream, request: StoredRequest) -> AttemptRecord {
@@ -385,7 +406,11 @@ async fn reconcile_within(r: &dyn Reconciler, call: &CallRecord, attempt: &Attem
 /// A read-only request inside `grants`.
 pub async fn fetch(guard: &Guard, grants: &[Grant], req: types::Request) -> Result<types::Response, OutboundError> {
     if !req.method.eq_ignore_ascii_case("GET") && !req.method.eq_ignore_ascii_case("HEAD") {
-        return Err(OutboundError::Invalid(format!("fetch is for GET and HEAD, not {}; side effects go through send", req.method)));
+        let method = req.method.chars().take(32).collect::<String>();
+        return Err(OutboundError::Invalid(format!("fetch is for GET and HEAD, not {method}; side effects go through send")));
+    }
+    if !req.body.is_empty() {
+        return Err(OutboundError::Invalid("fetch sends no body (GET and HEAD carry none); nothing was sent".into()));
     }
     let (downstream, url) = policy::authorize(grants, &guard.downstreams, &req.method, &req.url).map_err(refusal)?;
     let headers: Vec<(String, String)> = req.headers.into_iter().map(|h| (h.name, h.value)).collect();

@@ -214,6 +214,13 @@ impl Guard {
             let mut d = (*d).clone();
             if let Some(spec) = &d.credential {
                 let secret = spec.resolve().map_err(|e| format!("the credential of downstream `{name}` ({}): {e}", spec.source()))?;
+                if http::HeaderValue::from_str(secret.expose()).is_err() {
+                    return Err(format!(
+                        "the credential of downstream `{name}` ({}) cannot be sent as a header value: it has a control character \
+                         (a newline inside it, or a NUL); fix the secret",
+                        spec.source()
+                    ));
+                }
                 d.secret = Some(secret);
             }
             resolved.insert(name, Arc::new(d));
@@ -451,11 +458,22 @@ pub(crate) fn attempt_detail(info: &AttemptInfo) -> Value {
 }
 
 /// Test-only crash points: when `TOOLGUARD_FAILPOINT` names this point, the
-/// process aborts here, as a `kill -9` would. Unset, it costs one lookup.
+/// process aborts here, as a `kill -9` would; `panic:NAME` panics here
+/// instead (a bug in the host, which must fail only the call it hit).
+/// Unset, it costs one lookup.
 pub(crate) fn failpoint(name: &str) {
     static POINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if POINT.get_or_init(|| std::env::var("TOOLGUARD_FAILPOINT").ok()).as_deref() == Some(name) {
+    let Some(point) = POINT.get_or_init(|| std::env::var("TOOLGUARD_FAILPOINT").ok()).as_deref() else { return };
+    if point == name {
         eprintln!("toolguard: failpoint `{name}` reached; aborting");
         std::process::abort();
     }
+    if point.strip_prefix("panic:") == Some(name) {
+        panic!("failpoint `{name}` reached");
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "a panic".into())
 }

@@ -67,7 +67,7 @@ impl Guard {
         for attempt in unsettled {
             let key = attempt.key.clone();
             let reconciler = reconciler_for(&attempt.tool);
-            match self.resolve_attempt(attempt, reconciler.as_deref(), RECOVERY_LEASE_MS).await? {
+            match self.resolve_attempt_safely(attempt, reconciler.as_deref()).await? {
                 Resolved::Settled => report.settled.push(key),
                 Resolved::Unresolved(why) => report.unresolved.push((key, why)),
                 Resolved::NeedsOperator => report.needs_operator.push(key),
@@ -96,8 +96,36 @@ impl Guard {
             Err(e) => return tracing::warn!(error = %e, call_id = %call.call_id, "could not read a held-behind call's attempts"),
         };
         for attempt in attempts.into_iter().filter(|a| a.state.is_unsettled()) {
-            if let Err(e) = self.resolve_attempt(attempt, reconciler, RECOVERY_LEASE_MS).await {
+            if let Err(e) = self.resolve_attempt_safely(attempt, reconciler).await {
                 tracing::warn!(error = %e, call_id = %call.call_id, "could not resolve a held-behind call's send");
+            }
+        }
+    }
+
+    /// [`Guard::resolve_attempt`], but a panic while resolving (a bug in the
+    /// host, which may well repeat on every try) marks the attempt for the
+    /// operator instead of taking the host down: it is never re-sent again.
+    async fn resolve_attempt_safely(&self, attempt: AttemptRecord, reconciler: Option<&dyn Reconciler>) -> Result<Resolved, crate::ledger::LedgerError> {
+        let key = attempt.key.clone();
+        let resolving = std::panic::AssertUnwindSafe(self.resolve_attempt(attempt, reconciler, RECOVERY_LEASE_MS));
+        match futures_util::FutureExt::catch_unwind(resolving).await {
+            Ok(resolved) => resolved,
+            Err(panic) => {
+                let why = super::panic_message(panic.as_ref());
+                tracing::error!(%key, %why, "the host failed while resolving an attempt; it is left for an operator");
+                let ledger = self.ledger.clone();
+                blocking(move || -> Result<(), crate::ledger::LedgerError> {
+                    let Some(mut attempt) = ledger.attempt(&key)? else { return Ok(()) };
+                    attempt.resolution = Some(Resolution::HostFault);
+                    attempt.last_error = Some(format!(
+                        "the host failed while resolving it ({why}); it is never sent again on its own: check the provider, \
+                         then `toolguard ledger resolve {key} --not-sent` if it never happened"
+                    ));
+                    attempt.updated_ms = now_ms();
+                    ledger.commit(crate::ledger::LedgerWrite::new().attempt(attempt), crate::ledger::Durability::Synced)
+                })
+                .await?;
+                Ok(Resolved::NeedsOperator)
             }
         }
     }
@@ -114,6 +142,9 @@ impl Guard {
         };
         // A run of its call may have settled it while we waited for the lock.
         let Some(mut attempt) = current.filter(|a| a.state.is_unsettled()) else { return Ok(Resolved::Settled) };
+        if attempt.resolution == Some(Resolution::HostFault) {
+            return Ok(Resolved::NeedsOperator);
+        }
         // On a shared ledger, take the call over first: a host that runs it
         // now keeps it; one that died has let its claim lapse.
         let claimed = self.ledger.shared();

@@ -64,6 +64,9 @@ async fn one_try(client: &reqwest::Client, d: &Downstream, wire: &Wire) -> Try {
     }
     let response = match request.send().await {
         Ok(r) => r,
+        // The request could not even be built: nothing left the host. (The
+        // guard checks headers before recording, so this is a last resort.)
+        Err(e) if e.is_builder() => return Try::Done(Outcome::NotSent { reason: format!("the request could not be built: {}", error_chain(&e)) }),
         Err(e) if e.is_connect() => {
             let reason = format!("could not connect to {}: {}", d.name, error_chain(&e));
             return Try::Retry { reason: reason.clone(), after: None, exhausted: Outcome::NotSent { reason } };

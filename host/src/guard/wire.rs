@@ -26,15 +26,45 @@ pub struct Wire {
     pub body: Vec<u8>,
 }
 
-/// Refuses a request that sets a header only the host may set: credentials,
-/// keys (the usual one and every one `d` takes), framing. Nothing is
-/// recorded or sent for it.
+/// The most headers a plugin's request may carry.
+pub const MAX_HEADERS: usize = 64;
+/// The longest header name, in bytes.
+pub const MAX_HEADER_NAME_BYTES: usize = 256;
+/// The longest header value, in bytes.
+pub const MAX_HEADER_VALUE_BYTES: usize = 8 << 10;
+/// All header names and values of one request together, in bytes.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// Refuses a request whose headers the HTTP stack could not carry (too
+/// many, too large, or not valid names and values — a CR, LF or NUL in a
+/// value), or that sets a header only the host may set: credentials, keys
+/// (the usual one and every one `d` takes), framing. Nothing is recorded or
+/// sent for it.
 ///
 /// # Errors
 /// What the plugin did wrong and what to do instead.
 pub fn check_headers(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
+    if request.headers.len() > MAX_HEADERS {
+        return Err(format!("the request has {} headers; at most {MAX_HEADERS} are sent", request.headers.len()));
+    }
+    let total: usize = request.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    if total > MAX_HEADER_BYTES {
+        return Err(format!("the request's headers take {total} bytes; at most {MAX_HEADER_BYTES} are sent"));
+    }
     let key_headers: Vec<String> = d.host_headers().collect();
-    for (name, _) in &request.headers {
+    for (name, value) in &request.headers {
+        if name.len() > MAX_HEADER_NAME_BYTES || value.len() > MAX_HEADER_VALUE_BYTES {
+            return Err(format!(
+                "header `{}` is too large (names up to {MAX_HEADER_NAME_BYTES} bytes, values up to {MAX_HEADER_VALUE_BYTES})",
+                name.chars().take(64).collect::<String>()
+            ));
+        }
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(format!("`{}` is not a valid HTTP header name", name.escape_debug()));
+        }
+        if http::HeaderValue::from_str(value).is_err() {
+            return Err(format!("the value of header `{name}` has a character HTTP does not allow (CR, LF, NUL or another control)"));
+        }
         let lower = name.to_ascii_lowercase();
         if FORBIDDEN_HEADERS.contains(&lower.as_str()) || key_headers.contains(&lower) {
             return Err(format!(
@@ -52,6 +82,7 @@ pub fn check_headers(request: &StoredRequest, d: &Downstream) -> Result<(), Stri
 /// What the plugin did wrong and what to do instead.
 pub fn check(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
     check_headers(request, d)?;
+    check_method(&request.method)?;
     for transport in &d.keys {
         match transport {
             KeyTransport::FormField { name } => {
@@ -74,6 +105,18 @@ pub fn check(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Refuses a method that is not a valid HTTP token (grants list only real
+/// methods, so anything else is denied anyway; this keeps it out of the ledger).
+///
+/// # Errors
+/// Why the method cannot be sent.
+pub fn check_method(method: &str) -> Result<(), String> {
+    match http::Method::from_bytes(method.as_bytes()) {
+        Ok(_) if method.len() <= 16 => Ok(()),
+        _ => Err(format!("`{}` is not an HTTP method", method.chars().take(32).collect::<String>().escape_debug())),
+    }
 }
 
 /// The wire form of a checked request, with `key` attached by every
@@ -135,6 +178,17 @@ mod tests {
             assert!(check(&request(&[(header, "v")], ""), &d).is_err(), "{header}");
         }
         assert!(check(&request(&[("Accept", "json")], ""), &d).is_ok());
+        // What the HTTP stack cannot carry is refused here, before anything is recorded.
+        for (name, value) in [("X-Evil", "a\r\nInjected: 1"), ("X-Nul", "a\0b"), ("Bad Name", "v"), ("", "v")] {
+            assert!(check(&request(&[(name, value)], ""), &d).is_err(), "{name:?}: {value:?}");
+        }
+        let many: Vec<(String, String)> = (0..=MAX_HEADERS).map(|i| (format!("x-h{i}"), "v".into())).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        assert!(check(&request(&many, ""), &d).unwrap_err().contains("at most 64"));
+        assert!(check(&request(&many[..MAX_HEADERS], ""), &d).is_ok());
+        let huge = "v".repeat(MAX_HEADER_VALUE_BYTES + 1);
+        assert!(check(&request(&[("x-big", &huge)], ""), &d).is_err());
+        assert!(check(&stored("GE T", "http://127.0.0.1:1/x", vec![], b""), &d).is_err());
         let form = downstream(vec![KeyTransport::FormField { name: "metadata[k]".into() }]);
         assert!(check(&request(&[], "a=1&metadata%5Bk%5D=mine"), &form).is_err());
         let json = downstream(vec![KeyTransport::JsonField { name: "idempotency_key".into() }]);

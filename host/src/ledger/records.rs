@@ -294,6 +294,9 @@ pub enum Resolution {
     /// An operator declared it never sent (`toolguard ledger resolve KEY
     /// --not-sent`); the next run of its tool call mints a new key.
     OperatorNotSent,
+    /// The host itself failed (a panic) while sending or resolving it: it is
+    /// never sent again on its own; an operator must look at it.
+    HostFault,
 }
 
 /// One guarded send, keyed by its idempotency key.

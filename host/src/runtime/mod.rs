@@ -22,7 +22,7 @@ pub use engine::Allocator;
 pub use plugin::{Effect, ToolInfo};
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
-use crate::error::{CallError, LoadError};
+use crate::error::{CallError, ErrorKind, LoadError};
 use crate::guard::{Guard, Reconciler, RecoveryReport};
 use crate::ledger::Ledger;
 use bindings::{Plugin, PluginPre};
@@ -275,7 +275,23 @@ impl Runtime {
         let span = tracing::info_span!("tool_call", tool = %request.tool, session = %request.session, call_id = %request.call_id,
             outcome = tracing::field::Empty, latency_ms = tracing::field::Empty);
         let started = std::time::Instant::now();
-        let result = self.invoke(request).instrument(span.clone()).await;
+        // A panic while running one call (a bug in the host, reachable from some
+        // plugin or client input) fails that call; the host goes on serving.
+        let running = std::panic::AssertUnwindSafe(self.invoke(request).instrument(span.clone()));
+        let result = match futures_util::FutureExt::catch_unwind(running).await {
+            Ok(result) => result,
+            Err(panic) => {
+                let why = crate::guard::panic_message(panic.as_ref());
+                tracing::error!(call_id = %request.call_id, tool = %request.tool, %why, "the host failed while running a tool call");
+                Err(CallError::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "the host failed while running this call ({why}); it was stopped and the host goes on serving. Anything it \
+                         sent is resolved with its own key, or left for an operator. Retrying the same tool-call id is safe"
+                    ),
+                ))
+            }
+        };
         let outcome = match &result {
             Ok(out) if out.replayed => "replayed",
             Ok(_) => "ok",

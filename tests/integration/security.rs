@@ -1,0 +1,145 @@
+//! Findings of the security review of the plugin → host and client → host
+//! paths (issue "Hostile input…"), each reproduced the way it was found —
+//! through the real binary where it was found that way — and counted at the
+//! sandbox: what must not leave the host never reaches it.
+
+use crate::crash::{PI, World, stdout_json};
+use crate::payments::{Downstream, harness, rogue_args};
+use serde_json::{Value, json};
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use toolguard::ErrorKind;
+use toolguard::ledger::{AttemptState, Resolution};
+
+const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
+
+/// `toolguard call` of the rogue plugin's `send_all` with `requests`, the
+/// arguments on stdin (they may be larger than a command line takes).
+fn rogue_call(w: &World, call_id: &str, requests: Value, env: &[(&str, &str)]) -> std::process::Output {
+    let mut child = Command::new(BIN)
+        .args(["call", "--config", w.config.to_str().unwrap(), "--session", "sec", "--call-id", call_id, "send_all", "-"])
+        .env("TOOLGUARD_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(rogue_args(requests, false).as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn refund_request(url: &str, headers: Value) -> Value {
+    json!({ "method": "POST", "url": format!("{url}/v1/refunds"), "headers": headers, "body": format!("payment_intent={PI}&amount=42") })
+}
+
+#[test]
+fn thousands_of_headers_are_refused_before_the_attempt_is_written_and_the_host_lives() {
+    let w = World::new();
+    let headers: serde_json::Map<String, Value> = (0..40_000).map(|i| (format!("x-h{i}"), Value::from("v"))).collect();
+    let out = rogue_call(&w, "h1", json!([refund_request(&w.sandbox.url(), Value::Object(headers))]), &[]);
+    assert_eq!(out.status.code(), Some(1), "an error, not a crash: {}", String::from_utf8_lossy(&out.stderr));
+    let answer = stdout_json(&out);
+    assert_eq!(answer["kind"], "invalid-request", "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("at most 64"), "{answer}");
+    assert!(w.sandbox.requests().is_empty(), "nothing left the host");
+    assert!(w.ledger().attempts().unwrap().is_empty(), "nothing was recorded, so nothing is re-sent at the next start");
+    // The next start (and its recovery pass) is fine, and so are other calls.
+    let recover = w.toolguard(&["recover"]);
+    assert!(recover.status.success(), "{}", String::from_utf8_lossy(&recover.stdout));
+    assert!(w.refund("after", 43).0);
+}
+
+#[test]
+fn a_header_value_with_a_line_break_is_invalid_not_an_unknown_outcome() {
+    let w = World::new();
+    for (i, (name, value)) in [("X-Note", "a\r\nInjected: yes"), ("X-Note", "a\u{0}b"), ("Bad Name", "v")].into_iter().enumerate() {
+        let out = rogue_call(&w, &format!("crlf{i}"), json!([refund_request(&w.sandbox.url(), json!({ name: value }))]), &[]);
+        let answer = stdout_json(&out);
+        assert_eq!(answer["kind"], "invalid-request", "{name:?}={value:?}: {answer}");
+    }
+    assert!(w.sandbox.requests().is_empty());
+    assert!(w.ledger().attempts().unwrap().is_empty(), "not recorded: an identical call is never held behind it");
+}
+
+#[test]
+fn a_credential_that_is_not_a_header_value_is_refused_at_start() {
+    let w = World::new();
+    let secret = w.dir.path().join("secret");
+    std::fs::write(&secret, "sk_test_one\nsk_test_two\n").unwrap();
+    let mut text = std::fs::read_to_string(&w.config).unwrap();
+    text = text.replace("retention_hours = 24\n", &format!("retention_hours = 24\ncredential = {{ prefix = \"Bearer \", file = {:?} }}\n", secret.display().to_string()));
+    std::fs::write(&w.config, text).unwrap();
+    let (ok, answer) = w.refund("c1", 44);
+    assert!(!ok);
+    assert_eq!(answer["kind"], "config-error", "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("cannot be sent as a header value"), "{answer}");
+    assert!(w.sandbox.requests().is_empty());
+}
+
+#[test]
+fn a_panic_while_driving_a_call_fails_that_call_and_recovery_leaves_the_attempt_to_an_operator() {
+    let w = World::new();
+    let panic = [("TOOLGUARD_FAILPOINT", "panic:after-answer")];
+    // The request reaches the provider; then the host fails (a bug, simulated).
+    let mut cmd = Command::new(BIN);
+    cmd.args(["call", "--config", w.config.to_str().unwrap(), "--session", "crash", "--call-id", "p1", "refund"])
+        .arg(format!(r#"{{"payment_intent":"{PI}","amount_cents":45,"reason":"duplicate"}}"#))
+        .env("TOOLGUARD_LOG", "warn")
+        .envs(panic);
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "the call failed, the process did not crash: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout_json(&out)["kind"], "internal");
+    assert_eq!(w.refunds_of(45), 1);
+    // Recovery hits the same bug on it: the attempt is left to an operator, and recovery goes on.
+    let recover = Command::new(BIN).args(["recover", "--config", w.config.to_str().unwrap()]).env("TOOLGUARD_LOG", "warn").envs(panic).output().unwrap();
+    assert_eq!(recover.status.code(), Some(1), "{}", String::from_utf8_lossy(&recover.stderr));
+    assert_eq!(stdout_json(&recover)["needs_operator"].as_array().unwrap().len(), 1, "{}", String::from_utf8_lossy(&recover.stdout));
+    let attempt = w.ledger().attempts().unwrap().remove(0);
+    assert_eq!(attempt.resolution, Some(Resolution::HostFault));
+    // From now on it is never sent again on its own — not by recovery, not by a retry.
+    let posts = w.posts_of(45).len();
+    let again = w.toolguard(&["recover"]);
+    assert_eq!(stdout_json(&again)["needs_operator"].as_array().unwrap().len(), 1);
+    let (ok, retry) = w.refund("p1", 45);
+    assert!(!ok);
+    assert_eq!(retry["kind"], "outcome-unknown", "{retry}");
+    assert_eq!(w.posts_of(45).len(), posts, "nothing sent again");
+    assert_eq!(w.ledger().attempt(&attempt.key).unwrap().unwrap().state, AttemptState::Pending);
+    assert_eq!(w.refunds_of(45), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_separators_in_a_path_never_leave_the_host() {
+    let h = harness(Downstream::default()).await;
+    let url = h.sandbox.url();
+    for path in ["/v1/refunds/..%2Fcharges", "/v1/refunds/..;/charges", "/v1/refunds/%2e%2e/charges", "/v1/refunds/..%5Ccharges", "/v1/refunds/%252e%252e%252fcharges"] {
+        let request = json!({ "method": "POST", "url": format!("{url}{path}"), "body": "amount=1" });
+        let err = h.call(&format!("p{path}"), "send_all", &rogue_args(json!([request]), false)).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Denied, "{path}: {err}");
+    }
+    assert!(h.sandbox.requests().is_empty(), "{:?}", h.sandbox.requests());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_sends_no_body_and_bodies_are_capped() {
+    let h = harness(Downstream::default()).await;
+    let url = h.sandbox.url();
+    let get = json!({ "method": "GET", "url": format!("{url}/v1/refunds?payment_intent={}", crate::payments::PI), "body": "smuggled" });
+    let out = h.call("f1", "fetch_all", &rogue_args(json!([get]), true)).await.unwrap();
+    assert!(out.value[0]["error"].as_str().unwrap().starts_with("invalid: fetch sends no body"), "{}", out.value);
+    let big = json!({ "method": "POST", "url": format!("{url}/v1/refunds"), "body": "a".repeat((1 << 20) + 1) });
+    let err = h.call("f2", "send_all", &rogue_args(json!([big]), false)).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidRequest, "{err}");
+    assert!(err.message.contains("max_request_bytes"), "{}", err.message);
+    assert!(h.sandbox.requests().is_empty());
+    assert!(h.ledger().attempts().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_grant_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "[policy.downstreams.d]\nurl = \"http://127.0.0.1:1\"\n[[policy.plugins.p.grants]]\ndownstream = \"d\"\nmethods = [\"GET\", \"TRACE\"]\n";
+    let err = toolguard::Config::parse(text, "t.toml", dir.path()).unwrap_err().to_string();
+    assert!(err.contains("grants[0].methods") && err.contains("never TRACE"), "{err}");
+}
