@@ -143,3 +143,40 @@ async fn a_trace_grant_is_refused_at_load() {
     let err = toolguard::Config::parse(text, "t.toml", dir.path()).unwrap_err().to_string();
     assert!(err.contains("grants[0].methods") && err.contains("never TRACE"), "{err}");
 }
+
+#[test]
+fn recovery_never_resends_to_an_origin_the_policy_no_longer_grants() {
+    let w = World::new();
+    let out = w.spawn_refund("m1", 46, Some("after-attempt-write")).wait_with_output().unwrap();
+    assert!(!out.status.success(), "aborted after the attempt was written, before it was sent");
+    // The operator moves the downstream (sandbox → production) and rotates its key.
+    let old = w.sandbox.url();
+    let text = std::fs::read_to_string(&w.config).unwrap().replace(&old, "http://127.0.0.1:9");
+    std::fs::write(w.dir.path().join("api-key"), "sk_live_rotated\n").unwrap();
+    let text = text.replace("retention_hours = 24\n", "retention_hours = 24\ncredential = { prefix = \"Bearer \", file = \"api-key\" }\n");
+    std::fs::write(&w.config, text).unwrap();
+    let recover = w.toolguard(&["recover"]);
+    assert_eq!(recover.status.code(), Some(1), "left for the operator: {}", String::from_utf8_lossy(&recover.stdout));
+    let report = stdout_json(&recover);
+    let why = report["needs_operator"][0][1].as_str().unwrap_or_default();
+    assert!(why.contains("no longer grants") && why.contains(&old), "{report}");
+    assert!(w.sandbox.requests().is_empty(), "nothing went to the old origin (with the new key): {:?}", w.sandbox.requests());
+    // Revoking the grant instead: the same.
+    let text = std::fs::read_to_string(&w.config).unwrap().replace("http://127.0.0.1:9", &old).replace("methods = [\"POST\", \"GET\"]\npath_prefix = \"/v1/refunds\"\n\n[policy.plugins.rogue]", "methods = [\"GET\"]\npath_prefix = \"/v1/refunds\"\n\n[policy.plugins.rogue]");
+    std::fs::write(&w.config, text).unwrap();
+    let recover = w.toolguard(&["recover"]);
+    assert!(stdout_json(&recover)["needs_operator"][0][1].as_str().unwrap_or_default().contains("no longer grants"), "{}", String::from_utf8_lossy(&recover.stdout));
+    assert!(w.sandbox.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integers_that_would_lose_precision_are_refused_not_rounded() {
+    let h = harness(Downstream::default()).await;
+    for big in ["1234567890123456789", "-1234567890123456789", "123456789012345678901234567890"] {
+        let err = h.call(&format!("n{big}"), "send_all", &format!(r#"{{"requests":[],"id":{big}}}"#)).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgs, "{big}: {err}");
+        assert!(err.message.contains("`/id`") && err.message.contains("send it as a string"), "{}", err.message);
+    }
+    h.call("n-ok", "send_all", r#"{"requests":[],"id":9007199254740991}"#).await.expect("2^53 - 1 is exact");
+    assert!(h.ledger().calls(None).unwrap().iter().all(|c| c.call_id == "n-ok"), "nothing recorded for the refused ones");
+}

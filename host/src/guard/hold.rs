@@ -11,7 +11,7 @@
 //! writes that matter are conditional ([`EpisodeOp`], [`Superseding`]), so
 //! two hosts can never both act.
 
-use super::{Admission, CallIdentity, CallRules, Guard, Reconciler, Started, conflict, failpoint, internal};
+use super::{Admission, CallIdentity, CallRules, Guard, Started, conflict, failpoint, internal};
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{CallRecord, CallState, EpisodeRecord, Reported, StoredOutcome, now_ms};
 use crate::ledger::{AttemptRecord, AttemptState, Durability, EpisodeOp, LedgerWrite, Superseding, sent_nothing};
@@ -107,7 +107,8 @@ impl Guard {
                 Next::Wait(executor) if Instant::now() < deadline => self.wait_for(&id.session, &executor, deadline).await,
                 Next::Settle(executor) if Instant::now() < deadline && !resolved_once => {
                     resolved_once = true;
-                    self.resolve_in_background(executor, rules.reconciler.clone(), deadline).await;
+                    let tool = super::ToolRules { grants: rules.grants.clone(), reconciler: rules.reconciler.clone() };
+                    self.resolve_in_background(executor, tool, deadline).await;
                 }
                 Next::Wait(executor) | Next::Settle(CallRecord { call_id: executor, .. }) => return Err(self.held(&id, &executor).await),
             }
@@ -325,9 +326,9 @@ impl Guard {
     /// Resolves the executor's unsettled sends (same keys; or reconciled),
     /// as recovery would; waits for that until the deadline, and lets it
     /// finish in the background if it takes longer.
-    async fn resolve_in_background(self: &Arc<Self>, executor: CallRecord, reconciler: Option<Arc<dyn Reconciler>>, deadline: Instant) {
+    async fn resolve_in_background(self: &Arc<Self>, executor: CallRecord, rules: super::ToolRules, deadline: Instant) {
         let guard = self.clone();
-        let task = tokio::spawn(async move { guard.resolve_call(&executor, reconciler.as_deref()).await });
+        let task = tokio::spawn(async move { guard.resolve_call(&executor, &rules).await });
         let _ = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), task).await;
     }
 

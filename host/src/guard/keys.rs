@@ -22,13 +22,47 @@ impl std::fmt::Debug for KeySecret {
     }
 }
 
+/// The largest magnitude a JSON number in tool arguments may have: 2^53 − 1.
+/// RFC 8785 writes every number as an IEEE-754 double, which holds every
+/// integer up to here exactly and no further: `1234567890123456789` would
+/// reach the plugin as `1234567890123456800`, and two different ids would
+/// share one digest.
+pub const MAX_EXACT_NUMBER: u64 = (1 << 53) - 1;
+
 /// The tool arguments in RFC 8785 (JCS) canonical form: sorted keys, no
-/// insignificant whitespace, canonical numbers and strings.
+/// insignificant whitespace, canonical numbers and strings. What the plugin
+/// receives, and what the digest is taken of.
 ///
 /// # Errors
-/// The value cannot be canonicalised (it can always be for parsed JSON).
+/// A number of magnitude over [`MAX_EXACT_NUMBER`] (it would lose
+/// precision), named by its JSON pointer; or a value that cannot be
+/// canonicalised (none that parsed).
 pub fn canonical_args(args: &Value) -> Result<String, String> {
+    if let Some((at, n)) = inexact_number(args, String::new()) {
+        return Err(format!(
+            "the number {n} at `{at}` is beyond ±{MAX_EXACT_NUMBER} (2^53 − 1), where JSON numbers lose precision; send it as a string"
+        ));
+    }
     serde_json_canonicalizer::to_string(args).map_err(|e| format!("cannot canonicalise the arguments: {e}"))
+}
+
+/// The first number in `value` that a double cannot hold exactly (or whose
+/// magnitude is past 2^53 − 1), with its JSON pointer.
+fn inexact_number(value: &Value, at: String) -> Option<(String, serde_json::Number)> {
+    match value {
+        Value::Number(n) => {
+            let exact = match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                (Some(u), _, _) => u <= MAX_EXACT_NUMBER,
+                (_, Some(i), _) => i.unsigned_abs() <= MAX_EXACT_NUMBER,
+                (_, _, Some(f)) => f.abs() <= MAX_EXACT_NUMBER as f64,
+                _ => false,
+            };
+            (!exact).then(|| (if at.is_empty() { "/".into() } else { at }, n.clone()))
+        }
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| inexact_number(v, format!("{at}/{i}"))),
+        Value::Object(fields) => fields.iter().find_map(|(k, v)| inexact_number(v, format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")))),
+        _ => None,
+    }
 }
 
 /// Lower-case hex sha256 of the canonical arguments.
@@ -111,6 +145,29 @@ mod tests {
         assert_eq!(args_digest(&a), args_digest(&b));
         let c = canonical_args(&json!({"a": [1, 2, "x"], "b": 2})).unwrap();
         assert_ne!(args_digest(&a), args_digest(&c));
+    }
+
+    #[test]
+    fn numbers_are_exact_or_refused() {
+        let max = MAX_EXACT_NUMBER;
+        let exact = canonical_args(&serde_json::from_str(&format!(r#"{{"id":{max},"neg":-{max},"f":0.5}}"#)).unwrap()).unwrap();
+        assert_eq!(exact, format!(r#"{{"f":0.5,"id":{max},"neg":-{max}}}"#), "the plugin receives what the caller sent");
+        for text in [
+            r#"{"id":1234567890123456789}"#,
+            r#"{"id":-1234567890123456789}"#,
+            r#"{"id":12345678901234567890}"#,
+            r#"{"deep":[{"id":123456789012345678901234567890}]}"#,
+            r#"{"big":1e300}"#,
+            &format!(r#"{{"id":{}}}"#, max + 1),
+        ] {
+            let err = canonical_args(&serde_json::from_str(text).unwrap()).unwrap_err();
+            assert!(err.contains("send it as a string"), "{text}: {err}");
+        }
+        let err = canonical_args(&serde_json::from_str(r#"{"a/b":[0,{"id":12345678901234567890}]}"#).unwrap()).unwrap_err();
+        assert!(err.contains("`/a~1b/1/id`"), "{err}");
+        // Two ids that used to share a digest are now refused, not merged.
+        let (a, b) = (json!({"id": 1234567890123456789u64}), json!({"id": 1234567890123456790u64}));
+        assert!(canonical_args(&a).is_err() && canonical_args(&b).is_err());
     }
 
     #[test]

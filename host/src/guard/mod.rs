@@ -23,7 +23,7 @@ pub mod wire;
 pub use attempt::{CallGuard, fetch};
 pub(crate) use attempt::wit_state;
 pub use hold::DEFAULT_HOLD_WAIT;
-pub use recover::RecoveryReport;
+pub use recover::{RecoveryReport, ToolRules};
 
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{CallRecord, CallState, StoredOutcome, StoredResponse, now_ms};

@@ -5,6 +5,7 @@
 //! Nothing here ever mints a key.
 
 use super::{Guard, Reconciler, blocking};
+use crate::policy::Grant;
 use crate::ledger::records::now_ms;
 use crate::ledger::{AttemptRecord, AttemptState, CallRecord, Claim, Resolution};
 use serde::Serialize;
@@ -22,8 +23,10 @@ pub struct RecoveryReport {
     pub settled: Vec<String>,
     /// Keys still unknown, each with why.
     pub unresolved: Vec<(String, String)>,
-    /// Keys only an operator can settle (not found past the provider's retention).
-    pub needs_operator: Vec<String>,
+    /// Keys only an operator can settle, each with why: not found past the
+    /// provider's retention, no longer granted by the policy, or the host
+    /// failed on it.
+    pub needs_operator: Vec<(String, String)>,
     /// Keys left alone because another host runs their tool call now (a live
     /// claim on a shared ledger); its run settles them, or its claim lapses.
     pub running_elsewhere: Vec<String>,
@@ -35,15 +38,25 @@ enum Resolved {
     Settled,
     /// Still unknown, and why.
     Unresolved(String),
-    /// Not found past the provider's retention: only an operator can settle it.
-    NeedsOperator,
+    /// Only an operator can settle it, and why.
+    NeedsOperator(String),
     /// Another host runs its tool call now.
     RunningElsewhere,
 }
 
+/// What recovery needs of the tool that made an attempt: the grants its
+/// plugin has *now* (a re-send is authorised again against them), and its
+/// reconciler, if it has one.
+#[derive(Clone)]
+pub struct ToolRules {
+    pub grants: Arc<[Grant]>,
+    pub reconciler: Option<Arc<dyn Reconciler>>,
+}
+
 impl Guard {
-    /// Resolves every pending or unknown attempt. `reconciler_for(tool)`
-    /// gives the plugin that can reconcile a tool's attempts, if any.
+    /// Resolves every pending or unknown attempt. `rules_for(tool)` gives
+    /// the current grants and reconciler of the plugin of a tool (`None`: no
+    /// longer loaded, so nothing is sent for it).
     ///
     /// Run it before serving: it takes each call's lock, so it never races a
     /// run of the same call. It settles sends and nothing else: a call it
@@ -54,7 +67,7 @@ impl Guard {
     /// The ledger cannot be read.
     pub async fn recover(
         self: &Arc<Self>,
-        reconciler_for: &(dyn Fn(&str) -> Option<Arc<dyn Reconciler>> + Sync),
+        rules_for: &(dyn Fn(&str) -> Option<ToolRules> + Sync),
     ) -> Result<RecoveryReport, crate::ledger::LedgerError> {
         let ledger = self.ledger.clone();
         let unsettled = blocking(move || -> Result<Vec<AttemptRecord>, crate::ledger::LedgerError> {
@@ -66,11 +79,11 @@ impl Guard {
         let mut report = RecoveryReport { examined: unsettled.len(), ..RecoveryReport::default() };
         for attempt in unsettled {
             let key = attempt.key.clone();
-            let reconciler = reconciler_for(&attempt.tool);
-            match self.resolve_attempt_safely(attempt, reconciler.as_deref()).await? {
+            let rules = rules_for(&attempt.tool);
+            match self.resolve_attempt_safely(attempt, rules.as_ref()).await? {
                 Resolved::Settled => report.settled.push(key),
                 Resolved::Unresolved(why) => report.unresolved.push((key, why)),
-                Resolved::NeedsOperator => report.needs_operator.push(key),
+                Resolved::NeedsOperator(why) => report.needs_operator.push((key, why)),
                 Resolved::RunningElsewhere => report.running_elsewhere.push(key),
             }
         }
@@ -89,14 +102,14 @@ impl Guard {
     /// Resolves the unsettled sends of `call` as recovery would (the hold
     /// rule's resolution of an executor nobody runs). Failures are logged:
     /// the attempts stay as they were, for the next pass.
-    pub(crate) async fn resolve_call(&self, call: &CallRecord, reconciler: Option<&dyn Reconciler>) {
+    pub(crate) async fn resolve_call(&self, call: &CallRecord, rules: &ToolRules) {
         let (ledger, session, call_id) = (self.ledger.clone(), call.session.clone(), call.call_id.clone());
         let attempts = match blocking(move || ledger.attempts_of_call(&session, &call_id)).await {
             Ok(attempts) => attempts,
             Err(e) => return tracing::warn!(error = %e, call_id = %call.call_id, "could not read a held-behind call's attempts"),
         };
         for attempt in attempts.into_iter().filter(|a| a.state.is_unsettled()) {
-            if let Err(e) = self.resolve_attempt_safely(attempt, reconciler).await {
+            if let Err(e) = self.resolve_attempt_safely(attempt, Some(rules)).await {
                 tracing::warn!(error = %e, call_id = %call.call_id, "could not resolve a held-behind call's send");
             }
         }
@@ -105,27 +118,28 @@ impl Guard {
     /// [`Guard::resolve_attempt`], but a panic while resolving (a bug in the
     /// host, which may well repeat on every try) marks the attempt for the
     /// operator instead of taking the host down: it is never re-sent again.
-    async fn resolve_attempt_safely(&self, attempt: AttemptRecord, reconciler: Option<&dyn Reconciler>) -> Result<Resolved, crate::ledger::LedgerError> {
+    async fn resolve_attempt_safely(&self, attempt: AttemptRecord, rules: Option<&ToolRules>) -> Result<Resolved, crate::ledger::LedgerError> {
         let key = attempt.key.clone();
-        let resolving = std::panic::AssertUnwindSafe(self.resolve_attempt(attempt, reconciler, RECOVERY_LEASE_MS));
+        let resolving = std::panic::AssertUnwindSafe(self.resolve_attempt(attempt, rules, RECOVERY_LEASE_MS));
         match futures_util::FutureExt::catch_unwind(resolving).await {
             Ok(resolved) => resolved,
             Err(panic) => {
                 let why = super::panic_message(panic.as_ref());
                 tracing::error!(%key, %why, "the host failed while resolving an attempt; it is left for an operator");
-                let ledger = self.ledger.clone();
+                let (ledger, message) = (self.ledger.clone(), format!(
+                    "the host failed while resolving it ({why}); it is never sent again on its own: check the provider, \
+                     then `toolguard ledger resolve {key} --not-sent` if it never happened"
+                ));
+                let note = message.clone();
                 blocking(move || -> Result<(), crate::ledger::LedgerError> {
                     let Some(mut attempt) = ledger.attempt(&key)? else { return Ok(()) };
                     attempt.resolution = Some(Resolution::HostFault);
-                    attempt.last_error = Some(format!(
-                        "the host failed while resolving it ({why}); it is never sent again on its own: check the provider, \
-                         then `toolguard ledger resolve {key} --not-sent` if it never happened"
-                    ));
+                    attempt.last_error = Some(note);
                     attempt.updated_ms = now_ms();
                     ledger.commit(crate::ledger::LedgerWrite::new().attempt(attempt), crate::ledger::Durability::Synced)
                 })
                 .await?;
-                Ok(Resolved::NeedsOperator)
+                Ok(Resolved::NeedsOperator(message))
             }
         }
     }
@@ -133,7 +147,12 @@ impl Guard {
     /// Resolves one unsettled attempt under its call's lock (and, on a shared
     /// ledger, a claim of `lease_ms` on its call): re-sent with the same key
     /// within the downstream's retention, else reconciled. Never a new key.
-    async fn resolve_attempt(&self, attempt: AttemptRecord, reconciler: Option<&dyn Reconciler>, lease_ms: u64) -> Result<Resolved, crate::ledger::LedgerError> {
+    ///
+    /// A re-send is authorised again against the policy as it is now: if the
+    /// stored URL is no longer granted (the downstream moved, the grant was
+    /// revoked), nothing is sent — the credential must never go to an origin
+    /// that is not granted — and the attempt is left to an operator.
+    async fn resolve_attempt(&self, attempt: AttemptRecord, rules: Option<&ToolRules>, lease_ms: u64) -> Result<Resolved, crate::ledger::LedgerError> {
         let _held = self.call_lock(&attempt.session, &attempt.call_id).lock_owned().await;
         let (ledger, session, call_id, key) = (self.ledger.clone(), attempt.session.clone(), attempt.call_id.clone(), attempt.key.clone());
         let (call, current) = blocking(move || Ok::<_, crate::ledger::LedgerError>((ledger.call(&session, &call_id)?, ledger.attempt(&key)?))).await?;
@@ -143,8 +162,27 @@ impl Guard {
         // A run of its call may have settled it while we waited for the lock.
         let Some(mut attempt) = current.filter(|a| a.state.is_unsettled()) else { return Ok(Resolved::Settled) };
         if attempt.resolution == Some(Resolution::HostFault) {
-            return Ok(Resolved::NeedsOperator);
+            return Ok(Resolved::NeedsOperator(attempt.last_error.clone().unwrap_or_default()));
         }
+        let Some(rules) = rules else {
+            return Ok(Resolved::NeedsOperator(format!("not re-sent: tool `{}` is no longer loaded, so nothing may act for it", attempt.tool)));
+        };
+        let request = &attempt.request;
+        let downstream = match crate::policy::authorize(&rules.grants, &self.downstreams, &request.method, &request.url) {
+            Ok((d, _)) if d.name == attempt.downstream => d,
+            granted => {
+                let why = match granted {
+                    Ok((d, _)) => format!("it now falls under downstream `{}`, not `{}`", d.name, attempt.downstream),
+                    Err(crate::policy::Refusal::Denied(m) | crate::policy::Refusal::Invalid(m)) => m,
+                };
+                return Ok(Resolved::NeedsOperator(format!(
+                    "not re-sent: the policy no longer grants {} {} ({why}); the downstream moved or the grant was revoked, \
+                     and the credential never goes where the policy does not point. Check the provider it was sent to, then \
+                     `toolguard ledger resolve {} --not-sent` if it never happened",
+                    request.method, request.url, attempt.key
+                )));
+            }
+        };
         // On a shared ledger, take the call over first: a host that runs it
         // now keeps it; one that died has let its claim lapse.
         let claimed = self.ledger.shared();
@@ -155,19 +193,13 @@ impl Guard {
                 return Ok(Resolved::RunningElsewhere);
             }
         }
-        let Some(downstream) = self.downstreams.get(&attempt.downstream).cloned() else {
-            if claimed {
-                self.release(&call).await;
-            }
-            return Ok(Resolved::Unresolved(format!("downstream `{}` is no longer configured", attempt.downstream)));
-        };
-        let driven = self.drive(&mut attempt, &downstream, reconciler, &call, true, &mut None, None).await;
+        let driven = self.drive(&mut attempt, &downstream, rules.reconciler.as_deref(), &call, true, &mut None, None).await;
         if claimed {
             self.release(&call).await;
         }
         Ok(match driven {
             super::attempt::Driven::Answered(_) => Resolved::Settled,
-            _ if attempt.resolution == Some(Resolution::ReconciledNotFound) => Resolved::NeedsOperator,
+            super::attempt::Driven::Unsettled(info) if attempt.resolution == Some(Resolution::ReconciledNotFound) => Resolved::NeedsOperator(info.message),
             super::attempt::Driven::Unsettled(info) => Resolved::Unresolved(info.message),
             super::attempt::Driven::NotSent(why) => Resolved::Unresolved(why),
         })

@@ -23,7 +23,7 @@ pub use plugin::{Effect, ToolInfo};
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
 use crate::error::{CallError, ErrorKind, LoadError};
-use crate::guard::{Guard, Reconciler, RecoveryReport};
+use crate::guard::{Guard, Reconciler, RecoveryReport, ToolRules};
 use crate::ledger::Ledger;
 use bindings::{Plugin, PluginPre};
 use plugin::LoadedPlugin;
@@ -131,11 +131,13 @@ impl Runtime {
     /// There is no guard, or the ledger cannot be read.
     pub async fn recover(&self) -> Result<RecoveryReport, String> {
         let guard = self.guard().ok_or("no guard is set, so there is no ledger to recover")?;
-        let reconciler_for = |tool: &str| -> Option<Arc<dyn Reconciler>> {
+        let rules_for = |tool: &str| -> Option<ToolRules> {
             let (index, _) = self.tools.get(tool)?;
-            reconcile::PluginReconciler::for_plugin(&self.core, &self.plugins[*index]).map(|r| Arc::new(r) as Arc<dyn Reconciler>)
+            let plugin = &self.plugins[*index];
+            let reconciler = reconcile::PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>);
+            Some(ToolRules { grants: plugin.ctx.grants.clone(), reconciler })
         };
-        guard.recover(&reconciler_for).await.map_err(|e| e.to_string())
+        guard.recover(&rules_for).await.map_err(|e| e.to_string())
     }
 
     /// Records each plugin's digest and effective grants in the ledger's
