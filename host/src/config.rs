@@ -83,10 +83,15 @@ pub struct McpConfig {
     /// See [`MissingCallId`].
     pub missing_call_id: MissingCallId,
     /// An environment variable holding the bearer token HTTP clients must
-    /// send; required when `--http` binds beyond loopback.
+    /// send; required when `--http` binds beyond loopback. Shorthand for one
+    /// entry of `tokens`, whose principal is `token_principal`.
     pub token_env: Option<String>,
-    /// The session principal of clients that present the token.
+    /// The principal of clients that present `token_env`'s token.
     pub token_principal: String,
+    /// Bearer tokens, each its own principal: the sessions a token's
+    /// holders name live in that principal's namespace, and budgets per
+    /// principal count them together.
+    pub tokens: Vec<McpToken>,
     /// Host names (or `host:port`) accepted besides loopback, for DNS-rebinding protection.
     pub allowed_hosts: Vec<String>,
     /// Largest HTTP request body accepted.
@@ -100,10 +105,35 @@ impl Default for McpConfig {
             missing_call_id: MissingCallId::Refuse,
             token_env: None,
             token_principal: "token-holder".into(),
+            tokens: Vec::new(),
             allowed_hosts: Vec::new(),
             max_request_bytes: 1 << 20,
         }
     }
+}
+
+/// One bearer token of `[mcp] tokens` and whom it stands for.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToken {
+    /// The principal: 1–64 of `A-Z a-z 0-9 . _ -`.
+    pub principal: String,
+    /// The environment variable holding the token (read at start; never logged).
+    pub token_env: String,
+}
+
+impl McpConfig {
+    /// Every token, `token_env` included, as (principal, variable).
+    pub fn all_tokens(&self) -> Vec<(String, String)> {
+        let legacy = self.token_env.iter().map(|v| (self.token_principal.clone(), v.clone()));
+        legacy.chain(self.tokens.iter().map(|t| (t.principal.clone(), t.token_env.clone()))).collect()
+    }
+}
+
+/// Whether `name` may be a principal: it prefixes session ids, so it must
+/// be short and unable to contain the separator.
+pub fn valid_principal(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// Where a plugin's component comes from.
@@ -299,6 +329,15 @@ impl Config {
         }
         if raw.mcp.max_request_bytes < 1024 {
             return Err(err("mcp.max_request_bytes", "must be at least 1024".into()));
+        }
+        let tokens = raw.mcp.all_tokens();
+        if let Some((principal, _)) = tokens.iter().find(|(p, _)| !valid_principal(p)) {
+            return Err(err("mcp.tokens", format!("principal `{principal}`: use 1–64 of A-Z a-z 0-9 . _ -")));
+        }
+        let mut names: Vec<&str> = tokens.iter().map(|(p, _)| p.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(err("mcp.tokens", "each principal may have one token".into()));
         }
         Ok(Self { data_dir, ledger, compile_cache, engine, mcp: raw.mcp, downstreams: policy.downstreams, policy_source, plugins })
     }

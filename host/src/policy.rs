@@ -324,6 +324,9 @@ pub struct PluginPolicy {
     pub max_sends_per_call: u32,
     /// Calls of its irreversible tools one session may make per hour, if limited.
     pub max_irreversible_calls_per_session_hour: Option<u32>,
+    /// Calls of its irreversible tools one authenticated principal (an MCP
+    /// token) may make per hour, over all its sessions, if limited.
+    pub max_irreversible_calls_per_principal_hour: Option<u32>,
 }
 
 impl Default for PluginPolicy {
@@ -335,6 +338,7 @@ impl Default for PluginPolicy {
             grants: Vec::new(),
             max_sends_per_call: DEFAULT_MAX_SENDS_PER_CALL,
             max_irreversible_calls_per_session_hour: None,
+            max_irreversible_calls_per_principal_hour: None,
         }
     }
 }
@@ -360,6 +364,7 @@ pub struct RawPluginPolicy {
     pub grants: Vec<Grant>,
     pub max_sends_per_call: Option<u32>,
     pub max_irreversible_calls_per_session_hour: Option<u32>,
+    pub max_irreversible_calls_per_principal_hour: Option<u32>,
 }
 
 /// One tool's policy as written.
@@ -413,6 +418,7 @@ impl Policy {
                 grants: p.grants,
                 max_sends_per_call: p.max_sends_per_call.unwrap_or(DEFAULT_MAX_SENDS_PER_CALL),
                 max_irreversible_calls_per_session_hour: p.max_irreversible_calls_per_session_hour,
+                max_irreversible_calls_per_principal_hour: p.max_irreversible_calls_per_principal_hour,
             };
             plugins.insert(name, policy);
         }

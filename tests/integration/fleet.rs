@@ -38,7 +38,7 @@ impl Fleet {
 }
 
 async fn refund_on(host: &Runtime, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
-    let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount) };
+    let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount), principal: None };
     host.call(&req).await
 }
 

@@ -226,7 +226,7 @@ fn http_is_hardened() {
     // Beyond loopback without allowed hosts: refused at start.
     let out = Command::new(BIN)
         .args(["serve", "--config", config.to_str().unwrap(), "--http", "0.0.0.0:0"])
-        .env("TG_TEST_TOKEN", "t0ken")
+        .env("TG_TEST_TOKEN", "t0ken-long-enough-16")
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -235,12 +235,12 @@ fn http_is_hardened() {
     let out = Command::new(BIN).args(["serve", "--config", plain.to_str().unwrap(), "--http", "0.0.0.0:0"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a bearer token"), "{}", String::from_utf8_lossy(&out.stderr));
 
-    let server = serve_http(&config, &[("TG_TEST_TOKEN", "t0ken")]);
+    let server = serve_http(&config, &[("TG_TEST_TOKEN", "t0ken-long-enough-16")]);
     assert_eq!(post(&server.url, &[], INITIALIZE.into()), 401, "no token");
     assert_eq!(post(&server.url, &[("Authorization", "Bearer wrong")], INITIALIZE.into()), 401, "wrong token");
-    assert_eq!(post(&server.url, &[("Authorization", "Bearer t0ken")], INITIALIZE.into()), 200);
-    let rebinding = post(&server.url, &[("Authorization", "Bearer t0ken"), ("Host", "evil.example:80")], INITIALIZE.into());
+    assert_eq!(post(&server.url, &[("Authorization", "Bearer t0ken-long-enough-16")], INITIALIZE.into()), 200);
+    let rebinding = post(&server.url, &[("Authorization", "Bearer t0ken-long-enough-16"), ("Host", "evil.example:80")], INITIALIZE.into());
     assert!(rebinding == 403 || rebinding == 421 || rebinding == 400, "a foreign Host is refused: {rebinding}");
     let huge = INITIALIZE.replace("\"t\",", &format!("\"{}\",", "x".repeat(8_000)));
-    assert_eq!(post(&server.url, &[("Authorization", "Bearer t0ken")], huge), 413, "bodies over max_request_bytes");
+    assert_eq!(post(&server.url, &[("Authorization", "Bearer t0ken-long-enough-16")], huge), 413, "bodies over max_request_bytes");
 }

@@ -180,3 +180,183 @@ async fn integers_that_would_lose_precision_are_refused_not_rounded() {
     h.call("n-ok", "send_all", r#"{"requests":[],"id":9007199254740991}"#).await.expect("2^53 - 1 is exact");
     assert!(h.ledger().calls(None).unwrap().iter().all(|c| c.call_id == "n-ok"), "nothing recorded for the refused ones");
 }
+
+// --- Client → host: MCP principals, ids, /metrics ---
+
+const TOKEN_A: &str = "token-of-principal-a-0123456789";
+const TOKEN_B: &str = "token-of-principal-b-0123456789";
+
+/// A refund host over MCP with two tokens (principals `a` and `b`) and a
+/// budget of 2 irreversible calls per principal and hour.
+fn two_principals() -> (tokio::runtime::Runtime, toolguard_sandbox::Sandbox, crate::common::Server, tempfile::TempDir) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sandbox = rt.block_on(toolguard_sandbox::Sandbox::start("127.0.0.1:0", toolguard_sandbox::Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent(crate::payments::PI, crate::payments::PI_AMOUNT);
+    let dir = tempfile::tempdir().unwrap();
+    let text = crate::payments::config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default())
+        .replace("[policy.plugins.payments]\n", "[policy.plugins.payments]\nmax_irreversible_calls_per_principal_hour = 2\n");
+    let text = format!("{text}\n[mcp]\ntokens = [{{ principal = \"a\", token_env = \"TG_A\" }}, {{ principal = \"b\", token_env = \"TG_B\" }}]\n");
+    let path = dir.path().join("mcp.toml");
+    std::fs::write(&path, text).unwrap();
+    let server = crate::common::serve_http(&path, &[("TG_A", TOKEN_A), ("TG_B", TOKEN_B)]);
+    (rt, sandbox, server, dir)
+}
+
+/// One `tools/call` of `refund` in a fresh MCP session (2025-11-25 handshake), as `token`'s holder.
+async fn refund_as(url: &str, token: &str, session: &str, call_id: &str, amount: u64) -> Value {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let post = |body: String, mcp_session: Option<String>| {
+        let mut req = http
+            .post(url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("authorization", format!("Bearer {token}"))
+            .body(body);
+        if let Some(s) = mcp_session {
+            req = req.header("mcp-session-id", s);
+        }
+        req.send()
+    };
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let response = post(init.into(), None).await.unwrap();
+    let mcp_session = response.headers().get("mcp-session-id").map(|v| v.to_str().unwrap().to_string());
+    response.bytes().await.unwrap();
+    post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into(), mcp_session.clone()).await.unwrap().bytes().await.unwrap();
+    let args: Value = serde_json::from_str(&crate::payments::refund_args(amount)).unwrap();
+    let call = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "refund", "arguments": args, "_meta": { "toolguard/toolCallId": call_id, "toolguard/sessionId": session } } });
+    let text = post(call.to_string(), mcp_session).await.unwrap().text().await.unwrap();
+    let data = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty()).unwrap_or(&text).to_string();
+    serde_json::from_str::<Value>(&data).unwrap_or_else(|e| panic!("{e}: {text}"))["result"].clone()
+}
+
+#[test]
+fn each_token_is_its_own_principal_and_cannot_reach_anothers_sessions() {
+    let (rt, sandbox, server, _dir) = two_principals();
+    let first = rt.block_on(refund_as(&server.url, TOKEN_A, "conv-1", "c1", 500));
+    assert_eq!(first["isError"], false, "{first}");
+    // `b` names a's session and call id with other arguments: no conflict, so
+    // nothing of a's call (its arguments) is shown; it is b's own call.
+    let other = rt.block_on(refund_as(&server.url, TOKEN_B, "conv-1", "c1", 700));
+    assert_eq!(other["isError"], false, "{other}");
+    assert!(!other.to_string().contains("first_args"), "{other}");
+    // And replaying a's call id as b is not a replay of a's result.
+    let replay_as_b = rt.block_on(refund_as(&server.url, TOKEN_B, "conv-1", "c1", 700));
+    assert_eq!(replay_as_b["structuredContent"], other["structuredContent"]);
+    assert_ne!(other["structuredContent"]["refund_id"], first["structuredContent"]["refund_id"]);
+    assert_eq!(sandbox.refunds().len(), 2);
+}
+
+#[test]
+fn rotating_session_ids_does_not_escape_a_principals_budget() {
+    let (rt, sandbox, server, _dir) = two_principals();
+    for (i, session) in ["s1", "s2"].iter().enumerate() {
+        let ok = rt.block_on(refund_as(&server.url, TOKEN_A, session, &format!("c{i}"), 100 + i as u64));
+        assert_eq!(ok["isError"], false, "{ok}");
+    }
+    let third = rt.block_on(refund_as(&server.url, TOKEN_A, "s3", "c3", 103));
+    assert_eq!(third["structuredContent"]["kind"], "denied", "{third}");
+    assert!(third["structuredContent"]["message"].as_str().unwrap().contains("max_irreversible_calls_per_principal_hour"), "{third}");
+    let other = rt.block_on(refund_as(&server.url, TOKEN_B, "s3", "c3", 104));
+    assert_eq!(other["isError"], false, "another principal has its own budget: {other}");
+    assert_eq!(sandbox.refunds().len(), 3);
+}
+
+#[test]
+fn ids_that_could_steer_a_terminal_or_grow_the_ledger_are_refused() {
+    let (rt, sandbox, server, _dir) = two_principals();
+    for (session, call_id) in [("s", "c\u{1b}]0;pwned\u{7}"), ("s\u{9b}31m", "c"), ("s", &"x".repeat(300)), ("s", "c\u{202e}dnuf")] {
+        let answer = rt.block_on(refund_as(&server.url, TOKEN_A, session, call_id, 100));
+        assert_eq!(answer["structuredContent"]["kind"], "invalid-args", "{session:?} {call_id:?}: {answer}");
+    }
+    assert!(sandbox.requests().is_empty());
+}
+
+#[test]
+fn metrics_need_the_token_and_a_served_host() {
+    let (rt, _sandbox, server, _dir) = two_principals();
+    let metrics = server.url.replace("/mcp", "/metrics");
+    let get = |headers: &[(&str, &str)]| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut req = reqwest::Client::new().get(&metrics);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        rt.block_on(req.send()).unwrap().status().as_u16()
+    };
+    assert_eq!(get(&[]), 401);
+    let bearer = format!("Bearer {TOKEN_A}");
+    assert_eq!(get(&[("Authorization", &bearer)]), 200);
+    assert_eq!(get(&[("Authorization", &bearer), ("Host", "evil.example")]), 403, "DNS rebinding cannot read them either");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_cannot_slip_past_the_session_budget() {
+    let h = std::sync::Arc::new(harness(Downstream { refunds_per_session_hour: 3, ..Downstream::default() }).await);
+    let calls: Vec<_> = (0..12u64)
+        .map(|i| {
+            let h = h.clone();
+            tokio::spawn(async move { h.refund(&format!("b{i}"), 100 + i).await })
+        })
+        .collect();
+    let mut ran = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(_) => ran += 1,
+            Err(e) => assert_eq!(e.kind, ErrorKind::Denied, "{e}"),
+        }
+    }
+    assert_eq!((ran, h.refunds()), (3, 3), "exactly the budget, however the calls interleave");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_on_one_ledger_spend_one_session_budget_together() {
+    let ledger = crate::common::fresh_postgres_database();
+    let sandbox = toolguard_sandbox::Sandbox::start("127.0.0.1:0", toolguard_sandbox::Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION).await.unwrap();
+    sandbox.add_payment_intent(crate::payments::PI, crate::payments::PI_AMOUNT);
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let d = Downstream { refunds_per_session_hour: 3, ..Downstream::default() };
+    let mut hosts = Vec::new();
+    for dir in &dirs {
+        let text = format!("ledger = {ledger:?}\n{}", crate::payments::config_text(&sandbox.url(), &dir.path().join("data"), &d));
+        let config = toolguard::Config::parse(&text, "fleet.toml", dir.path()).unwrap();
+        hosts.push(std::sync::Arc::new(toolguard::Runtime::from_config(&config).await.unwrap()));
+    }
+    let calls: Vec<_> = (0..10u64)
+        .map(|i| {
+            let host = hosts[i as usize % 2].clone();
+            tokio::spawn(async move {
+                let req = toolguard::CallRequest { session: "s1".into(), call_id: format!("b{i}"), tool: "refund".into(), args_json: crate::payments::refund_args(100 + i), principal: None };
+                host.call(&req).await
+            })
+        })
+        .collect();
+    let mut ran = 0;
+    for call in calls {
+        if call.await.unwrap().is_ok() {
+            ran += 1;
+        }
+    }
+    assert_eq!((ran, sandbox.refunds().len()), (3, 3));
+}
+
+#[test]
+fn what_plugins_stored_cannot_steer_the_operators_terminal() {
+    let w = World::new();
+    // A plugin's request body (stored as sent) with an escape sequence and a C1 control.
+    let body = format!("payment_intent={PI}&amount=47&note=\u{1b}]0;pwned\u{7}\u{9b}31m\u{202e}");
+    let request = json!({ "method": "POST", "url": format!("{}/v1/refunds", w.sandbox.url()), "body": body });
+    let out = rogue_call(&w, "esc", json!([request]), &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for args in [&["ledger", "show", "esc"][..], &["ledger", "export"], &["ledger", "list"]] {
+        let out = w.toolguard(args);
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let raw: Vec<char> = text.chars().filter(|c| (c.is_control() && *c != '\n') || matches!(c, '\u{202a}'..='\u{202e}')).collect();
+        assert!(raw.is_empty(), "{args:?} printed {raw:?}");
+    }
+    let shown = stdout_json(&w.toolguard(&["ledger", "show", "esc"]));
+    assert!(shown[0]["attempts"][0]["request"]["body"]["text"].as_str().unwrap().contains("\u{1b}]0;pwned"), "escaped, not altered: the JSON value is the same");
+}

@@ -34,7 +34,7 @@ pub async fn fresh_sandbox(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::R
     let (mut samples, _) = drive(1, n, move |i| {
         let rt = rt.clone();
         async move {
-            let req = CallRequest { session: "bench".into(), call_id: format!("d{i}"), tool: "greet".into(), args_json: r#"{"name":"bench"}"#.into() };
+            let req = CallRequest { session: "bench".into(), call_id: format!("d{i}"), tool: "greet".into(), args_json: r#"{"name":"bench"}"#.into(), principal: None };
             rt.call(&req).await.map(|_| ()).map_err(|e| e.to_string())
         }
     })
@@ -186,7 +186,8 @@ pub async fn memory(dir: &Path, scale: Scale) -> anyhow::Result<Vec<Figure>> {
                     call_id: format!("g{}", offset + i),
                     tool: format!("p{}_text_stats", i % 10),
                     args_json: r#"{"text":"the quick brown fox jumps over the lazy dog"}"#.into(),
-                };
+            principal: None,
+        };
                 rt.call(&req).await.map(|_| ()).map_err(|e| e.to_string())
             }
         }

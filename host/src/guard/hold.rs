@@ -188,10 +188,9 @@ impl Guard {
             Decision::Replay(record) => Ok(Next::Admitted(self.replay(record))),
             Decision::Run(record, persisted) => Ok(Next::Run(record, persisted)),
             Decision::Open(n) => {
-                self.within_budget(id, rules).await?;
                 let call = new_call(n, false);
                 let write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Open(EpisodeRecord::open(&call, n)));
-                if self.written(write).await? {
+                if self.written_charging(id, rules, write).await? {
                     failpoint("after-admission");
                     return Ok(Next::Run(call, true));
                 }
@@ -202,7 +201,6 @@ impl Guard {
                 match executor {
                     Executor::Idle(old) => {
                         // The executor provably sent nothing and runs nowhere: this call takes its place.
-                        self.within_budget(id, rules).await?;
                         let existing = self.stored(id).await?;
                         let call = CallRecord { follower: false, ..existing.unwrap_or_else(|| new_call(n, false)) };
                         let mut write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Hand {
@@ -213,7 +211,7 @@ impl Guard {
                             let condition = Superseding { session: id.session.clone(), call_id: old.call_id.clone(), now_ms: now_ms() };
                             write = write.call(CallRecord { superseded_by: Some(id.call_id.clone()), ..old }).superseding(condition);
                         }
-                        if self.written(write).await? {
+                        if self.written_charging(id, rules, write).await? {
                             tracing::info!(call_id = %id.call_id, superseded = %episode.executor, "supersedes an identical call that sent nothing");
                             return Ok(Next::Run(call, true));
                         }
@@ -296,19 +294,37 @@ impl Guard {
         }))
     }
 
-    /// Commits `write`; false if a condition of it lost a race.
-    async fn written(&self, write: LedgerWrite) -> Result<bool, CallError> {
+    /// Commits `write`, which admits this call to run, spending one use of
+    /// each of its budgets in the same write; false if a condition of it lost
+    /// a race. Budgets are locked in name order while they are counted and
+    /// written, so concurrent calls never both spend a last use.
+    ///
+    /// # Errors
+    /// `denied` when a budget is spent (nothing was run); `internal` when
+    /// the ledger fails.
+    async fn written_charging(&self, id: &CallIdentity, rules: &CallRules, mut write: LedgerWrite) -> Result<bool, CallError> {
+        let at_ms = now_ms();
+        let mut scopes: Vec<&super::Budget> = rules.budgets.iter().collect();
+        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        let mut held = Vec::new();
+        for budget in scopes {
+            held.push(self.budgets.get(budget.scope.clone()).lock_owned().await);
+            write = write.charge(crate::ledger::Charge {
+                scope: budget.scope.clone(),
+                max: budget.max,
+                since_ms: at_ms.saturating_sub(super::BUDGET_WINDOW_MS),
+                at_ms,
+                call_id: id.call_id.clone(),
+                what: budget.what.clone(),
+            });
+        }
         match self.ledger.commit_async(write, Durability::Buffered).await {
             Ok(()) => Ok(true),
             Err(e) if e.is_conflict() => Ok(false),
+            Err(e) if e.is_refused() => {
+                Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message())))
+            }
             Err(e) => Err(internal(e)),
-        }
-    }
-
-    async fn within_budget(&self, id: &CallIdentity, rules: &CallRules) -> Result<(), CallError> {
-        match &rules.session_hour_budget {
-            Some((max, tools)) => self.session_budget(id, *max, tools).await,
-            None => Ok(()),
         }
     }
 

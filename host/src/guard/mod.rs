@@ -16,6 +16,7 @@
 mod attempt;
 mod hold;
 pub mod keys;
+mod replay;
 pub mod recover;
 pub mod transport;
 pub mod wire;
@@ -68,61 +69,18 @@ pub struct Guard {
     in_flight: Locks<(String, String)>,
     /// One lock per irreversible action being decided about (hold rule).
     actions: Locks<(String, String, String)>,
+    /// One lock per budget being spent: on a host's own ledger, what makes
+    /// counting and recording a use one step.
+    budgets: Locks<String>,
     /// Recently completed calls: their outcomes never change, so replaying
     /// one needs no ledger read.
-    completed: Mutex<Completed>,
+    completed: Mutex<replay::Completed>,
     /// This host's name in claims on a shared ledger: unique per process.
     host: String,
 }
 
 /// How often a host waits for another host's run of the same tool call.
 const CLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// How many completed calls the replay cache keeps: enough for the replays
-/// a model makes within a few turns, small enough to stay a few MiB.
-const COMPLETED_CACHE: usize = 4_096;
-
-/// What the replay cache keeps of a completed call: enough to tell the same
-/// call from a conflicting one, and its outcome.
-struct Done {
-    tool: String,
-    args_digest: String,
-    outcome: Arc<StoredOutcome>,
-}
-
-impl Done {
-    fn of(record: &CallRecord) -> Option<Self> {
-        let outcome = Arc::new(record.outcome.clone()?);
-        Some(Self { tool: record.tool.clone(), args_digest: record.args_digest.clone(), outcome })
-    }
-}
-
-/// A bounded, first-in-first-out map of completed calls.
-#[derive(Default)]
-struct Completed {
-    calls: HashMap<(String, String), Arc<Done>>,
-    order: std::collections::VecDeque<(String, String)>,
-}
-
-impl Completed {
-    fn get(&self, session: &str, call_id: &str) -> Option<Arc<Done>> {
-        // Borrowed lookups on a tuple key need an owned key; the strings are short.
-        self.calls.get(&(session.to_string(), call_id.to_string())).cloned()
-    }
-
-    fn insert(&mut self, record: &CallRecord) {
-        let Some(done) = Done::of(record) else { return };
-        let key = (record.session.clone(), record.call_id.clone());
-        if self.calls.insert(key.clone(), Arc::new(done)).is_none() {
-            self.order.push_back(key);
-            if self.order.len() > COMPLETED_CACHE
-                && let Some(old) = self.order.pop_front()
-            {
-                self.calls.remove(&old);
-            }
-        }
-    }
-}
 
 /// The tool call as the guard identifies it.
 #[derive(Debug, Clone)]
@@ -147,9 +105,9 @@ pub struct CallRules {
     pub reconciler: Option<Arc<dyn Reconciler>>,
     /// Sends one tool call may make.
     pub max_sends: u32,
-    /// For an irreversible tool: the most calls of the plugin's irreversible
-    /// tools (named) one session may make per hour.
-    pub session_hour_budget: Option<(u32, Arc<[String]>)>,
+    /// For an irreversible tool: the budgets a call spends when it is
+    /// admitted to run (never a replay, never a follower).
+    pub budgets: Vec<Budget>,
     /// On a shared ledger, how long this host's claim on the call lasts: the
     /// longest a run can take. Past it, another host may take the call over.
     pub lease_ms: u64,
@@ -157,6 +115,22 @@ pub struct CallRules {
     /// earlier one waits for it to end before answering `held`.
     pub hold_wait: std::time::Duration,
 }
+
+/// A budget of calls of a plugin's irreversible tools per hour: per session
+/// (`max_irreversible_calls_per_session_hour`) or per authenticated
+/// principal (`max_irreversible_calls_per_principal_hour`).
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// Whose uses count together (opaque; stored with each use).
+    pub scope: String,
+    /// Uses allowed in any hour.
+    pub max: u32,
+    /// What it is, in words, naming its policy setting.
+    pub what: String,
+}
+
+/// The window of every budget.
+pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
 
 /// What admission decided.
 #[allow(clippy::large_enum_variant, reason = "one per tool call, moved once into the run")]
@@ -233,7 +207,7 @@ impl Guard {
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         let host = host_id();
-        Ok(Self { ledger, client, downstreams, in_flight: Locks::default(), actions: Locks::default(), completed: Mutex::default(), host })
+        Ok(Self { ledger, client, downstreams, in_flight: Locks::default(), actions: Locks::default(), budgets: Locks::default(), completed: Mutex::default(), host })
     }
 
     /// The ledger the guard records into.
@@ -345,32 +319,6 @@ impl Guard {
     async fn end_uncompleted(&self, call: &mut CallGuard) {
         call.flush().await;
         self.release(call.record()).await;
-    }
-
-    /// Refuses a new irreversible call once the session has made `max` calls
-    /// of `tools` in the last hour.
-    async fn session_budget(&self, id: &CallIdentity, max: u32, tools: &[String]) -> Result<(), CallError> {
-        let session = id.session.clone();
-        let since = now_ms().saturating_sub(3_600_000);
-        let recent = self
-            .ledger
-            .read(move |ledger| ledger.calls(Some(&session)))
-            .await
-            .map_err(internal)?
-            .iter()
-            // Followers never run: they are answered with another call's outcome.
-            .filter(|c| tools.contains(&c.tool) && c.created_ms >= since && !c.follower)
-            .count();
-        if recent >= max as usize {
-            return Err(CallError::new(
-                ErrorKind::Denied,
-                format!(
-                    "session budget spent: this session made {recent} irreversible calls of this plugin in the last hour, \
-                     the most its policy allows (max_irreversible_calls_per_session_hour = {max}). Nothing was run"
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Whether a run of tool call (session, call id) holds its lock right now.

@@ -33,17 +33,20 @@ pub struct LedgerError {
     /// or another process holds it ([`BackendError::Busy`]).
     conflict: bool,
     busy: bool,
+    /// A budget of the write was spent ([`BackendError::Refused`]).
+    refused: bool,
 }
 
 impl LedgerError {
     fn at(location: &str, message: String) -> Self {
-        Self { location: location.to_string(), message, conflict: false, busy: false }
+        Self { location: location.to_string(), message, conflict: false, busy: false, refused: false }
     }
 
     fn of(location: &str, e: BackendError) -> Self {
         match e {
             BackendError::Conflict(message) => Self { conflict: true, ..Self::at(location, message) },
             BackendError::Busy(message) => Self { busy: true, ..Self::at(location, message) },
+            BackendError::Refused(message) => Self { refused: true, ..Self::at(location, message) },
             BackendError::Failed(message) => Self::at(location, message),
         }
     }
@@ -58,6 +61,16 @@ impl LedgerError {
     pub fn is_busy(&self) -> bool {
         self.busy
     }
+
+    /// Whether a budget of the write was spent; the message says which.
+    pub fn is_refused(&self) -> bool {
+        self.refused
+    }
+
+    /// What went wrong, without where the ledger lives.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
 }
 
 /// Why a backend's operation failed.
@@ -69,6 +82,8 @@ pub(crate) enum BackendError {
     Conflict(String),
     /// Another process holds the database (RocksDB's lock).
     Busy(String),
+    /// A budget charged by the write was spent; nothing of it was applied.
+    Refused(String),
     /// Anything else; nothing of the write was applied.
     Failed(String),
 }
@@ -383,7 +398,7 @@ impl Ledger {
     ) -> Result<T, LedgerError> {
         if self.backend.memory_reads() {
             match rocks::memory_only(|| read(self)) {
-                Err(e) if e.message == NEEDS_IO && !e.conflict && !e.busy => {}
+                Err(e) if e.message == NEEDS_IO && !e.conflict && !e.busy && !e.refused => {}
                 answered => return answered,
             }
         }
@@ -554,6 +569,22 @@ pub struct LedgerWrite {
     /// (session, call id, what its caller was told): set on the stored record.
     reports: Vec<(String, String, Reported)>,
     superseding: Option<Superseding>,
+    charges: Vec<Charge>,
+}
+
+/// One use of a budget, recorded with the write that spends it; the write is
+/// refused whole ([`LedgerError::is_refused`]) if the budget's `scope`
+/// already holds `max` uses at or after `since_ms`. Scopes are opaque
+/// strings the guard builds (a plugin and a session, or a principal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    pub scope: String,
+    pub max: u32,
+    pub since_ms: u64,
+    pub at_ms: u64,
+    pub call_id: String,
+    /// What the budget is, for the refusal's message.
+    pub what: String,
 }
 
 /// A change to an episode record.
@@ -644,6 +675,12 @@ impl LedgerWrite {
     /// Makes the write conditional on `call` being supersedable (see [`Superseding`]).
     pub fn superseding(mut self, call: Superseding) -> Self {
         self.superseding = Some(call);
+        self
+    }
+
+    /// Spends one use of a budget with this write (see [`Charge`]).
+    pub fn charge(mut self, charge: Charge) -> Self {
+        self.charges.push(charge);
         self
     }
 }

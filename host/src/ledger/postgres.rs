@@ -14,6 +14,9 @@
 //! - `toolguard_grant_history (plugin, recorded_ms) → record`.
 //! - `toolguard_episodes (session, tool, args_digest, episode) → executor,
 //!   closed, record` (schema 2): the hold rule's episodes.
+//! - `toolguard_budget (scope, at_ms, call_id)` and `toolguard_budget_scopes
+//!   (scope)` (schema 2): each use of a budget, and one row per budget that
+//!   a charging transaction locks, so two hosts never both spend its last use.
 //!
 //! A new attempt (written over `Prior::Absent`) is inserted with `ON
 //! CONFLICT DO NOTHING`: if another host recorded it first the whole write
@@ -81,6 +84,15 @@ CREATE TABLE IF NOT EXISTS toolguard_episodes (
     PRIMARY KEY (session, tool, args_digest, episode)
 );
 DROP INDEX IF EXISTS toolguard_attempts_by_action;
+CREATE TABLE IF NOT EXISTS toolguard_budget_scopes (
+    scope TEXT PRIMARY KEY
+);
+CREATE TABLE IF NOT EXISTS toolguard_budget (
+    scope TEXT NOT NULL,
+    at_ms BIGINT NOT NULL,
+    call_id TEXT NOT NULL,
+    PRIMARY KEY (scope, at_ms, call_id)
+);
 ";
 
 /// Connections one host keeps to the ledger.
@@ -402,6 +414,19 @@ impl Backend for Postgres {
                 if !free || !super::sent_nothing(&attempts) {
                     return Err(BackendError::Conflict(format!("tool call `{}` can no longer be superseded", s.call_id)));
                 }
+            }
+            for c in &write.charges {
+                // One row per budget, locked until the commit: charges of one budget queue here.
+                tx.execute("INSERT INTO toolguard_budget_scopes (scope) VALUES ($1) ON CONFLICT DO NOTHING", &[&c.scope])
+                    .map_err(|e| e.to_string())?;
+                tx.query("SELECT scope FROM toolguard_budget_scopes WHERE scope = $1 FOR UPDATE", &[&c.scope]).map_err(|e| e.to_string())?;
+                let sql = "SELECT count(*) FROM (SELECT 1 FROM toolguard_budget WHERE scope = $1 AND at_ms >= $2 LIMIT $3) used";
+                let used: i64 = tx.query_one(sql, &[&c.scope, &big(c.since_ms)?, &i64::from(c.max)]).map_err(|e| e.to_string())?.get(0);
+                if used >= i64::from(c.max) {
+                    return Err(BackendError::Refused(format!("{} is spent ({} in the last hour)", c.what, c.max)));
+                }
+                let sql = "INSERT INTO toolguard_budget (scope, at_ms, call_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+                tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(|e| e.to_string())?;
             }
             for call in &write.calls {
                 let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \

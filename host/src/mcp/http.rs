@@ -1,7 +1,8 @@
 //! MCP over Streamable HTTP, hardened: loopback by default; a bearer token
-//! required when binding anywhere else; Host validation against DNS
-//! rebinding always on (loopback plus the configured `allowed_hosts`);
-//! request bodies capped.
+//! required when binding anywhere else (several tokens, each its own
+//! principal); Host validation against DNS rebinding always on (loopback
+//! plus the configured `allowed_hosts`), `/metrics` included; request
+//! bodies capped.
 
 use super::McpHost;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -46,12 +47,14 @@ pub async fn serve(host: McpHost, addr: SocketAddr) -> anyhow::Result<()> {
 /// variable that is unset.
 pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let config = host.config.clone();
-    let token = match &config.token_env {
-        Some(var) => Some(std::env::var(var).map_err(|_| anyhow::anyhow!("mcp.token_env names `{var}`, which is not set"))?),
-        None => None,
-    };
+    let mut tokens = Vec::new();
+    for (principal, var) in config.all_tokens() {
+        let token = std::env::var(&var).map_err(|_| anyhow::anyhow!("the token of principal `{principal}` is in `{var}`, which is not set"))?;
+        anyhow::ensure!(token.len() >= 16, "the token in `{var}` is shorter than 16 characters; use a long random one");
+        tokens.push((Principal(principal), token));
+    }
     if !addr.ip().is_loopback() {
-        anyhow::ensure!(token.is_some(), "binding {addr} beyond loopback needs a bearer token: set [mcp] token_env");
+        anyhow::ensure!(!tokens.is_empty(), "binding {addr} beyond loopback needs a bearer token: set [mcp] token_env (or tokens)");
         anyhow::ensure!(
             !config.allowed_hosts.is_empty(),
             "binding {addr} beyond loopback needs [mcp] allowed_hosts: the host names clients use (DNS-rebinding protection)"
@@ -60,21 +63,48 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1", "[::1]"].iter().map(|h| h.to_string()).collect();
     hosts.extend(config.allowed_hosts.iter().cloned());
     let mcp_config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(hosts)
+        .with_allowed_hosts(hosts.clone())
         .with_max_request_body_bytes(config.max_request_bytes);
     let ledger = host.runtime.guard().map(|g| g.ledger().clone());
     let runtime = host.runtime.clone();
     let service = StreamableHttpService::new(move || Ok(host.clone()), Arc::new(LocalSessionManager::default()), mcp_config);
-    let token = Arc::new(token);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
     let mcp = axum::Router::new()
         .nest_service(PATH, service)
         .layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)));
-    let router = mcp.route(METRICS_PATH, axum::routing::get(move || metrics(ledger.clone())));
+    let hosts = Arc::new(hosts);
+    let metrics_route = axum::routing::get(move |req: axum::extract::Request| {
+        let (ledger, hosts) = (ledger.clone(), hosts.clone());
+        async move {
+            use axum::response::IntoResponse as _;
+            if !host_allowed(&req, &hosts) {
+                return (axum::http::StatusCode::FORBIDDEN, "this Host is not served\n").into_response();
+            }
+            metrics(ledger).await
+        }
+    });
+    let router = mcp.route(METRICS_PATH, metrics_route);
+    let tokens = Arc::new(tokens);
     Ok(router.layer(axum::middleware::from_fn(move |req, next| {
-        let token = token.clone();
-        async move { bearer(token.as_deref(), req, next).await }
+        let tokens = tokens.clone();
+        async move { bearer(&tokens, req, next).await }
     })))
+}
+
+/// The authenticated principal of an HTTP request, put in its extensions
+/// by the bearer middleware (which rmcp hands on to the tool call).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal(pub String);
+
+/// Whether the request's `Host` is loopback or one of `allowed` (with or without a port).
+fn host_allowed(req: &axum::extract::Request, allowed: &[String]) -> bool {
+    let Some(host) = req.headers().get(axum::http::header::HOST).and_then(|h| h.to_str().ok()) else { return false };
+    let name = match host.rsplit_once(':') {
+        // `[::1]:8765`, `name:8765`; a bare IPv6 literal has no brackets and more colons.
+        Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) && (!name.contains(':') || name.ends_with(']')) => name,
+        _ => host,
+    };
+    allowed.iter().any(|a| a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(name))
 }
 
 /// The listener with Nagle's algorithm off on every connection: small
@@ -86,12 +116,20 @@ pub fn no_delay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener
     })
 }
 
-/// Lets a request through only with the right bearer token (if one is set).
-async fn bearer(token: Option<&str>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+/// Lets a request through only with one of the bearer tokens (if any are
+/// set), and tells the rest of the stack whose it is.
+async fn bearer(tokens: &[(Principal, String)], mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
     use axum::response::IntoResponse as _;
-    let Some(expected) = token else { return next.run(req).await };
+    if tokens.is_empty() {
+        return next.run(req).await;
+    }
     let given = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
+    // Every token is compared, in constant time, whichever matches.
+    let matched = given.and_then(|g| {
+        tokens.iter().fold(None, |found, (principal, token)| if constant_time_eq(g.as_bytes(), token.as_bytes()) { Some(principal.clone()) } else { found })
+    });
+    if let Some(principal) = matched {
+        req.extensions_mut().insert(principal);
         return next.run(req).await;
     }
     (axum::http::StatusCode::UNAUTHORIZED, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], "a valid bearer token is required\n").into_response()

@@ -25,19 +25,28 @@ fn lookup(meta: &Map<String, Value>, key: &str) -> Option<String> {
     flat.or_else(nested).filter(|v| !v.is_empty()).map(str::to_string)
 }
 
-/// The tool-call id the client sent, if any.
+/// The tool-call id the client sent, if any. (The runtime refuses one that
+/// is not a usable id: [`crate::runtime::check_id`].)
 pub fn call_id(meta: &Map<String, Value>) -> Option<String> {
     std::iter::once(CALL_ID_KEY).chain(CALL_ID_FALLBACKS.iter().copied()).find_map(|k| lookup(meta, k))
 }
 
-/// The session: ours, else a client's conversation key, else the
-/// authenticated principal, else the configured default.
-pub fn session(meta: &Map<String, Value>, principal: Option<&str>, config: &McpConfig) -> String {
-    std::iter::once(SESSION_KEY)
-        .chain(SESSION_FALLBACKS.iter().copied())
-        .find_map(|k| lookup(meta, k))
-        .or_else(|| principal.map(str::to_string))
-        .unwrap_or_else(|| config.default_session.clone())
+/// The session: ours, else a client's conversation key, else the configured
+/// default — inside the namespace of the authenticated principal, if the
+/// client presented a token (`principal/session`): a token's holders can
+/// neither read nor replay nor spend the budget of another token's sessions,
+/// whatever session id they send.
+///
+/// # Errors
+/// The session id the client sent is not a usable id ([`crate::runtime::check_id`]).
+pub fn session(meta: &Map<String, Value>, principal: Option<&str>, config: &McpConfig) -> Result<String, String> {
+    let named = std::iter::once(SESSION_KEY).chain(SESSION_FALLBACKS.iter().copied()).find_map(|k| lookup(meta, k));
+    let session = named.unwrap_or_else(|| config.default_session.clone());
+    crate::runtime::check_id("session id", &session)?;
+    Ok(match principal {
+        Some(p) => format!("{p}/{session}"),
+        None => session,
+    })
 }
 
 /// The call id to use when the client sent none: for a side-effecting tool
@@ -75,12 +84,23 @@ mod tests {
         assert_eq!(call_id(&meta(json!({ "claudecode/toolUseId": "toolu_1" }))).as_deref(), Some("toolu_1"));
         assert_eq!(call_id(&meta(json!({ "progressToken": 3 }))), None);
         let c = McpConfig::default();
-        assert_eq!(session(&meta(json!({ "toolguard/sessionId": "s", "threadId": "t" })), Some("p"), &c), "s");
-        assert_eq!(session(&meta(json!({ "threadId": "t" })), Some("p"), &c), "t");
-        assert_eq!(session(&meta(json!({ "vscode": { "conversationId": "v" } })), None, &c), "v");
-        assert_eq!(session(&meta(json!({ "vscode.conversationId": "v2" })), None, &c), "v2");
-        assert_eq!(session(&meta(json!({})), Some("p"), &c), "p");
-        assert_eq!(session(&meta(json!({})), None, &c), "default");
+        let session = |m: Value, p: Option<&str>| session(&meta(m), p, &c).unwrap();
+        assert_eq!(session(json!({ "toolguard/sessionId": "s", "threadId": "t" }), None), "s");
+        assert_eq!(session(json!({ "threadId": "t" }), None), "t");
+        assert_eq!(session(json!({ "vscode": { "conversationId": "v" } }), None), "v");
+        assert_eq!(session(json!({ "vscode.conversationId": "v2" }), None), "v2");
+        assert_eq!(session(json!({}), None), "default");
+    }
+
+    #[test]
+    fn an_authenticated_principal_namespaces_every_session() {
+        let c = McpConfig::default();
+        assert_eq!(session(&meta(json!({ "toolguard/sessionId": "s" })), Some("ops"), &c).unwrap(), "ops/s");
+        assert_eq!(session(&meta(json!({})), Some("ops"), &c).unwrap(), "ops/default");
+        // Another principal's session cannot be named: it lands in one's own namespace.
+        assert_eq!(session(&meta(json!({ "toolguard/sessionId": "support/s" })), Some("ops"), &c).unwrap(), "ops/support/s");
+        assert!(session(&meta(json!({ "toolguard/sessionId": "a\u{1b}[2J" })), Some("ops"), &c).is_err());
+        assert!(session(&meta(json!({ "toolguard/sessionId": "x".repeat(300) })), None, &c).is_err());
     }
 
     #[test]

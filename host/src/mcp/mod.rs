@@ -90,11 +90,10 @@ impl McpHost {
     }
 
     /// The authenticated principal of an HTTP request (the bearer middleware
-    /// has already checked the token), if there is one.
+    /// checked its token and named it), if there is one.
     fn principal(&self, cx: &RequestContext<RoleServer>) -> Option<String> {
         let parts = cx.extensions.get::<axum::http::request::Parts>()?;
-        parts.headers.get(axum::http::header::AUTHORIZATION)?;
-        self.config.token_env.as_ref().map(|_| self.config.token_principal.clone())
+        parts.extensions.get::<http::Principal>().map(|p| p.0.clone())
     }
 }
 
@@ -137,8 +136,16 @@ impl ServerHandler for McpHost {
             r.structured_content = Some(serde_json::json!({ "kind": ErrorKind::InvalidArgs, "missing": ids::CALL_ID_KEY }));
             return Ok(r.into());
         };
-        let session = ids::session(meta, self.principal(&cx).as_deref(), &self.config);
-        let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json };
+        let principal = self.principal(&cx);
+        let session = match ids::session(meta, principal.as_deref(), &self.config) {
+            Ok(session) => session,
+            Err(why) => {
+                let mut r = CallToolResult::error(vec![ContentBlock::text(format!("invalid-args: {why}"))]);
+                r.structured_content = Some(serde_json::json!({ "kind": ErrorKind::InvalidArgs, "message": why }));
+                return Ok(r.into());
+            }
+        };
+        let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json, principal };
         let answer = self.runtime.call(&call).await;
         let result = match &answer {
             Ok(out) => results::success(out.clone()),

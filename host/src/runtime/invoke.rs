@@ -40,7 +40,7 @@ impl Runtime {
                     grants: plugin.ctx.grants.clone(),
                     reconciler: PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>),
                     max_sends: plugin.ctx.max_sends_per_call,
-                    session_hour_budget: plugin.ctx.max_irreversible_calls_per_session_hour.map(|max| (max, self.irreversible_tools(plugin))),
+                    budgets: budgets(plugin, req),
                     // The wall clock cuts a run off, so nothing is sent after it.
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
                     hold_wait: guard.hold_wait(&plugin.ctx.grants),
@@ -102,14 +102,23 @@ impl Runtime {
         }
     }
 
-    /// The names of `plugin`'s irreversible tools.
-    fn irreversible_tools(&self, plugin: &super::plugin::LoadedPlugin) -> std::sync::Arc<[String]> {
-        self.tools
-            .values()
-            .filter(|(_, t)| t.plugin == *plugin.ctx.name && t.effect == super::Effect::Irreversible)
-            .map(|(_, t)| t.name.clone())
-            .collect()
-    }
+}
+
+/// The budgets a call of `plugin`'s irreversible tools spends: per session,
+/// and per authenticated principal, as its policy sets them.
+fn budgets(plugin: &super::plugin::LoadedPlugin, req: &CallRequest) -> Vec<crate::guard::Budget> {
+    let name = &plugin.ctx.name;
+    let per_session = plugin.ctx.max_irreversible_calls_per_session_hour.map(|max| crate::guard::Budget {
+        scope: json!(["session", name, req.session]).to_string(),
+        max,
+        what: format!("this session's budget of irreversible calls of `{name}` (max_irreversible_calls_per_session_hour = {max})"),
+    });
+    let per_principal = plugin.ctx.max_irreversible_calls_per_principal_hour.zip(req.principal.as_ref()).map(|(max, principal)| crate::guard::Budget {
+        scope: json!(["principal", name, principal]).to_string(),
+        max,
+        what: format!("principal `{principal}`'s budget of irreversible calls of `{name}` (max_irreversible_calls_per_principal_hour = {max})"),
+    });
+    per_session.into_iter().chain(per_principal).collect()
 }
 
 fn unknown_tool(rt: &Runtime, name: &str) -> CallError {

@@ -47,6 +47,34 @@ pub struct CallRequest {
     pub tool: String,
     /// The arguments, as JSON text.
     pub args_json: String,
+    /// Who made it, when the client authenticated (an MCP token's
+    /// principal); the budgets per principal count by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+}
+
+/// The longest tool-call id a caller may send, and the longest session
+/// id (a principal's namespace may add up to 65 bytes to the latter), in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Checks an id a caller sent: 1–[`MAX_ID_BYTES`] bytes, no control
+/// characters and no bidirectional overrides (ids are keys, log fields and
+/// table cells; none of them may steer a terminal).
+///
+/// # Errors
+/// What is wrong with it, naming `what` it is.
+pub fn check_id(what: &str, id: &str) -> Result<(), String> {
+    check_id_within(what, id, MAX_ID_BYTES)
+}
+
+fn check_id_within(what: &str, id: &str, max: usize) -> Result<(), String> {
+    if id.is_empty() || id.len() > max {
+        return Err(format!("the {what} must be 1–{max} bytes long (it is {})", id.len()));
+    }
+    if id.chars().any(|c| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')) {
+        return Err(format!("the {what} contains a control character or a bidirectional override; use printable text"));
+    }
+    Ok(())
 }
 
 /// A tool call's answer.
@@ -233,6 +261,7 @@ impl Runtime {
             grants: config.policy.grants.clone().into(),
             max_sends_per_call: config.policy.max_sends_per_call,
             max_irreversible_calls_per_session_hour: config.policy.max_irreversible_calls_per_session_hour,
+            max_irreversible_calls_per_principal_hour: config.policy.max_irreversible_calls_per_principal_hour,
         });
         let loaded = Arc::new(LoadedPlugin { ctx, digest, pre, reconcile });
 
@@ -277,6 +306,10 @@ impl Runtime {
         let span = tracing::info_span!("tool_call", tool = %request.tool, session = %request.session, call_id = %request.call_id,
             outcome = tracing::field::Empty, latency_ms = tracing::field::Empty);
         let started = std::time::Instant::now();
+        let ids = check_id("tool-call id", &request.call_id).and_then(|()| check_id_within("session id", &request.session, MAX_ID_BYTES + 65));
+        if let Err(why) = ids {
+            return Err(CallError::new(ErrorKind::InvalidArgs, format!("{why}; nothing was run")));
+        }
         // A panic while running one call (a bug in the host, reachable from some
         // plugin or client input) fails that call; the host goes on serving.
         let running = std::panic::AssertUnwindSafe(self.invoke(request).instrument(span.clone()));

@@ -27,6 +27,8 @@ pub struct PluginContext {
     pub max_sends_per_call: u32,
     /// Calls of its irreversible tools one session may make per hour.
     pub max_irreversible_calls_per_session_hour: Option<u32>,
+    /// Calls of its irreversible tools one authenticated principal may make per hour.
+    pub max_irreversible_calls_per_principal_hour: Option<u32>,
 }
 
 /// Who is calling: the ids the guard scopes its keys to.

@@ -11,6 +11,8 @@
 //!   digest ran with which effective grants, from when.
 //! - `episodes`: (session, tool, args digest) ‖ episode number →
 //!   [`EpisodeRecord`] JSON: the hold rule's episodes of each irreversible action.
+//! - `budget`: length-prefixed scope ‖ time ‖ call id → ∅: each use of a
+//!   budget (irreversible calls per session or principal and hour).
 //! - `unsettled`: schema 1's hold-rule index; no longer written or read
 //!   (kept because RocksDB opens every family a database has).
 //!
@@ -39,7 +41,8 @@ const CF_CALL_ATTEMPTS: &str = "call_attempts";
 const CF_GRANT_HISTORY: &str = "grant_history";
 const CF_UNSETTLED: &str = "unsettled";
 const CF_EPISODES: &str = "episodes";
-const ALL_CFS: [&str; 8] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED, CF_EPISODES];
+const CF_BUDGET: &str = "budget";
+const ALL_CFS: [&str; 9] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED, CF_EPISODES, CF_BUDGET];
 /// Memory all memtables together may use before RocksDB flushes them.
 const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 
@@ -165,6 +168,24 @@ impl Rocks {
         Ok(out)
     }
 
+    /// How many keys under `prefix` sort at or after `from`, counting at most `max`.
+    fn count_from(&self, cf: &str, prefix: &[u8], from: &[u8], max: usize) -> Result<usize, String> {
+        let Some(family) = self.db.cf_handle(cf) else { return Ok(0) };
+        let mut opts = read_options();
+        if let Some(upper) = prefix_successor(prefix) {
+            opts.set_iterate_upper_bound(upper);
+        }
+        let mut n = 0;
+        for item in self.db.iterator_cf_opt(family, opts, IteratorMode::From(from, rocksdb::Direction::Forward)) {
+            item.map_err(|e| db_error(&e))?;
+            n += 1;
+            if n >= max {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
     fn attempts_by_key(&self, keys: &[String]) -> Result<Vec<AttemptRecord>, String> {
         keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
     }
@@ -185,6 +206,15 @@ impl Rocks {
             }
         }
         let mut batch = WriteBatch::default();
+        for c in &write.charges {
+            let prefix = length_prefixed(&c.scope);
+            let from = [prefix.as_slice(), &c.since_ms.to_be_bytes()].concat();
+            if self.count_from(CF_BUDGET, &prefix, &from, c.max as usize)? >= c.max as usize {
+                return Err(BackendError::Refused(format!("{} is spent ({} in the last hour)", c.what, c.max)));
+            }
+            let key = [prefix.as_slice(), &c.at_ms.to_be_bytes(), c.call_id.as_bytes()].concat();
+            batch.put_cf(self.cf(CF_BUDGET), key, []);
+        }
         for call in &write.calls {
             let value = serde_json::to_vec(call).map_err(|e| e.to_string())?;
             batch.put_cf(self.cf(CF_CALLS), call_key(&call.session, &call.call_id), value);
@@ -381,8 +411,13 @@ fn write_options(durability: Durability) -> WriteOptions {
 }
 
 fn session_prefix(session: &str) -> Vec<u8> {
-    let mut k = (session.len() as u32).to_be_bytes().to_vec();
-    k.extend_from_slice(session.as_bytes());
+    length_prefixed(session)
+}
+
+/// `field` after its length: no field can run into the next.
+fn length_prefixed(field: &str) -> Vec<u8> {
+    let mut k = (field.len() as u32).to_be_bytes().to_vec();
+    k.extend_from_slice(field.as_bytes());
     k
 }
 
