@@ -17,6 +17,7 @@ mod mcp;
 mod metrics;
 mod migration;
 mod payments;
+mod properties;
 mod recovery_edges;
 mod sandbox_limits;
 mod security;
