@@ -35,7 +35,37 @@ pub struct Report {
     pub policy: String,
     /// FAIL if any component fails.
     pub verdict: Verdict,
+    /// What every plugin request and every tool call is held to, host-wide.
+    pub limits: LimitsReport,
     pub components: Vec<ComponentReport>,
+}
+
+/// The host-wide limits on what plugins and clients hand the host
+/// (`docs/policy.md`, "Limits on requests"; `docs/mcp.md`).
+#[derive(Debug, Clone, Serialize)]
+pub struct LimitsReport {
+    pub max_request_headers: usize,
+    pub max_header_name_bytes: usize,
+    pub max_header_value_bytes: usize,
+    pub max_header_bytes: usize,
+    /// The largest magnitude of a number in tool arguments (2^53 − 1).
+    pub max_exact_number: u64,
+    /// The longest tool-call or session id a caller may send, in bytes.
+    pub max_id_bytes: usize,
+}
+
+impl LimitsReport {
+    fn current() -> Self {
+        use crate::guard::wire;
+        Self {
+            max_request_headers: wire::MAX_HEADERS,
+            max_header_name_bytes: wire::MAX_HEADER_NAME_BYTES,
+            max_header_value_bytes: wire::MAX_HEADER_VALUE_BYTES,
+            max_header_bytes: wire::MAX_HEADER_BYTES,
+            max_exact_number: crate::guard::keys::MAX_EXACT_NUMBER,
+            max_id_bytes: crate::runtime::MAX_ID_BYTES,
+        }
+    }
 }
 
 /// One component.
@@ -104,6 +134,10 @@ pub struct GrantReport {
     /// The URL prefix it opens: the downstream's origin and base path plus the path prefix.
     pub url: String,
     pub methods: Vec<String>,
+    /// Whether its paths may carry encoded separators, `%25` or `;` parameters.
+    pub allow_encoded_path: bool,
+    /// The largest request body a plugin may send to its downstream, in bytes.
+    pub max_request_bytes: usize,
 }
 
 /// A credential the host injects on a granted downstream.
@@ -122,6 +156,7 @@ pub struct CredentialReport {
 pub struct BudgetReport {
     pub max_sends_per_call: u32,
     pub max_irreversible_calls_per_session_hour: Option<u32>,
+    pub max_irreversible_calls_per_principal_hour: Option<u32>,
 }
 
 /// Audits every plugin of `config`, then each extra component file.
@@ -151,6 +186,7 @@ pub async fn audit(config: &Config, config_path: &Path, extra: &[PathBuf]) -> Re
         config: config_path.display().to_string(),
         policy: config.policy_source.clone(),
         verdict,
+        limits: LimitsReport::current(),
         components,
     })
 }
@@ -237,6 +273,7 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
         budgets: BudgetReport {
             max_sends_per_call: policy.max_sends_per_call,
             max_irreversible_calls_per_session_hour: policy.max_irreversible_calls_per_session_hour,
+            max_irreversible_calls_per_principal_hour: policy.max_irreversible_calls_per_principal_hour,
         },
         verdict,
         reasons,
@@ -254,9 +291,16 @@ fn grant_reports(plugin: &PluginConfig, downstreams: &Downstreams) -> Vec<GrantR
         .grants
         .iter()
         .map(|g| {
-            let base = downstreams.get(&g.downstream).map_or_else(String::new, |d| d.origin.as_str().trim_end_matches('/').to_string());
+            let d = downstreams.get(&g.downstream);
+            let base = d.map_or_else(String::new, |d| d.origin.as_str().trim_end_matches('/').to_string());
             let prefix = g.path_prefix.trim_start_matches('/');
-            GrantReport { downstream: g.downstream.clone(), url: format!("{base}/{prefix}"), methods: g.methods.clone() }
+            GrantReport {
+                downstream: g.downstream.clone(),
+                url: format!("{base}/{prefix}"),
+                methods: g.methods.clone(),
+                allow_encoded_path: g.allow_encoded_path,
+                max_request_bytes: d.map_or(crate::policy::DEFAULT_MAX_REQUEST_BYTES, |d| d.max_request_bytes),
+            }
         })
         .collect()
 }
@@ -319,6 +363,7 @@ pub fn effective_grants(plugin: &PluginConfig, tools: &[&ToolInfo], downstreams:
         "budgets": {
             "max_sends_per_call": plugin.policy.max_sends_per_call,
             "max_irreversible_calls_per_session_hour": plugin.policy.max_irreversible_calls_per_session_hour,
+            "max_irreversible_calls_per_principal_hour": plugin.policy.max_irreversible_calls_per_principal_hour,
         },
     })
 }
@@ -327,7 +372,13 @@ pub fn effective_grants(plugin: &PluginConfig, tools: &[&ToolInfo], downstreams:
 pub fn render(report: &Report) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let _ = writeln!(out, "toolguard audit — config {}, policy {}\n", report.config, report.policy);
+    let _ = writeln!(out, "toolguard audit — config {}, policy {}", report.config, report.policy);
+    let l = &report.limits;
+    let _ = writeln!(
+        out,
+        "limits: plugin requests up to {} headers ({} bytes a name, {} a value, {} together); numbers in arguments up to ±{}; ids up to {} bytes\n",
+        l.max_request_headers, l.max_header_name_bytes, l.max_header_value_bytes, l.max_header_bytes, l.max_exact_number, l.max_id_bytes
+    );
     for c in &report.components {
         let _ = writeln!(out, "{}  {:?}", c.plugin, c.verdict);
         let _ = writeln!(out, "  component    {}", c.source);
@@ -368,14 +419,21 @@ pub fn render(report: &Report) -> String {
         }
         for (i, g) in c.grants.iter().enumerate() {
             let label = if i == 0 { "grants" } else { "" };
-            let _ = writeln!(out, "  {label:<12} {} {} ({})", g.methods.join(","), g.url, g.downstream);
+            let encoded = if g.allow_encoded_path { ", ENCODED PATHS ALLOWED" } else { "" };
+            let _ = writeln!(out, "  {label:<12} {} {} ({}; bodies up to {} bytes{encoded})", g.methods.join(","), g.url, g.downstream, g.max_request_bytes);
         }
         for c in &c.credentials {
             let state = if c.available { "available" } else { "NOT available" };
             let _ = writeln!(out, "  credential   {}: {} from {} ({state})", c.downstream, c.header, c.source);
         }
-        let per_hour = c.budgets.max_irreversible_calls_per_session_hour.map_or("unlimited".to_string(), |n| n.to_string());
-        let _ = writeln!(out, "  budgets      {} sends per call; {per_hour} irreversible calls per session per hour", c.budgets.max_sends_per_call);
+        let per_hour = |n: Option<u32>| n.map_or("unlimited".to_string(), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "  budgets      {} sends per call; {} irreversible calls per session per hour, {} per principal per hour",
+            c.budgets.max_sends_per_call,
+            per_hour(c.budgets.max_irreversible_calls_per_session_hour),
+            per_hour(c.budgets.max_irreversible_calls_per_principal_hour)
+        );
         for r in &c.reasons {
             let _ = writeln!(out, "  FAIL         {r}");
         }

@@ -66,6 +66,13 @@ fn the_shipped_plugins_pass_under_the_example_config() {
     assert!(exports.iter().any(|e| e.starts_with("toolguard:plugin/reconciler")), "{exports:?}");
     assert_eq!(payments["credentials"][0]["available"], true);
     assert_eq!(payments["budgets"]["max_sends_per_call"], 2);
+    // The limits on what plugins and clients hand the host, for the reviewer.
+    assert!(text.contains("limits: plugin requests up to 64 headers"), "{text}");
+    assert!(text.contains("bodies up to 1048576 bytes"), "{text}");
+    assert_eq!(report["limits"]["max_request_headers"], 64);
+    assert_eq!(report["limits"]["max_exact_number"], 9007199254740991u64);
+    assert_eq!(payments["grants"][0]["max_request_bytes"], 1 << 20);
+    assert_eq!(payments["grants"][0]["allow_encoded_path"], false);
 }
 
 #[test]

@@ -173,6 +173,30 @@ fn what_the_caller_was_told_is_set_on_the_stored_call(store: &dyn Store) {
     assert_eq!(ledger.call("s", "none").unwrap(), None, "no record is created");
 }
 
+fn budgets_count_uses_in_their_window_and_refuse_the_one_too_many(store: &dyn Store) {
+    let ledger = store.open();
+    let charge = |scope: &str, at_ms: u64, call_id: &str| Charge {
+        scope: scope.into(),
+        max: 2,
+        since_ms: at_ms.saturating_sub(100),
+        at_ms,
+        call_id: call_id.into(),
+        what: format!("budget {scope}"),
+    };
+    let spend = |c: Charge| ledger.commit(LedgerWrite::new().call(call("s", &c.call_id)).charge(c), Durability::Buffered);
+    spend(charge("a", 1_000, "c1")).unwrap();
+    spend(charge("a", 1_050, "c2")).unwrap();
+    let refused = spend(charge("a", 1_060, "c3")).unwrap_err();
+    assert!(refused.is_refused() && refused.message().contains("budget a is spent"), "{refused}");
+    assert_eq!(ledger.call("s", "c3").unwrap(), None, "nothing of a refused write applies");
+    spend(charge("b", 1_060, "c4")).expect("another budget");
+    // "a" = [1_000, 1_050]; at 1_120 the window starts at 1_020: one use left.
+    spend(charge("a", 1_120, "c5")).expect("the oldest use left the window");
+    assert!(spend(charge("a", 1_130, "c6")).unwrap_err().is_refused());
+    // A scope that is a prefix of another is another budget.
+    spend(charge("a-longer", 1_130, "c7")).unwrap();
+}
+
 fn only_a_call_that_sent_nothing_can_be_superseded(store: &dyn Store) {
     let ledger = store.open();
     let supersede = |executor: &str| {
@@ -286,6 +310,7 @@ on_both_backends!(
     episodes_open_once_hand_over_conditionally_and_close,
     what_the_caller_was_told_is_set_on_the_stored_call,
     only_a_call_that_sent_nothing_can_be_superseded,
+    budgets_count_uses_in_their_window_and_refuse_the_one_too_many,
     the_secret_and_records_survive_a_reopen,
     grant_history_keeps_changes_only,
     claims_tell_new_completed_and_conflicting_calls_apart,
