@@ -74,7 +74,7 @@ fn rewrite(v: &Value, salt: u64) -> String {
         }
         Value::Array(items) => format!("[ {} ]", items.iter().map(|x| rewrite(x, salt.rotate_left(3))).collect::<Vec<_>>().join(" , ")),
         Value::String(s) => escaped(s, salt),
-        Value::Number(n) if n.as_i64().is_some_and(|i| i.unsigned_abs() <= keys::MAX_EXACT_NUMBER) && salt % 3 == 0 => {
+        Value::Number(n) if n.as_i64().is_some_and(|i| i.unsigned_abs() <= keys::MAX_EXACT_NUMBER) && salt.is_multiple_of(3) => {
             format!("{}.0e0", n.as_i64().unwrap())
         }
         other => other.to_string(),
@@ -88,7 +88,7 @@ fn escaped(s: &str, salt: u64) -> String {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 || !c.is_ascii() || salt % 5 == 0 => {
+            c if (c as u32) < 0x20 || !c.is_ascii() || salt.is_multiple_of(5) => {
                 let mut units = [0u16; 2];
                 for u in c.encode_utf16(&mut units) {
                     out.push_str(&format!("\\u{u:04x}"));

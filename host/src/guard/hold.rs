@@ -72,6 +72,8 @@ enum Next {
     Settle(CallRecord),
     /// Decide again at once (a conditional write lost a race).
     Again,
+    /// Decide again once an answer of this action has been recorded as told.
+    AnswerOnItsWay,
 }
 
 impl Guard {
@@ -83,14 +85,24 @@ impl Guard {
         rules: CallRules,
         mut lock: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<Admission, CallError> {
+        let arrived_ms = now_ms();
         let deadline = Instant::now() + rules.hold_wait;
+        let answers_deadline = Instant::now() + super::outgoing::DELIVERY_WAIT;
+        let action = (id.session.clone(), id.tool.clone(), id.args_digest.clone());
         let mut resolved_once = false;
         loop {
             let next = {
                 let _action = self.action_lock(&id).lock_owned().await;
                 let seen = self.look(&id).await?;
-                let decision = self.decide(&id, seen);
-                self.apply(&id, &rules, decision).await?
+                // A new call while an answer of this action is on its way: whether
+                // it is a new action depends on when that answer left. Learn it first.
+                let open = seen.episode.as_ref().is_some_and(|e| !e.closed);
+                if seen.call.is_none() && open && Instant::now() < answers_deadline && self.outgoing.any(&action) {
+                    Next::AnswerOnItsWay
+                } else {
+                    let decision = self.decide(&id, seen, arrived_ms);
+                    self.apply(&id, &rules, decision).await?
+                }
             };
             match next {
                 Next::Admitted(admission) => return Ok(admission),
@@ -104,6 +116,7 @@ impl Guard {
                     Started::Superseded(back) => lock = back,
                 },
                 Next::Again => {}
+                Next::AnswerOnItsWay => self.outgoing.wait(answers_deadline).await,
                 Next::Wait(executor) if Instant::now() < deadline => self.wait_for(&id.session, &executor, deadline).await,
                 Next::Settle(executor) if Instant::now() < deadline && !resolved_once => {
                     resolved_once = true;
@@ -136,8 +149,9 @@ impl Guard {
             .map_err(internal)
     }
 
-    /// The rule itself, on what [`Guard::look`] found (see `docs/guard.md`).
-    fn decide(&self, id: &CallIdentity, seen: Seen) -> Decision {
+    /// The rule itself, on what [`Guard::look`] found (see `docs/guard.md`),
+    /// for a call that arrived at `arrived_ms`.
+    fn decide(&self, id: &CallIdentity, seen: Seen, arrived_ms: u64) -> Decision {
         match (seen.call, seen.episode) {
             (Some(c), _) if c.tool != id.tool || c.args_digest != id.args_digest => Decision::Conflict(c),
             (Some(c), _) if c.state == CallState::Completed && c.outcome.is_some() => Decision::Replay(c),
@@ -145,7 +159,9 @@ impl Guard {
             (Some(c), None) if c.episode.is_none() => Decision::Run(c, true),
             (Some(c), Some(e)) if e.executor == c.call_id => Decision::Run(c, true),
             (None, None) => Decision::Open(1),
-            (None, Some(e)) if e.closed => Decision::Open(e.episode + 1),
+            // Closed when its definitive answer left the host: before this call
+            // arrived, a new action; after, the two overlapped.
+            (None, Some(e)) if e.closed && e.closed_ms.unwrap_or(0) <= arrived_ms => Decision::Open(e.episode + 1),
             (_, Some(e)) => {
                 let (record, attempts) = seen.executor.unwrap_or_default();
                 let state = self.executor_state(&id.session, &e.executor, record, attempts);
@@ -273,6 +289,7 @@ impl Guard {
         call.completed_ms = Some(now_ms());
         self.ledger.commit_async(LedgerWrite::new().call(call.clone()), Durability::Buffered).await.map_err(internal)?;
         self.remember(&call);
+        self.outgoing.leaving((id.session.clone(), id.tool.clone(), id.args_digest.clone()), &id.call_id);
         Ok(error)
     }
 
@@ -349,16 +366,25 @@ impl Guard {
     }
 
     /// Records that the caller of tool call (`session`, `call_id`) was told
-    /// `reported`, now that the answer has left the host. A definitive
-    /// answer closes the call's episode: an identical call admitted after
-    /// this runs as a new action. Never lowers a definitive report.
+    /// `reported`, the answer having left the host at `delivered_ms`. A
+    /// definitive answer closes the call's episode as of that time: an
+    /// identical call that arrived later is a new action. Never lowers a
+    /// definitive report.
     ///
     /// # Errors
     /// The ledger could not be read or written.
-    pub async fn report(&self, session: &str, call_id: &str, reported: Reported) -> Result<(), crate::ledger::LedgerError> {
+    pub async fn report(&self, session: &str, call_id: &str, reported: Reported, delivered_ms: u64) -> Result<(), crate::ledger::LedgerError> {
         let _lock = self.call_lock(session, call_id).lock_owned().await;
         let (s, c) = (session.to_string(), call_id.to_string());
         let Some(call) = self.ledger.read(move |l| l.call(&s, &c)).await? else { return Ok(()) };
+        let action = (call.session.clone(), call.tool.clone(), call.args_digest.clone());
+        let written = self.record_report(call, reported, delivered_ms).await;
+        self.outgoing.recorded(&action, call_id);
+        written
+    }
+
+    async fn record_report(&self, call: CallRecord, reported: Reported, delivered_ms: u64) -> Result<(), crate::ledger::LedgerError> {
+        let (session, call_id) = (call.session.as_str(), call.call_id.as_str());
         if call.reported == Reported::Definitive || call.reported == reported {
             return Ok(());
         }
@@ -368,7 +394,7 @@ impl Guard {
         if let (Reported::Definitive, Some(n)) = (reported, call.episode) {
             let (s, t, d) = (id.session.clone(), id.tool.clone(), id.args_digest.clone());
             if let Some(episode) = self.ledger.read(move |l| l.episode(&s, &t, &d, Some(n))).await? {
-                write = write.episode(EpisodeOp::Close { record: episode, at_ms: now_ms() });
+                write = write.episode(EpisodeOp::Close { record: episode, at_ms: delivered_ms });
             }
         }
         self.ledger.commit_async(write, Durability::Buffered).await

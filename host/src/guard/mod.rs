@@ -16,6 +16,7 @@
 mod attempt;
 mod hold;
 pub mod keys;
+mod outgoing;
 mod replay;
 pub mod recover;
 pub mod transport;
@@ -72,6 +73,8 @@ pub struct Guard {
     /// One lock per budget being spent: on a host's own ledger, what makes
     /// counting and recording a use one step.
     budgets: Locks<String>,
+    /// Definitive answers of irreversible calls on their way to their caller.
+    outgoing: outgoing::Outgoing,
     /// Recently completed calls: their outcomes never change, so replaying
     /// one needs no ledger read.
     completed: Mutex<replay::Completed>,
@@ -207,7 +210,7 @@ impl Guard {
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         let host = host_id();
-        Ok(Self { ledger, client, downstreams, in_flight: Locks::default(), actions: Locks::default(), budgets: Locks::default(), completed: Mutex::default(), host })
+        Ok(Self { ledger, client, downstreams, in_flight: Locks::default(), actions: Locks::default(), budgets: Locks::default(), outgoing: outgoing::Outgoing::default(), completed: Mutex::default(), host })
     }
 
     /// The ledger the guard records into.
@@ -360,6 +363,9 @@ impl Guard {
         match completion.wait().await {
             Ok(()) => self.remember(&record),
             Err(e) => tracing::warn!(error = %e, call_id = %record.call_id, "could not record the completed tool call; a replay will re-run it"),
+        }
+        if record.episode.is_some() {
+            self.outgoing.leaving((record.session.clone(), record.tool.clone(), record.args_digest.clone()), &record.call_id);
         }
         result
     }

@@ -27,9 +27,10 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
-    /// Records that the caller was told it.
-    pub(crate) async fn delivered(self, runtime: &Runtime) {
-        runtime.report(&self.request, &self.answer).await;
+    /// Records that the caller was told it, its response having been
+    /// written at `at_ms`.
+    pub(crate) async fn delivered(self, runtime: &Runtime, at_ms: u64) {
+        runtime.report_at(&self.request, &self.answer, at_ms).await;
     }
 }
 
@@ -76,7 +77,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Delivering<T> {
         async move {
             sent.await?;
             if let Some(answer) = id.and_then(|id| pending.take(&id)) {
-                answer.delivered(&runtime).await;
+                answer.delivered(&runtime, crate::ledger::records::now_ms()).await;
             }
             Ok(())
         }
@@ -163,11 +164,11 @@ impl Drop for Delivered {
         if !whole || answers.is_empty() {
             return;
         }
-        let runtime = self.runtime.clone();
+        let (runtime, at_ms) = (self.runtime.clone(), crate::ledger::records::now_ms());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 for answer in answers {
-                    answer.delivered(&runtime).await;
+                    answer.delivered(&runtime, at_ms).await;
                 }
             });
         }

@@ -84,7 +84,7 @@ impl McpHost {
             // Another transport: the answer is as good as sent.
             (None, None) => {
                 let runtime = self.runtime.clone();
-                tokio::spawn(async move { answer.delivered(&runtime).await });
+                tokio::spawn(async move { answer.delivered(&runtime, crate::ledger::records::now_ms()).await });
             }
         }
     }

@@ -84,6 +84,11 @@ impl Runtime {
     /// arguments, a conflict), are ignored. A failure to record is logged:
     /// it can only make a later identical call be held once more.
     pub async fn report(&self, request: &CallRequest, answer: &Result<CallOutput, CallError>) {
+        self.report_at(request, answer, crate::ledger::records::now_ms()).await;
+    }
+
+    /// [`Runtime::report`] for an answer that left the host at `delivered_ms`.
+    pub async fn report_at(&self, request: &CallRequest, answer: &Result<CallOutput, CallError>, delivered_ms: u64) {
         let (Some(guard), Some((_, tool))) = (self.core.guard.get(), self.tools.get(&request.tool)) else { return };
         if tool.effect != super::Effect::Irreversible {
             return;
@@ -97,7 +102,7 @@ impl Runtime {
                 _ => Reported::Unknown,
             },
         };
-        if let Err(e) = guard.report(&request.session, &request.call_id, reported).await {
+        if let Err(e) = guard.report(&request.session, &request.call_id, reported, delivered_ms).await {
             tracing::warn!(error = %e, call_id = %request.call_id, "could not record what the caller was told");
         }
     }
