@@ -126,7 +126,7 @@ pub async fn throughput(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Resu
         let cpu = cpu_seconds();
         let (mut samples, wall) = drive(in_flight, total, move |i| {
             let rt = rt.clone();
-            async move { rt.call(&refund(format!("b{}", offset + i), i)).await.map(|_| ()).map_err(|e| e.to_string()) }
+            async move { call_as_a_client(&rt, &refund(format!("b{}", offset + i), i)).await }
         })
         .await?;
         let cpu_per_call = (cpu_seconds() - cpu) / total as f64;
@@ -285,7 +285,7 @@ pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<
     let rt = runtime.clone();
     drive(8, distinct, move |i| {
         let rt = rt.clone();
-        async move { rt.call(&refund(format!("e{i}"), i)).await.map(|_| ()).map_err(|e| e.to_string()) }
+        async move { call_as_a_client(&rt, &refund(format!("e{i}"), i)).await }
     })
     .await?;
     let total = scale.n(200_000);
@@ -306,6 +306,14 @@ pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<
         Figure::new("(e) replays of completed calls, cold (a ledger read each)", cold, "replays/s")
             .against("synced appends/s (a)", cold / bound.appends_per_sec),
     ])
+}
+
+/// One call as a client makes it: the call, then the record that its answer
+/// reached the caller (what `toolguard call` and `serve` do after writing it).
+async fn call_as_a_client(rt: &Runtime, request: &CallRequest) -> Result<(), String> {
+    let answer = rt.call(request).await;
+    rt.report(request, &answer).await;
+    answer.map(|_| ()).map_err(|e| e.to_string())
 }
 
 async fn replay(rt: Arc<Runtime>, call_id: String, i: usize) -> Result<(), String> {
