@@ -65,14 +65,26 @@ postgres_server() {
         PG_BIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | tail -1)")"
     fi
     PG_DIR="$(mktemp -d)"
-    if [ "$(id -u)" -eq 0 ]; then chown postgres "$PG_DIR"; PG_AS=(runuser -u postgres --); fi
+    # TLS for the fleet tests that run over `sslmode=verify-full`: a throwaway
+    # CA and a certificate for 127.0.0.1, made with the OpenSSL command line
+    # (the host itself uses rustls).
+    local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    openssl req -x509 "${ec[@]}" -days 2 -subj "/CN=toolguard test PostgreSQL CA" \
+        -keyout "$PG_DIR/ca.key" -out "$PG_DIR/ca.pem" 2>/dev/null
+    openssl req "${ec[@]}" -subj "/CN=127.0.0.1" -keyout "$PG_DIR/server.key" -out "$PG_DIR/server.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$PG_DIR/san.ext"
+    openssl x509 -req -in "$PG_DIR/server.csr" -CA "$PG_DIR/ca.pem" -CAkey "$PG_DIR/ca.key" -CAcreateserial \
+        -days 2 -extfile "$PG_DIR/san.ext" -out "$PG_DIR/server.pem" 2>/dev/null
+    chmod 600 "$PG_DIR/server.key"
+    if [ "$(id -u)" -eq 0 ]; then chown -R postgres "$PG_DIR"; PG_AS=(runuser -u postgres --); fi
     local port
     port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
     "${PG_AS[@]}" "$PG_BIN/initdb" -D "$PG_DIR/data" -U toolguard -A trust -E UTF8 --no-sync >/dev/null
     trap postgres_stop EXIT
     "${PG_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
-        -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_DIR -c max_connections=200" start >/dev/null
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_DIR -c max_connections=200 -c ssl=on -c ssl_cert_file=$PG_DIR/server.pem -c ssl_key_file=$PG_DIR/server.key" start >/dev/null
     export TOOLGUARD_TEST_POSTGRES="postgres://toolguard@127.0.0.1:$port/postgres"
+    export TOOLGUARD_TEST_POSTGRES_CA="$PG_DIR/ca.pem"
 }
 postgres_stop() {
     "${PG_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
@@ -90,6 +102,8 @@ case "${1:-}" in
         cargo test --workspace --locked -- --skip torture
         # The guard's edge cases, recovery and the hold rule again, on a PostgreSQL ledger.
         TOOLGUARD_TEST_LEDGER=postgres cargo test --locked -p toolguard --test integration -- guard_ recovery_edges hold::
+        # The fleet tests again, over TLS to PostgreSQL (sslmode=verify-full).
+        TOOLGUARD_TEST_POSTGRES_TLS=1 cargo test --locked -p toolguard --test integration -- fleet:: hold_cli::on_a_fleet
         cargo test --locked -p toolguard --test integration torture -- --nocapture ;;
     *) echo "usage: ./dev.sh demo | ./dev.sh test" >&2; exit 2 ;;
 esac

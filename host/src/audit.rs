@@ -138,6 +138,23 @@ pub struct GrantReport {
     pub allow_encoded_path: bool,
     /// The largest request body a plugin may send to its downstream, in bytes.
     pub max_request_bytes: usize,
+    /// How requests travel: `https`, `http (loopback)`, or `http (insecure_http)`.
+    pub transport: String,
+    /// The proxy they go through, if any.
+    pub proxy: Option<String>,
+    /// TLS as the policy sets it (for `https`).
+    pub tls: Option<TlsReport>,
+}
+
+/// A downstream's TLS, as the policy sets it (never a key).
+#[derive(Debug, Clone, Serialize)]
+pub struct TlsReport {
+    pub platform_roots: bool,
+    pub ca_file: Option<String>,
+    /// `file:PATH` or `env:NAME` of the client key, with the certificate file, for mutual TLS.
+    pub client_certificate: Option<String>,
+    pub spki_pins: usize,
+    pub min_version: String,
 }
 
 /// A credential the host injects on a granted downstream.
@@ -259,6 +276,10 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
     for c in credentials.iter().filter(|c| !c.available) {
         notes.push(format!("the credential for `{}` ({}) is not available here; the host will not start without it", c.downstream, c.source));
     }
+    for g in grants.iter().filter(|g| g.transport != "https") {
+        let beyond = if g.transport == "http (insecure_http)" { ", beyond loopback (insecure_http = true)" } else { " (loopback)" };
+        notes.push(format!("`{}` is reached over plain HTTP{beyond}: requests and any credential travel unencrypted", g.downstream));
+    }
     let verdict = if reasons.is_empty() { Verdict::PASS } else { Verdict::FAIL };
     Ok(ComponentReport {
         plugin: plugin.name.clone(),
@@ -300,9 +321,32 @@ fn grant_reports(plugin: &PluginConfig, downstreams: &Downstreams) -> Vec<GrantR
                 methods: g.methods.clone(),
                 allow_encoded_path: g.allow_encoded_path,
                 max_request_bytes: d.map_or(crate::policy::DEFAULT_MAX_REQUEST_BYTES, |d| d.max_request_bytes),
+                transport: d.map_or_else(String::new, |d| transport(d)),
+                proxy: d.and_then(|d| d.proxy.as_ref().map(|p| p.to_string())),
+                tls: d.filter(|d| d.origin.scheme() == "https").map(|d| tls_report(&d.tls)),
             }
         })
         .collect()
+}
+
+/// How requests to `d` travel, in the audit's words.
+fn transport(d: &crate::policy::Downstream) -> String {
+    match d.origin.scheme() {
+        "https" => "https".into(),
+        _ if crate::policy::is_loopback(&d.origin) => "http (loopback)".into(),
+        _ => "http (insecure_http)".into(),
+    }
+}
+
+fn tls_report(t: &crate::policy::TlsPolicy) -> TlsReport {
+    let key = t.client_key_file.as_ref().map(|f| format!("file:{}", f.display())).or_else(|| t.client_key_env.as_ref().map(|v| format!("env:{v}")));
+    TlsReport {
+        platform_roots: t.platform_roots,
+        ca_file: t.ca_file.as_ref().map(|f| f.display().to_string()),
+        client_certificate: t.client_cert_file.as_ref().map(|c| format!("{} (key {})", c.display(), key.unwrap_or_default())),
+        spki_pins: t.spki_sha256.len(),
+        min_version: t.min_version.clone().unwrap_or_else(|| "1.2".into()),
+    }
 }
 
 fn credential_reports(plugin: &PluginConfig, downstreams: &Downstreams) -> Vec<CredentialReport> {
@@ -421,6 +465,22 @@ pub fn render(report: &Report) -> String {
             let label = if i == 0 { "grants" } else { "" };
             let encoded = if g.allow_encoded_path { ", ENCODED PATHS ALLOWED" } else { "" };
             let _ = writeln!(out, "  {label:<12} {} {} ({}; bodies up to {} bytes{encoded})", g.methods.join(","), g.url, g.downstream, g.max_request_bytes);
+            let clear = if g.transport == "http (insecure_http)" { " — IN CLEAR beyond loopback" } else { "" };
+            let mut route = format!("{}{clear}", g.transport);
+            if let Some(t) = &g.tls {
+                let roots = match (&t.ca_file, t.platform_roots) {
+                    (Some(ca), true) => format!("platform roots + {ca}"),
+                    (Some(ca), false) => format!("only {ca}"),
+                    (None, _) => "platform roots".into(),
+                };
+                let mtls = t.client_certificate.as_ref().map_or(String::new(), |c| format!(", client certificate {c}"));
+                let pins = if t.spki_pins > 0 { format!(", {} SPKI pin(s)", t.spki_pins) } else { String::new() };
+                route.push_str(&format!(", TLS {}+, {roots}{mtls}{pins}", t.min_version));
+            }
+            if let Some(p) = &g.proxy {
+                route.push_str(&format!(", through proxy {p}"));
+            }
+            let _ = writeln!(out, "  {:<12} {route}", "");
         }
         for c in &c.credentials {
             let state = if c.available { "available" } else { "NOT available" };

@@ -447,18 +447,18 @@ mod tests {
         assert_eq!(e.field, "policy.plugins.a.grants[0].methods");
         let e = parse("[policy.downstreams.pay]\nurl = \"ftp://x\"\n").unwrap_err();
         assert_eq!(e.field, "policy.downstreams.pay.url");
-        let e = parse("[policy.downstreams.pay]\nurl = \"http://x\"\nkey = [{ transport = \"smoke-signal\" }]\n").unwrap_err();
+        let e = parse("[policy.downstreams.pay]\nurl = \"https://x\"\nkey = [{ transport = \"smoke-signal\" }]\n").unwrap_err();
         assert!(e.field.starts_with("policy.downstreams.pay.key"), "{e}");
         let e = parse("[policy.plugins.ghost]\nsha256 = \"\"\n").unwrap_err();
         assert!(e.field.starts_with("policy.plugins.ghost"), "{e}");
-        let e = parse("[policy.downstreams.pay]\nurl = \"http://x\"\ncredential = { env = \"A\", file = \"b\" }\n").unwrap_err();
+        let e = parse("[policy.downstreams.pay]\nurl = \"https://x\"\ncredential = { env = \"A\", file = \"b\" }\n").unwrap_err();
         assert_eq!(e.field, "policy.downstreams.pay.credential");
     }
 
     #[test]
     fn the_policy_may_live_in_its_own_file() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("policy.toml"), "[downstreams.pay]\nurl = \"http://x\"\n[plugins.a]\nmax_sends_per_call = 2\n").unwrap();
+        std::fs::write(dir.path().join("policy.toml"), "[downstreams.pay]\nurl = \"https://x\"\n[plugins.a]\nmax_sends_per_call = 2\n").unwrap();
         let text = "policy_file = \"policy.toml\"\n[plugins.a]\ncomponent = \"a.wasm\"\n";
         let c = Config::parse(text, "t.toml", dir.path()).unwrap();
         assert_eq!(c.plugins[0].policy.max_sends_per_call, 2);

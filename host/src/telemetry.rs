@@ -2,6 +2,11 @@
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, the `tool_call` and `attempt`
 //! spans go to that collector as OTLP/HTTP with JSON bodies.
 //!
+//! Over HTTPS, the collector is verified against the platform's roots and
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` (a CA file), and the host presents
+//! `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` / `OTEL_EXPORTER_OTLP_CLIENT_KEY`
+//! for mutual TLS — the standard variables, read once at start.
+//!
 //! The OpenTelemetry SDK batches the spans (`tracing-opentelemetry` bridges
 //! them from `tracing`); the exporter here only encodes a batch in OTLP's
 //! JSON mapping and posts it with the host's HTTP client. (The official
@@ -33,11 +38,31 @@ fn traces_url() -> Option<String> {
 pub fn otlp_provider(runtime: tokio::runtime::Handle) -> Option<SdkTracerProvider> {
     let url = traces_url()?;
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::builder().timeout(EXPORT_TIMEOUT).build().ok()?;
+    let client = match client(&url) {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("toolguard: traces are not exported: {e}");
+            return None;
+        }
+    };
     let exporter = OtlpJson { url, client, runtime };
     let batches = BatchSpanProcessor::builder(exporter).with_batch_config(BatchConfigBuilder::default().with_scheduled_delay(EXPORT_EVERY).build()).build();
     let resource = opentelemetry_sdk::Resource::builder().with_service_name("toolguard").build();
     Some(SdkTracerProvider::builder().with_span_processor(batches).with_resource(resource).build())
+}
+
+/// The exporter's HTTP client: TLS as the standard variables set it.
+fn client(url: &str) -> Result<reqwest::Client, String> {
+    let var = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
+    let tls = crate::policy::TlsPolicy {
+        ca_file: var("OTEL_EXPORTER_OTLP_CERTIFICATE"),
+        client_cert_file: var("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
+        client_key_file: var("OTEL_EXPORTER_OTLP_CLIENT_KEY"),
+        ..crate::policy::TlsPolicy::default()
+    };
+    let builder = reqwest::Client::builder().timeout(EXPORT_TIMEOUT).no_proxy();
+    let builder = if url.starts_with("https:") { builder.tls_backend_preconfigured(crate::guard::tls::rustls_config(&tls, "the OTLP collector")?) } else { builder };
+    builder.build().map_err(|e| e.to_string())
 }
 
 /// A `tracing` layer sending spans to `provider`.

@@ -76,6 +76,11 @@ pub fn fresh_postgres_database() -> String {
         .expect("creating a test database");
     let mut url = url::Url::parse(&admin).expect("TOOLGUARD_TEST_POSTGRES is a URL");
     url.set_path(&format!("/{name}"));
+    // `./dev.sh test` runs the fleet tests a second time over TLS, verified in full.
+    if std::env::var_os("TOOLGUARD_TEST_POSTGRES_TLS").is_some() {
+        let ca = std::env::var("TOOLGUARD_TEST_POSTGRES_CA").expect("TOOLGUARD_TEST_POSTGRES_CA names the test server's CA (./dev.sh test sets it)");
+        url.query_pairs_mut().append_pair("sslmode", "verify-full").append_pair("sslrootcert", &ca);
+    }
     url.to_string()
 }
 

@@ -32,12 +32,31 @@ impl World {
 
     /// A world whose payments downstream has the knobs of `d`.
     pub fn with(d: Downstream) -> Self {
+        Self::build(d, None)
+    }
+
+    /// [`World::new`] with the sandbox serving HTTPS under `pki`'s CA, which the host trusts.
+    pub fn over_https(pki: &crate::tls::Pki) -> Self {
+        Self::build(Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, ..Downstream::default() }, Some(pki))
+    }
+
+    fn build(d: Downstream, tls: Option<&crate::tls::Pki>) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+        let retention = toolguard_sandbox::DEFAULT_RETENTION;
+        let sandbox = match tls {
+            Some(pki) => rt.block_on(Sandbox::start_tls("127.0.0.1:0", Mode::Stripe, retention, pki.server(false))),
+            None => rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, retention)),
+        }
+        .unwrap();
         sandbox.add_payment_intent(PI, u64::MAX / 4);
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("toolguard.toml");
-        std::fs::write(&config, config_text(&sandbox.url(), &dir.path().join("data"), &d)).unwrap();
+        let trust = tls.map(|pki| format!("tls = {{ ca_file = {:?}, platform_roots = false }}", pki.ca_file.display().to_string()));
+        let text = match &trust {
+            Some(extra) => crate::tls::tls_config_text(&sandbox.url(), &dir.path().join("data"), &d, extra),
+            None => config_text(&sandbox.url(), &dir.path().join("data"), &d),
+        };
+        std::fs::write(&config, text).unwrap();
         Self { sandbox, config, dir, _rt: rt }
     }
 

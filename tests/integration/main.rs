@@ -21,4 +21,5 @@ mod properties;
 mod recovery_edges;
 mod sandbox_limits;
 mod security;
+mod tls;
 mod torture;

@@ -63,12 +63,21 @@ fn env_u64(name: &str) -> Option<u64> {
 
 #[test]
 fn torture_kill_9_never_duplicates_or_loses_a_refund() {
-    let trials = env_u64("TOOLGUARD_TORTURE_TRIALS").unwrap_or(200);
+    torture(World::new(), env_u64("TOOLGUARD_TORTURE_TRIALS").unwrap_or(200), "");
+}
+
+/// The same torture with the provider behind HTTPS (a test CA the host trusts).
+#[test]
+fn torture_over_https_kill_9_never_duplicates_or_loses_a_refund() {
+    let pki = crate::tls::Pki::new();
+    torture(World::over_https(&pki), env_u64("TOOLGUARD_TORTURE_TLS_TRIALS").unwrap_or(40), " over HTTPS");
+}
+
+fn torture(w: World, trials: u64, over: &str) {
     let seed = env_u64("TOOLGUARD_TORTURE_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
     });
     let mut rng = Rng(seed);
-    let w = World::new();
     // A warm-up call: compiles the plugin into the cache and times a whole call.
     let started = std::time::Instant::now();
     assert!(w.refund("warm-up", WARM_UP_AMOUNT).0);
@@ -178,7 +187,7 @@ fn torture_kill_9_never_duplicates_or_loses_a_refund() {
     let duplicates: usize = per_amount.values().map(|n| n.saturating_sub(1)).sum::<usize>() - never_admitted;
     let lost = (1..=trials).filter(|a| !per_amount.contains_key(a)).count();
 
-    println!("torture tally (seed {seed})");
+    println!("torture tally{over} (seed {seed})");
     println!("  trials: {trials}");
     for (phase, n) in &phases {
         println!("  {phase}: {n}");

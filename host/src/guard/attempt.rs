@@ -282,7 +282,7 @@ impl Guard {
                 *in_flight = Some(info(&on_the_wire, "the invocation was cut off while the request was on its way"));
                 let url = url::Url::parse(&attempt.request.url).expect("stored URLs were parsed before they were stored");
                 let wire = wire::build(&attempt.request, url, d, Some(&attempt.key));
-                let outcome = super::transport::perform(&self.client, d, &wire, &mut attempt.tries).await;
+                let outcome = super::transport::perform(self.client(d), d, &wire, &mut attempt.tries).await;
                 failpoint("after-answer");
                 outcome
             } else {
@@ -418,7 +418,7 @@ pub async fn fetch(guard: &Guard, grants: &[Grant], req: types::Request) -> Resu
     wire::check_headers(&request, &downstream).map_err(OutboundError::Invalid)?;
     let wire = wire::build(&request, url, &downstream, None);
     let mut tries = 0;
-    match super::transport::perform(&guard.client, &downstream, &wire, &mut tries).await {
+    match super::transport::perform(guard.client(&downstream), &downstream, &wire, &mut tries).await {
         Outcome::Answered { response, .. } | Outcome::Unsettled { response: Some(response), .. } => Ok(to_response(response)),
         Outcome::Unsettled { reason, .. } | Outcome::NotSent { reason } => Err(OutboundError::Transport(reason)),
     }

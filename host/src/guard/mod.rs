@@ -18,6 +18,7 @@ mod hold;
 pub mod keys;
 mod outgoing;
 mod replay;
+pub mod tls;
 pub mod recover;
 pub mod transport;
 pub mod wire;
@@ -34,7 +35,7 @@ use crate::policy::{Downstreams, Grant};
 use crate::runtime::Effect;
 use crate::runtime::bindings::types::AttemptInfo;
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -61,10 +62,11 @@ impl<K: std::hash::Hash + Eq> Locks<K> {
     }
 }
 
-/// Shared by all tool calls of a host: the ledger, the HTTP client, the downstreams.
+/// Shared by all tool calls of a host: the ledger, the downstreams and their HTTP clients.
 pub struct Guard {
     ledger: Ledger,
-    client: reqwest::Client,
+    /// One HTTP client per downstream, by name: each with its own TLS and proxy.
+    clients: BTreeMap<String, reqwest::Client>,
     downstreams: Downstreams,
     /// One lock per tool call in progress: concurrent duplicates wait for it.
     in_flight: Locks<(String, String)>,
@@ -203,19 +205,19 @@ impl Guard {
             resolved.insert(name, Arc::new(d));
         }
         let downstreams = resolved;
-        let client = reqwest::Client::builder()
-            // A redirect could lead outside the grants; the plugin sees the 3xx instead.
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        let clients = downstreams.iter().map(|(name, d)| Ok((name.clone(), tls::client(d)?))).collect::<Result<_, String>>()?;
         let host = host_id();
-        Ok(Self { ledger, client, downstreams, in_flight: Locks::default(), actions: Locks::default(), budgets: Locks::default(), outgoing: outgoing::Outgoing::default(), completed: Mutex::default(), host })
+        Ok(Self { ledger, clients, downstreams, in_flight: Locks::default(), actions: Locks::default(), budgets: Locks::default(), outgoing: outgoing::Outgoing::default(), completed: Mutex::default(), host })
     }
 
     /// The ledger the guard records into.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// The HTTP client of downstream `d` (each is built at start).
+    fn client(&self, d: &crate::policy::Downstream) -> &reqwest::Client {
+        self.clients.get(&d.name).expect("every configured downstream has its client")
     }
 
     /// How long a call held behind an identical earlier one waits for it:

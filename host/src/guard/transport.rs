@@ -71,6 +71,13 @@ async fn one_try(client: &reqwest::Client, d: &Downstream, wire: &Wire) -> Try {
             let reason = format!("could not connect to {}: {}", d.name, error_chain(&e));
             return Try::Retry { reason: reason.clone(), after: None, exhausted: Outcome::NotSent { reason } };
         }
+        // The server refused the TLS session itself (in TLS 1.3 its refusal of
+        // our client certificate arrives after our side of the handshake): it
+        // processed nothing, whatever bytes left.
+        Err(e) if handshake_refused(&e).is_some() => {
+            let alert = handshake_refused(&e).unwrap_or_default();
+            return Try::Done(Outcome::NotSent { reason: format!("{} refused the TLS handshake ({alert})", d.name) });
+        }
         Err(e) => return Try::Done(unsettled(None, unsent_reason(d, &e))),
     };
     let status = response.status().as_u16();
@@ -150,6 +157,30 @@ async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, String>
         body.extend_from_slice(&chunk);
     }
     Ok(body)
+}
+
+/// The TLS alert by which the server refused the handshake, if that is how
+/// `e` came about: a refusal of the session, not of a request.
+fn handshake_refused(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::AlertDescription as A;
+    let mut current = Some(e);
+    while let Some(err) = current {
+        // io::Error hides the error it wraps from `source()`.
+        let inner = err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).map(|i| i as &(dyn std::error::Error + 'static));
+        for candidate in std::iter::once(err).chain(inner) {
+            if let Some(rustls::Error::AlertReceived(alert)) = candidate.downcast_ref::<rustls::Error>()
+                && matches!(
+                    alert,
+                    A::CertificateRequired | A::BadCertificate | A::UnsupportedCertificate | A::CertificateRevoked | A::CertificateExpired
+                        | A::CertificateUnknown | A::UnknownCA | A::AccessDenied | A::HandshakeFailure | A::ProtocolVersion | A::InsufficientSecurity
+                )
+            {
+                return Some(format!("{alert:?}"));
+            }
+        }
+        current = inner.and_then(|i| i.source()).or_else(|| err.source());
+    }
+    None
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

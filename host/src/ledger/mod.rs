@@ -12,6 +12,7 @@
 
 mod migrate;
 pub mod postgres;
+mod postgres_tls;
 pub mod records;
 pub mod rocks;
 #[cfg(test)]

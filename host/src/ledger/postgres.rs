@@ -28,7 +28,8 @@
 
 use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior};
 use r2d2_postgres::PostgresConnectionManager;
-use r2d2_postgres::postgres::{NoTls, Row};
+use r2d2_postgres::postgres::Row;
+use tokio_postgres_rustls::MakeRustlsConnect;
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
 use std::time::Duration;
 
@@ -101,7 +102,7 @@ const POOL_SIZE: u32 = 16;
 /// A PostgreSQL ledger: a pool of connections to one database.
 pub(crate) struct Postgres {
     /// Always `Some` until dropped.
-    pool: Option<Pool<PostgresConnectionManager<NoTls>>>,
+    pool: Option<Pool<PostgresConnectionManager<MakeRustlsConnect>>>,
 }
 
 impl Drop for Postgres {
@@ -130,20 +131,23 @@ pub(crate) fn redacted(url: &str) -> String {
 impl Postgres {
     /// Connects to `url` and creates or migrates the schema.
     pub(crate) fn connect(url: &str) -> Result<Self, String> {
-        let config: r2d2_postgres::postgres::Config = url.parse().map_err(|e| format!("not a PostgreSQL URL: {e}"))?;
-        let manager = PostgresConnectionManager::new(config, NoTls);
+        let (config, tls) = super::postgres_tls::config(url)?;
+        let manager = PostgresConnectionManager::new(config, tls);
         let pool = Pool::builder()
             .max_size(POOL_SIZE)
             .min_idle(Some(1))
             .connection_timeout(Duration::from_secs(10))
             .build(manager)
-            .map_err(|e| format!("cannot connect: {e}; check the URL, the server and its pg_hba.conf"))?;
+            .map_err(|e| {
+                let tls = if url.contains("sslmode=verify") { ", and that `sslrootcert` is the CA that signed the server's certificate (for verify-full, one naming this host)" } else { "" };
+                format!("cannot connect: {e}; check the URL, the server and its pg_hba.conf{tls}")
+            })?;
         let this = Self { pool: Some(pool) };
         this.migrate()?;
         Ok(this)
     }
 
-    fn client(&self) -> Result<PooledConnection<PostgresConnectionManager<NoTls>>, String> {
+    fn client(&self) -> Result<PooledConnection<PostgresConnectionManager<MakeRustlsConnect>>, String> {
         let pool = self.pool.as_ref().expect("the pool lives until drop");
         pool.get().map_err(|e| format!("no connection to PostgreSQL: {e}"))
     }

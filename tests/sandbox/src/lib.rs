@@ -85,7 +85,12 @@ pub struct Sandbox {
     shared: Arc<Shared>,
     addr: SocketAddr,
     server: tokio::task::JoinHandle<()>,
+    /// Whether it speaks HTTPS.
+    tls: bool,
 }
+
+/// The TLS side of the sandbox's server, re-exported for tests that build one.
+pub use tokio_rustls::rustls;
 
 impl Sandbox {
     /// Starts a sandbox on `addr` (`127.0.0.1:0` for any free port) with the
@@ -94,6 +99,19 @@ impl Sandbox {
     /// # Errors
     /// The address cannot be bound.
     pub async fn start(addr: &str, mode: Mode, retention: Duration) -> std::io::Result<Self> {
+        Self::start_with(addr, mode, retention, None).await
+    }
+
+    /// [`Sandbox::start`], serving HTTPS with `tls` (its certificate, and
+    /// client-certificate verification if it asks for it).
+    ///
+    /// # Errors
+    /// The address cannot be bound.
+    pub async fn start_tls(addr: &str, mode: Mode, retention: Duration, tls: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        Self::start_with(addr, mode, retention, Some(tls)).await
+    }
+
+    async fn start_with(addr: &str, mode: Mode, retention: Duration, tls: Option<Arc<rustls::ServerConfig>>) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -105,13 +123,14 @@ impl Sandbox {
             paused: AtomicUsize::new(0),
             api_key: Mutex::new(None),
         });
-        let server = tokio::spawn(serve(listener, http::router(shared.clone())));
-        Ok(Self { shared, addr, server })
+        let secure = tls.is_some();
+        let server = tokio::spawn(serve(listener, http::router(shared.clone()), tls.map(tokio_rustls::TlsAcceptor::from)));
+        Ok(Self { shared, addr, server, tls: secure })
     }
 
-    /// The base URL, e.g. `http://127.0.0.1:4242`.
+    /// The base URL, e.g. `http://127.0.0.1:4242` (`https://…` when serving TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", if self.tls { "https" } else { "http" }, self.addr)
     }
 
     /// The bound address.
@@ -191,13 +210,15 @@ impl Drop for Sandbox {
     }
 }
 
-/// Accepts connections; a handler that marks its response `DropConnection`
-/// makes the connection close without an answer.
-async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
+/// Accepts connections (over TLS when `tls` is given: a failed handshake
+/// just closes the connection); a handler that marks its response
+/// `DropConnection` makes the connection close without an answer.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router, tls: Option<tokio_rustls::TlsAcceptor>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let app = app.clone();
@@ -209,7 +230,17 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
                     Ok(response)
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let http = hyper::server::conn::http1::Builder::new();
+            match tls {
+                Some(acceptor) => {
+                    if let Ok(stream) = acceptor.accept(stream).await {
+                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
+                None => {
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                }
+            }
         });
     }
 }

@@ -5,6 +5,10 @@
 //! methods, path prefix) and its budgets. Deny by default: a request no grant
 //! covers is `denied` and nothing is sent. The format is in `docs/policy.md`.
 
+mod network;
+
+pub use network::{TlsPolicy, is_loopback};
+
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -115,6 +119,12 @@ pub struct RawDownstream {
     pub credential: Option<CredentialSpec>,
     /// Largest request body a plugin may send here (default 1 MiB).
     pub max_request_bytes: Option<usize>,
+    /// TLS as the reviewer sets it (default: the platform's roots, TLS 1.2+).
+    pub tls: Option<TlsPolicy>,
+    /// An HTTP CONNECT proxy to reach it through (never from the environment).
+    pub proxy: Option<String>,
+    /// Allow a plain `http://` URL beyond loopback (default false).
+    pub insecure_http: Option<bool>,
 }
 
 /// Where a credential comes from and how it is sent. Its value is read when
@@ -210,6 +220,12 @@ pub struct Downstream {
     pub secret: Option<Secret>,
     /// Largest request body a plugin may send here, in bytes.
     pub max_request_bytes: usize,
+    /// How TLS to it is set up.
+    pub tls: TlsPolicy,
+    /// The proxy requests to it go through, if any.
+    pub proxy: Option<Url>,
+    /// Whether the reviewer allowed plain HTTP beyond loopback.
+    pub insecure_http: bool,
 }
 
 impl Downstream {
@@ -225,6 +241,9 @@ impl Downstream {
         if !origin.username().is_empty() || origin.password().is_some() || origin.query().is_some() {
             return Err(("url".into(), "no credentials or query in the URL; credentials are injected separately".into()));
         }
+        let insecure_http = raw.insecure_http.unwrap_or(false);
+        let proxy = network::checked_route(&origin, raw.proxy.as_deref(), insecure_http)?;
+        let tls = raw.tls.unwrap_or_default().checked(&origin, base)?;
         let keys = raw.key.unwrap_or_else(|| vec![KeyTransport::Header { name: default_key_header() }]);
         if keys.is_empty() {
             return Err(("key".into(), "at least one key transport is needed".into()));
@@ -267,6 +286,9 @@ impl Downstream {
             credential,
             secret: None,
             max_request_bytes: raw.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
+            tls,
+            proxy,
+            insecure_http,
         })
     }
 
