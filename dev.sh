@@ -64,6 +64,10 @@ postgres_server() {
         need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
         PG_BIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | tail -1)")"
     fi
+    if ! command -v openssl >/dev/null; then
+        need_root apt-get update -qq
+        need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+    fi
     PG_DIR="$(mktemp -d)"
     # TLS for the fleet tests that run over `sslmode=verify-full`: a throwaway
     # CA and a certificate for 127.0.0.1, made with the OpenSSL command line

@@ -106,6 +106,17 @@ fn each_tool_call_and_attempt_is_a_span_with_its_key_step_state_and_latency() {
 /// collector as OTLP/HTTP JSON: a tool call with its attempt as a child.
 #[test]
 fn spans_reach_an_opentelemetry_collector_over_otlp() {
+    spans_reach_a_collector(None);
+}
+
+#[test]
+fn spans_reach_an_opentelemetry_collector_over_https() {
+    spans_reach_a_collector(Some(&crate::tls::Pki::new()));
+}
+
+/// A stub collector (over HTTPS under `pki`'s CA when given), a host
+/// exporting to it, one call; its spans must arrive.
+fn spans_reach_a_collector(pki: Option<&crate::tls::Pki>) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let received: Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Arc::default();
     let collector = {
@@ -122,15 +133,29 @@ fn spans_reach_an_opentelemetry_collector_over_otlp() {
         );
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
         let addr = listener.local_addr().unwrap();
-        rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
-        format!("http://{addr}")
+        match pki {
+            Some(pki) => {
+                rt.spawn(toolguard_sandbox::serve_https(listener, app, pki.server(false)));
+                format!("https://{addr}")
+            }
+            None => {
+                rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
+                format!("http://{addr}")
+            }
+        }
     };
     let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
     sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("host.toml");
     std::fs::write(&config, config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default())).unwrap();
-    let server = serve_http(&config, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &collector)]);
+    let ca = pki.map(|p| p.ca_file.display().to_string()).unwrap_or_default();
+    let mut env = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str())];
+    if pki.is_some() {
+        // The collector's CA, as the OpenTelemetry variable names it.
+        env.push(("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()));
+    }
+    let server = serve_http(&config, &env);
     rt.block_on(async {
         let mcp = Mcp::connect(&server.url).await;
         assert_eq!(mcp.refund("c1", 100).await.unwrap()["isError"], false);

@@ -210,6 +210,12 @@ impl Drop for Sandbox {
     }
 }
 
+/// Serves `app` on `listener` over TLS (for test servers other than the
+/// sandbox, e.g. a trace collector), until the task is dropped.
+pub async fn serve_https(listener: tokio::net::TcpListener, app: axum::Router, tls: Arc<rustls::ServerConfig>) {
+    serve(listener, app, Some(tokio_rustls::TlsAcceptor::from(tls))).await;
+}
+
 /// Accepts connections (over TLS when `tls` is given: a failed handshake
 /// just closes the connection); a handler that marks its response
 /// `DropConnection` makes the connection close without an answer.
