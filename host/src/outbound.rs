@@ -29,6 +29,10 @@ impl outbound::Host for HostState {
         self.count_outbound()?;
         match self.call_guard.as_mut() {
             Some(call) => Ok(call.send(req).await),
+            None if self.call.read_only => Ok(Err(OutboundError::Denied(format!(
+                "`{}` is a read-only tool: it may fetch but not send; nothing was sent",
+                self.call.tool
+            )))),
             None => Ok(Err(OutboundError::Denied(format!(
                 "{} {}: no guarded tool call is in progress (no ledger, or during describe); nothing was sent",
                 req.method, req.url

@@ -36,6 +36,36 @@ async fn a_plugin_cannot_set_the_key_or_credentials_or_leave_its_grants() {
     assert!(h.ledger().attempts().unwrap().is_empty(), "and nothing was recorded as sent");
 }
 
+#[tokio::test]
+async fn a_read_only_call_leaves_nothing_in_the_ledger_and_reads_afresh_each_time() {
+    let h = harness(Downstream::default()).await;
+    h.refund("c1", 100).await.unwrap();
+    let ledger = h.ledger();
+    let harness = &h;
+    let status = |call_id: &'static str, pi: &'static str| {
+        let args = format!(r#"{{"payment_intent":"{pi}"}}"#);
+        async move { harness.call(call_id, "refund_status", &args).await }
+    };
+    let before = ledger.write_counts();
+    let first = status("r1", PI).await.unwrap();
+    assert_eq!(ledger.write_counts(), before, "a read writes nothing");
+    h.refund("c2", 200).await.unwrap();
+    let before = ledger.write_counts();
+    // The same tool-call id again: not a replay of the first answer, a fresh read.
+    let again = status("r1", PI).await.unwrap();
+    assert!(!first.replayed && !again.replayed, "read-only calls are never replayed");
+    assert_ne!(first.value, again.value, "the second read sees the second refund");
+    // The same id with other arguments: there is nothing to conflict with.
+    if let Err(e) = status("r1", "pi_other").await {
+        assert_ne!(e.kind, ErrorKind::Conflict, "{e}");
+    }
+    assert_eq!(ledger.write_counts(), before, "reads write nothing");
+    let gets = h.sandbox.requests().into_iter().filter(|r| r.method == "GET").count();
+    assert_eq!(gets, 3, "each read went to the provider");
+    assert!(ledger.call("s1", "r1").unwrap().is_none(), "no call record for a read");
+    assert_eq!(ledger.calls(None).unwrap().len(), 2, "only the two refunds are recorded");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_attempt_is_durable_in_the_ledger_before_the_request_leaves() {
     let h = harness(Downstream::default()).await;

@@ -25,7 +25,11 @@ impl Runtime {
         let plugin = &self.plugins[*index];
         let args = check_args(&req.args_json, plugin.ctx.limits.max_args_bytes, tool)?;
         let canonical = keys::canonical_args(&args).map_err(|m| CallError::new(ErrorKind::InvalidArgs, m))?;
+        let read_only = tool.effect == super::Effect::ReadOnly;
+        // A read-only call has nothing downstream to protect: it is neither
+        // recorded nor replayed (`docs/ledger.md`, "What a call leaves").
         let call_guard = match self.core.guard.get() {
+            Some(_) if read_only => None,
             None => None,
             Some(guard) => {
                 let id = CallIdentity {
@@ -51,7 +55,7 @@ impl Runtime {
                 }
             }
         };
-        let call = CallContext { session: req.session.clone(), call_id: req.call_id.clone(), tool: tool.name.clone() };
+        let call = CallContext { session: req.session.clone(), call_id: req.call_id.clone(), tool: tool.name.clone(), read_only };
         let name = tool.plugin_tool.clone();
         let (returned, call_guard) = self
             .core

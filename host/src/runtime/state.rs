@@ -40,6 +40,9 @@ pub struct CallContext {
     pub call_id: String,
     /// The tool being invoked.
     pub tool: String,
+    /// Whether the tool is read-only: it runs without the guard's records
+    /// and its `send` is denied.
+    pub read_only: bool,
 }
 
 /// The state of one store: WASI context, limits and the call it serves.
