@@ -41,6 +41,37 @@ pub struct Config {
     pub policy_source: String,
     /// Each plugin, in name order.
     pub plugins: Vec<PluginConfig>,
+    /// How long the ledger keeps final records (`[retention]`); `None`
+    /// keeps everything.
+    pub retention: Option<Retention>,
+}
+
+/// The ledger's retention (`[retention]`, `docs/ledger.md`, "Retention").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    /// Final records older than this many hours are pruned: at least the
+    /// longest downstream `retention_hours` plus [`RETENTION_MARGIN_HOURS`].
+    pub hours: u64,
+    /// How often `toolguard serve` prunes, in minutes (default 10).
+    #[serde(default = "default_prune_minutes")]
+    pub every_minutes: u64,
+}
+
+/// Hours a record is kept beyond the longest downstream `retention_hours`:
+/// room for the hold rule's waits (seconds) and clocks a little apart.
+pub const RETENTION_MARGIN_HOURS: u64 = 1;
+
+fn default_prune_minutes() -> u64 {
+    10
+}
+
+impl Retention {
+    /// The shortest `hours` the downstreams allow.
+    pub fn minimum_hours(downstreams: &Downstreams) -> u64 {
+        let longest = downstreams.values().map(|d| d.retention.as_secs().div_ceil(3600)).max().unwrap_or(0);
+        longest + RETENTION_MARGIN_HOURS
+    }
 }
 
 /// Engine-wide settings (`[engine]`).
@@ -202,6 +233,7 @@ struct RawConfig {
     policy_file: Option<PathBuf>,
     #[serde(default)]
     mcp: McpConfig,
+    retention: Option<Retention>,
 }
 
 #[derive(Deserialize)]
@@ -339,7 +371,33 @@ impl Config {
         if names.windows(2).any(|w| w[0] == w[1]) {
             return Err(err("mcp.tokens", "each principal may have one token".into()));
         }
-        Ok(Self { data_dir, ledger, compile_cache, engine, mcp: raw.mcp, downstreams: policy.downstreams, policy_source, plugins })
+        if let Some(r) = raw.retention {
+            let minimum = Retention::minimum_hours(&policy.downstreams);
+            if r.hours < minimum {
+                return Err(err(
+                    "retention.hours",
+                    format!(
+                        "{} is shorter than the longest downstream retention_hours plus {RETENTION_MARGIN_HOURS} (= {minimum}): a call \
+                         pruned earlier could still be retried while its provider keeps the key",
+                        r.hours
+                    ),
+                ));
+            }
+            if r.every_minutes == 0 {
+                return Err(err("retention.every_minutes", "must be at least 1".into()));
+            }
+        }
+        Ok(Self {
+            data_dir,
+            ledger,
+            compile_cache,
+            engine,
+            mcp: raw.mcp,
+            downstreams: policy.downstreams,
+            policy_source,
+            plugins,
+            retention: raw.retention,
+        })
     }
 }
 

@@ -37,6 +37,9 @@ pub enum ErrorKind {
     Transport,
     /// The plugin built a malformed or forbidden request; nothing was sent.
     InvalidRequest,
+    /// The tool call is older than the ledger keeps: its record was pruned,
+    /// and it is not run again.
+    Expired,
     /// A fault inside the host itself; please report it.
     Internal,
 }
@@ -57,6 +60,7 @@ impl ErrorKind {
             Self::Held => "held",
             Self::Transport => "transport",
             Self::InvalidRequest => "invalid-request",
+            Self::Expired => "expired",
             Self::Internal => "internal",
         }
     }
@@ -82,6 +86,9 @@ impl ErrorKind {
             }
             Self::Transport => "Nothing reached the provider; retrying the same tool call is safe.",
             Self::InvalidRequest => "The tool built a request the host refuses; retrying will not help. Report it.",
+            Self::Expired => {
+                "The call is too old to replay: check what it did at the provider; use a new tool-call id only for a genuinely new action."
+            }
             Self::Internal => "The host failed; retry the same tool call later.",
         }
     }
@@ -91,7 +98,7 @@ impl std::str::FromStr for ErrorKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        const ALL: [ErrorKind; 13] = [
+        const ALL: [ErrorKind; 14] = [
             ErrorKind::UnknownTool,
             ErrorKind::InvalidArgs,
             ErrorKind::PluginTrap,
@@ -104,6 +111,7 @@ impl std::str::FromStr for ErrorKind {
             ErrorKind::Held,
             ErrorKind::Transport,
             ErrorKind::InvalidRequest,
+            ErrorKind::Expired,
             ErrorKind::Internal,
         ];
         ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown error kind `{s}`"))

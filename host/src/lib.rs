@@ -15,7 +15,7 @@
 //! - [`error`]: the error kinds a caller sees.
 //! - [`builtin`]: the example plugins embedded in the binary.
 //! - [`mcp`]: `toolguard serve`, the tools as an MCP server.
-//! - [`bench`]: `toolguard bench`, the performance figures.
+//! - [`bench`]: `toolguard bench`, the performance figures ([`phases`]: its per-phase clocks).
 //! - [`cli`]: the `toolguard` command line.
 
 pub mod audit;
@@ -31,6 +31,7 @@ pub mod local;
 pub mod mcp;
 pub mod metrics;
 pub mod outbound;
+pub mod phases;
 pub mod policy;
 pub mod runtime;
 pub mod schema;

@@ -29,6 +29,10 @@ impl outbound::Host for HostState {
         self.count_outbound()?;
         match self.call_guard.as_mut() {
             Some(call) => Ok(call.send(req).await),
+            None if self.call.unguarded => match &self.guard {
+                Some(guard) => Ok(crate::guard::send_unguarded(guard, &self.plugin.grants, req).await),
+                None => Ok(Err(OutboundError::Denied("no guard to borrow a client from; nothing was sent".into()))),
+            },
             None if self.call.read_only => Ok(Err(OutboundError::Denied(format!(
                 "`{}` is a read-only tool: it may fetch but not send; nothing was sent",
                 self.call.tool

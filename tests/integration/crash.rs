@@ -102,7 +102,7 @@ impl World {
     }
 }
 
-fn ledger_dir(root: &Path) -> PathBuf {
+pub fn ledger_dir(root: &Path) -> PathBuf {
     root.join("data").join("ledger")
 }
 

@@ -19,6 +19,7 @@ mod migration;
 mod payments;
 mod properties;
 mod recovery_edges;
+mod retention;
 mod sandbox_limits;
 mod security;
 mod tls;

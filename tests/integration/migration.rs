@@ -55,6 +55,25 @@ fn check_migrated(ledger: &Ledger, backend: &str) {
     }
 }
 
+/// After migrating, the completed calls wait in the retire index, and a
+/// pass that prunes everything final removes exactly them: the calls that
+/// never completed (each the executor of an open episode) stay.
+fn check_retention(ledger: &Ledger) {
+    let calls = ledger.calls(None).unwrap();
+    let (done, open): (Vec<_>, Vec<_>) = calls.iter().partition(|c| c.state == toolguard::ledger::CallState::Completed);
+    assert!(!done.is_empty() && !open.is_empty(), "the fixture has both");
+    assert_eq!(ledger.stats().unwrap().retiring, done.len() as u64, "each completed call was entered in the retire index");
+    let now = toolguard::ledger::records::now_ms();
+    let report = ledger.prune(now + 1, now).unwrap();
+    assert_eq!(report.calls, done.len() as u64, "{report:?}");
+    for c in done {
+        assert!(ledger.call(&c.session, &c.call_id).unwrap().is_none() && ledger.expired(&c.session, &c.call_id).unwrap().is_some());
+    }
+    for c in open {
+        assert!(ledger.call(&c.session, &c.call_id).unwrap().is_some(), "{} never completed: kept", c.call_id);
+    }
+}
+
 #[test]
 fn a_schema_1_rocksdb_ledger_opens_and_keeps_every_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -66,6 +85,7 @@ fn a_schema_1_rocksdb_ledger_opens_and_keeps_every_record() {
     check_migrated(&Ledger::open(&path).unwrap(), "rocksdb");
     // Migrated once: opening again changes nothing.
     check_migrated(&Ledger::open(&path).unwrap(), "rocksdb");
+    check_retention(&Ledger::open(&path).unwrap());
 }
 
 #[test]
@@ -83,6 +103,7 @@ fn a_schema_1_postgresql_ledger_opens_and_keeps_every_record() {
     std::thread::spawn(move || {
         check_migrated(&Ledger::connect(&open).unwrap(), "postgres");
         check_migrated(&Ledger::connect(&open).unwrap(), "postgres");
+        check_retention(&Ledger::connect(&open).unwrap());
     })
     .join()
     .unwrap();

@@ -1,7 +1,7 @@
-//! (b) guarded calls through the whole path — admission, a fresh sandbox,
-//! the synced attempt, an HTTP request to an in-process zero-latency
-//! provider, the buffered outcome and completion — at 1, 8, 64 and 256 in
-//! flight; (c) the guard's CPU path alone; (e) replays of a completed call.
+//! What (b) is built from — the provider, the host, the calls, what bounds
+//! them besides the disk — and (c) the guard's CPU path alone; (e) replays
+//! of a completed call. (b) itself, guarded against unguarded, is in
+//! [`super::unguarded`].
 
 use super::disk::Bound;
 use super::{Figure, Scale, Stats, ms, us};
@@ -35,9 +35,10 @@ pub(crate) async fn null_provider() -> anyhow::Result<String> {
     Ok(url)
 }
 
-/// A host with the payments plugin granted `provider`, its data in `dir`.
-pub(crate) async fn refund_host(dir: &Path, provider: &str) -> anyhow::Result<Runtime> {
-    let text = format!(
+/// The config of a host with the payments plugin granted `provider`, its
+/// data in `data_dir` (relative to the config's directory).
+pub(crate) fn refund_config(provider: &str) -> String {
+    format!(
         r#"
 data_dir = "data"
 [engine]
@@ -56,12 +57,16 @@ downstream = "payments"
 methods = ["POST"]
 path_prefix = "/v1/refunds"
 "#
-    );
-    let config = Config::parse(&text, "<bench>", dir)?;
+    )
+}
+
+/// A host with the payments plugin granted `provider`, its data in `dir`.
+pub(crate) async fn refund_host(dir: &Path, provider: &str) -> anyhow::Result<Runtime> {
+    let config = Config::parse(&refund_config(provider), "<bench>", dir)?;
     Ok(Runtime::from_config(&config).await?)
 }
 
-fn refund(call_id: String, amount: usize) -> CallRequest {
+pub(crate) fn refund(call_id: String, amount: usize) -> CallRequest {
     CallRequest {
         session: "bench".into(),
         call_id,
@@ -105,68 +110,10 @@ where
     Ok((samples, started.elapsed()))
 }
 
-/// (b): guarded refunds at 1, 8, 64 and 256 in flight, with what bounds
-/// them on this machine measured alongside: the ledger's synced write alone,
-/// bare HTTP requests to the same provider, and the CPU each call costs.
-///
-/// # Errors
-/// Set-up failed or a call failed.
-pub async fn throughput(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
-    let provider = null_provider().await?;
-    let scratch = tempfile::tempdir_in(dir)?;
-    let runtime = Arc::new(refund_host(scratch.path(), &provider).await?);
-    let mut figures = baselines(&scratch.path().join("baseline-ledger"), &provider, bound, scale).await?;
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
-    for in_flight in [1usize, 8, 64, 256] {
-        let total = scale.n(if in_flight == 1 { 300 } else { 2_000 });
-        let rt = runtime.clone();
-        let offset = in_flight * 1_000_000;
-        let ledger = runtime.guard().expect("the bench host has a guard").ledger().clone();
-        let (syncs, synced) = (ledger.wal_syncs().unwrap_or(0), ledger.write_counts().0);
-        let cpu = cpu_seconds();
-        let (mut samples, wall) = drive(in_flight, total, move |i| {
-            let rt = rt.clone();
-            async move { call_as_a_client(&rt, &refund(format!("b{}", offset + i), i)).await }
-        })
-        .await?;
-        let cpu_per_call = (cpu_seconds() - cpu) / total as f64;
-        let stats = Stats::of(&mut samples);
-        let per_sec = total as f64 / wall.as_secs_f64();
-        let limit = bound.records_per_sec(in_flight);
-        let label = |what: &str| format!("(b) guarded calls, {in_flight:>3} in flight, {what}");
-        let mut rate = Figure::new(label("calls/s"), per_sec, "calls/s").against(
-            if in_flight >= 64 { "batched-fsync bound (a)" } else { "fsync bound (a) × in flight" },
-            per_sec / limit,
-        );
-        if in_flight == 64 {
-            rate = rate.target("≥ 0.8× the batched bound", per_sec >= 0.8 * limit);
-        }
-        figures.push(rate);
-        let mut p50 = Figure::new(label("p50"), ms(stats.p50), "ms").against("one fsync (a)", ms(stats.p50) / ms(bound.sync.p50));
-        if in_flight == 1 {
-            p50 = p50.target("≤ one fsync + 0.3 ms", ms(stats.p50) <= ms(bound.sync.p50) + 0.3);
-        }
-        figures.push(p50);
-        figures.push(Figure::new(label("p99"), ms(stats.p99), "ms"));
-        let mut cpu = Figure::new(label("CPU per call"), cpu_per_call * 1e6, "µs");
-        if in_flight == 64 {
-            // The CPU a call could use if the cores were to sustain the target rate.
-            let budget = cores / (0.8 * limit);
-            cpu = cpu.against(format!("the CPU the target leaves a call on {cores} cores"), cpu_per_call / budget);
-        }
-        figures.push(cpu);
-        // Group commit at work: synced ledger writes (one per call) per WAL fsync.
-        let fsyncs = ledger.wal_syncs().unwrap_or(0).saturating_sub(syncs).max(1);
-        let shared = (ledger.write_counts().0 - synced) as f64 / fsyncs as f64;
-        figures.push(Figure::new(label("synced writes per fsync"), shared, "writes"));
-    }
-    Ok(figures)
-}
-
 /// What bounds (b) besides the disk: the ledger's synced write of a call and
 /// its first attempt (the one synced write of a guarded call), and bare HTTP
 /// requests to the provider (no plugin, no ledger), at 1 and 64 in flight.
-async fn baselines(ledger_dir: &Path, provider: &str, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+pub(crate) async fn baselines(ledger_dir: &Path, provider: &str, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
     let ledger = Ledger::open(ledger_dir)?;
     let n = scale.n(300);
     let mut writes = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
@@ -230,17 +177,6 @@ fn attempt(ledger: &Ledger, call: &CallRecord) -> AttemptRecord {
     let key = keys::mint(ledger.secret(), input);
     let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, b"payment_intent=pi_bench&amount=1500");
     AttemptRecord::pending(call, key, 0, 0, fingerprint, "payments".into(), request)
-}
-
-/// CPU time this process has used (user + system), in seconds; 0 where
-/// `/proc` is not there.
-fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
-    // Fields after the command name (which may hold spaces): utime and stime
-    // are the 12th and 13th, in USER_HZ ticks (100 per second on Linux).
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
-    ticks as f64 / 100.0
 }
 
 /// (c): canonicalise, digest, mint, encode and an unsynced put, per call.
@@ -310,7 +246,7 @@ pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<
 
 /// One call as a client makes it: the call, then the record that its answer
 /// reached the caller (what `toolguard call` and `serve` do after writing it).
-async fn call_as_a_client(rt: &Runtime, request: &CallRequest) -> Result<(), String> {
+pub(crate) async fn call_as_a_client(rt: &Runtime, request: &CallRequest) -> Result<(), String> {
     let answer = rt.call(request).await;
     rt.report(request, &answer).await;
     answer.map(|_| ()).map_err(|e| e.to_string())

@@ -3,13 +3,17 @@
 //! rate above all). Benchmarks report targets; nothing here asserts them.
 //!
 //! - [`disk`]: (a) sequential synced appends and batches of 64 — the bound.
-//! - [`guarded`]: (b) guarded calls at 1/8/64/256 in flight, (c) the guard's
-//!   CPU path, (e) replays.
+//! - [`unguarded`]: (b) guarded calls against the same calls unguarded at
+//!   1/8/64/256 in flight, by phase, and on a slowed disk.
+//! - [`guarded`]: what (b) is built from, (c) the guard's CPU path, (e) replays.
 //! - [`host`]: (d) a fresh sandbox + one invoke, (f) MCP over HTTP, (g) RSS.
+//! - [`idle`]: (h) the CPU of `toolguard serve` idle and at one call per second.
 
 pub mod disk;
 pub mod guarded;
 pub mod host;
+pub mod idle;
+pub mod unguarded;
 
 use serde::Serialize;
 use std::path::PathBuf;
@@ -22,7 +26,7 @@ pub struct Scale {
     pub factor: f64,
 }
 
-/// Which benchmarks to run, by letter (`a`–`g`); (a) always runs: the others need its bound.
+/// Which benchmarks to run, by letter (`a`–`h`); (a) always runs: the others need its bound.
 #[derive(Debug, Clone)]
 pub struct Selection(pub String);
 
@@ -121,7 +125,7 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection) -> anyhow::Result<
         report(host::memory(&dir, scale).await?);
     }
     if only.has('b') {
-        report(guarded::throughput(&dir, &bound, scale).await?);
+        report(unguarded::throughput(&dir, &bound, scale).await?);
     }
     if only.has('c') {
         report(guarded::cpu_path(&dir, &bound, scale).await?);
@@ -134,6 +138,9 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection) -> anyhow::Result<
     }
     if only.has('f') {
         report(host::mcp_http(&dir, &bound, scale).await?);
+    }
+    if only.has('h') {
+        report(idle::serve_cpu(&dir, scale).await?);
     }
     Ok(figures)
 }

@@ -52,6 +52,16 @@ pub enum LedgerCommand {
     },
     /// Every record as JSON lines: calls, then attempts.
     Export,
+    /// What the ledger holds: counts by state, bytes, the oldest call.
+    Stats {
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove what `[retention]` lets go, now (a serving host does this by
+    /// itself every `retention.every_minutes`). Needs the ledger unlocked
+    /// on RocksDB (stop the host first).
+    Prune,
     /// Settle an unknown attempt on an operator's word. Needs the ledger
     /// unlocked (stop the host first).
     Resolve {
@@ -72,6 +82,9 @@ pub enum LedgerCommand {
 pub fn run(config: &Path, command: LedgerCommand) -> u8 {
     if let LedgerCommand::Resolve { key, not_sent: _, note } = &command {
         return resolve(config, key, note);
+    }
+    if let LedgerCommand::Prune = &command {
+        return prune(config);
     }
     let ledger = match open(config) {
         Ok(l) => l,
@@ -101,6 +114,27 @@ fn resolve(config: &Path, key: &str, note: &str) -> u8 {
         }
         Err(message) => {
             super::print_json(&json!({ "kind": "not-resolved", "message": message }));
+            super::EXIT_CALL_FAILED
+        }
+    }
+}
+
+fn prune(config: &Path) -> u8 {
+    let result = crate::Config::load(config).map_err(|e| e.to_string()).and_then(|c| {
+        let Some(retention) = c.retention else {
+            return Err("the config has no [retention]: the ledger keeps everything. Set `[retention] hours = N` to prune".into());
+        };
+        let ledger = Ledger::open_at(&c.ledger, false).map_err(|e| e.to_string())?;
+        let now = crate::ledger::records::now_ms();
+        ledger.prune(now.saturating_sub(retention.hours * 3_600_000), now).map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(report) => {
+            super::print_json(&json!({ "pruned": report }));
+            0
+        }
+        Err(message) => {
+            super::print_json(&json!({ "kind": "not-pruned", "message": message }));
             super::EXIT_CALL_FAILED
         }
     }
@@ -152,7 +186,16 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
             super::print_json(&Value::Array(calls));
             Ok(0)
         }
-        LedgerCommand::Resolve { .. } => unreachable!("handled before the ledger is opened read-only"),
+        LedgerCommand::Resolve { .. } | LedgerCommand::Prune => unreachable!("handled before the ledger is opened read-only"),
+        LedgerCommand::Stats { json } => {
+            let stats = ledger.stats()?;
+            if json {
+                super::print_json(&serde_json::to_value(&stats).unwrap_or_default());
+            } else {
+                print_stats(&stats);
+            }
+            Ok(0)
+        }
         LedgerCommand::Export => {
             for call in ledger.calls(None)? {
                 println!("{}", super::json_for_terminal(&json!({ "type": "call", "record": call }).to_string()));
@@ -163,6 +206,25 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
             Ok(0)
         }
     }
+}
+
+fn print_stats(s: &crate::ledger::retention::LedgerStats) {
+    let by_state = |m: &std::collections::BTreeMap<String, u64>| {
+        if m.is_empty() { "none".to_string() } else { m.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ") }
+    };
+    println!("calls       {} ({})", s.total_calls(), by_state(&s.calls));
+    println!("attempts    {} ({})", s.attempts.values().sum::<u64>(), by_state(&s.attempts));
+    println!("episodes    {} open, {} closed", s.episodes_open, s.episodes_closed);
+    println!("retiring    {} final units in the retire index", s.retiring);
+    println!("tombstones  {} pruned calls", s.tombstones);
+    println!("budget uses {}", s.budget_uses);
+    let per_call = s.bytes.checked_div(s.total_calls()).map_or_else(String::new, |b| format!(" ({b} per call)"));
+    println!("bytes       {}{per_call}", s.bytes);
+    let oldest = s.oldest_call_ms.map_or_else(|| "none".into(), |t| {
+        let age_h = crate::ledger::records::now_ms().saturating_sub(t) as f64 / 3.6e6;
+        format!("{t} ms since the epoch ({age_h:.1} h ago)")
+    });
+    println!("oldest call {oldest}");
 }
 
 fn print_table(rows: &[(CallRecord, Vec<AttemptRecord>)]) {

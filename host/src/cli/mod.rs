@@ -296,6 +296,9 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
     if runtime.guard().is_some_and(|g| g.ledger().shared()) {
         tokio::spawn(takeovers(runtime.clone()));
     }
+    if let (Some(retention), Some(guard)) = (config.retention, runtime.guard()) {
+        tokio::spawn(prune_every(guard.ledger().clone(), retention));
+    }
     // `toolguard call`s on this data directory hand their calls to this process.
     let _listener = ledger_dir(&config).and_then(crate::local::socket_path).and_then(|path| {
         crate::local::Listener::start(path, runtime.clone(), crate::local::config_digest(&config))
@@ -328,6 +331,25 @@ async fn takeovers(runtime: std::sync::Arc<crate::Runtime>) {
         if let Err(e) = runtime.recover().await {
             tracing::warn!(error = %e, "takeover pass failed; retrying");
         }
+    }
+}
+
+/// Prunes the ledger every `retention.every_minutes` (`docs/ledger.md`, "Retention").
+async fn prune_every(ledger: crate::ledger::Ledger, retention: crate::config::Retention) {
+    let every = std::time::Duration::from_secs(60 * retention.every_minutes);
+    loop {
+        let ledger = ledger.clone();
+        let pass = tokio::task::spawn_blocking(move || {
+            let now = crate::ledger::records::now_ms();
+            ledger.prune(now.saturating_sub(retention.hours * 3_600_000), now)
+        });
+        match pass.await {
+            Ok(Ok(report)) if report.examined > 0 || report.budget_uses > 0 => tracing::info!(?report, "pruned the ledger"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "pruning the ledger failed; trying again next time"),
+            Err(e) => tracing::warn!(error = %e, "the pruning pass stopped"),
+        }
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -134,6 +134,7 @@ impl CallGuard {
             if let Some(call) = first_write {
                 write = write.call(call);
             }
+            let _pending = crate::phases::time(crate::phases::Phase::PendingWrite);
             self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(ledger_down)?;
         }
         let (mut attempt, possibly_sent) = match current {
@@ -234,7 +235,9 @@ impl CallGuard {
         if !self.persisted {
             write = write.call(self.record.clone());
         }
+        let pending = crate::phases::time(crate::phases::Phase::PendingWrite);
         self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(ledger_down)?;
+        drop(pending);
         self.persisted = true;
         failpoint("after-attempt-write");
         Ok(attempt)
@@ -282,7 +285,9 @@ impl Guard {
                 *in_flight = Some(info(&on_the_wire, "the invocation was cut off while the request was on its way"));
                 let url = url::Url::parse(&attempt.request.url).expect("stored URLs were parsed before they were stored");
                 let wire = wire::build(&attempt.request, url, d, Some(&attempt.key));
+                let http = crate::phases::time(crate::phases::Phase::Http);
                 let outcome = super::transport::perform(self.client(d), d, &wire, &mut attempt.tries).await;
+                drop(http);
                 failpoint("after-answer");
                 outcome
             } else {
@@ -320,6 +325,7 @@ impl Guard {
                 }
             };
             crate::metrics::attempt(&d.name, attempt.state);
+            let _written = crate::phases::time(crate::phases::Phase::OutcomeWrite);
             let write = self.ledger.queue(LedgerWrite::new().attempt_over(attempt.clone(), prior), durability);
             match later {
                 Some(later) if durability == Durability::Buffered => later.push((attempt.key.clone(), write)),
@@ -403,6 +409,13 @@ async fn reconcile_within(r: &dyn Reconciler, call: &CallRecord, attempt: &Attem
     }
 }
 
+/// `toolguard bench`'s unguarded baseline: the request authorised and sent
+/// as a guarded send would be — no admission, no ledger write, no key.
+/// Reachable only from a runtime built by the bench.
+pub(crate) async fn send_unguarded(guard: &Guard, grants: &[Grant], req: types::Request) -> Result<types::Response, OutboundError> {
+    direct(guard, grants, req).await
+}
+
 /// A read-only request inside `grants`.
 pub async fn fetch(guard: &Guard, grants: &[Grant], req: types::Request) -> Result<types::Response, OutboundError> {
     if !req.method.eq_ignore_ascii_case("GET") && !req.method.eq_ignore_ascii_case("HEAD") {
@@ -412,12 +425,18 @@ pub async fn fetch(guard: &Guard, grants: &[Grant], req: types::Request) -> Resu
     if !req.body.is_empty() {
         return Err(OutboundError::Invalid("fetch sends no body (GET and HEAD carry none); nothing was sent".into()));
     }
+    direct(guard, grants, req).await
+}
+
+/// Authorises `req` under `grants` and sends it once, keyless and unrecorded.
+async fn direct(guard: &Guard, grants: &[Grant], req: types::Request) -> Result<types::Response, OutboundError> {
     let (downstream, url) = policy::authorize(grants, &guard.downstreams, &req.method, &req.url).map_err(refusal)?;
     let headers: Vec<(String, String)> = req.headers.into_iter().map(|h| (h.name, h.value)).collect();
     let request = wire::stored(&req.method, url.as_str(), headers, &req.body);
     wire::check_headers(&request, &downstream).map_err(OutboundError::Invalid)?;
     let wire = wire::build(&request, url, &downstream, None);
     let mut tries = 0;
+    let _http = crate::phases::time(crate::phases::Phase::Http);
     match super::transport::perform(guard.client(&downstream), &downstream, &wire, &mut tries).await {
         Outcome::Answered { response, .. } | Outcome::Unsettled { response: Some(response), .. } => Ok(to_response(response)),
         Outcome::Unsettled { reason, .. } | Outcome::NotSent { reason } => Err(OutboundError::Transport(reason)),

@@ -29,6 +29,8 @@ struct Seen {
     /// That episode's executor, when it is another call: its record (if
     /// any) and its attempts.
     executor: Option<(Option<CallRecord>, Vec<AttemptRecord>)>,
+    /// When the call was pruned, if it was (then nothing else is read).
+    expired: Option<u64>,
 }
 
 /// Where the executor of a call's episode stands.
@@ -60,6 +62,8 @@ enum Decision {
     Open(u64),
     /// Follow the episode's executor.
     Follow(EpisodeRecord, Executor),
+    /// The call was pruned at this time: refuse it.
+    Expired(u64),
 }
 
 /// What to do after a decision was written.
@@ -134,6 +138,11 @@ impl Guard {
         self.ledger
             .read(move |l| {
                 let call = l.call(&session, &call_id)?;
+                if call.is_none()
+                    && let Some(at) = l.expired(&session, &call_id)?
+                {
+                    return Ok(Seen { call, episode: None, executor: None, expired: Some(at) });
+                }
                 let number = call.as_ref().and_then(|c| c.episode);
                 let episode = match (&call, number) {
                     (Some(_), None) => None,
@@ -143,7 +152,7 @@ impl Guard {
                     Some(e) if e.executor != call_id => Some((l.call(&session, &e.executor)?, l.attempts_of_call(&session, &e.executor)?)),
                     _ => None,
                 };
-                Ok(Seen { call, episode, executor })
+                Ok(Seen { call, episode, executor, expired: None })
             })
             .await
             .map_err(internal)
@@ -152,6 +161,9 @@ impl Guard {
     /// The rule itself, on what [`Guard::look`] found (see `docs/guard.md`),
     /// for a call that arrived at `arrived_ms`.
     fn decide(&self, id: &CallIdentity, seen: Seen, arrived_ms: u64) -> Decision {
+        if let Some(at) = seen.expired {
+            return Decision::Expired(at);
+        }
         match (seen.call, seen.episode) {
             (Some(c), _) if c.tool != id.tool || c.args_digest != id.args_digest => Decision::Conflict(c),
             (Some(c), _) if c.state == CallState::Completed && c.outcome.is_some() => Decision::Replay(c),
@@ -200,6 +212,7 @@ impl Guard {
         };
         match decision {
             Decision::Conflict(first) => Err(conflict(id, &first)),
+            Decision::Expired(at) => Err(super::expired(&id.call_id, at)),
             Decision::Damaged(message) => Err(CallError::new(ErrorKind::Internal, message)),
             Decision::Replay(record) => Ok(Next::Admitted(self.replay(record))),
             Decision::Run(record, persisted) => Ok(Next::Run(record, persisted)),

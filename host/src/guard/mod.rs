@@ -24,7 +24,7 @@ pub mod transport;
 pub mod wire;
 
 pub use attempt::{CallGuard, fetch};
-pub(crate) use attempt::wit_state;
+pub(crate) use attempt::{send_unguarded, wit_state};
 pub use hold::DEFAULT_HOLD_WAIT;
 pub use recover::{RecoveryReport, ToolRules};
 
@@ -251,12 +251,20 @@ impl Guard {
         }
         loop {
             let (session, call_id) = (id.session.clone(), id.call_id.clone());
-            let existing = self.ledger.read(move |ledger| ledger.call(&session, &call_id)).await.map_err(internal)?;
+            let existing = self
+                .ledger
+                .read(move |ledger| match ledger.call(&session, &call_id)? {
+                    None => Ok(ledger.expired(&session, &call_id)?.map_or(Lookup::New, Lookup::Expired)),
+                    Some(r) => Ok(Lookup::Found(Box::new(r))),
+                })
+                .await
+                .map_err(internal)?;
             let (record, persisted) = match existing {
-                Some(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
-                Some(r) if r.state == CallState::Completed && r.outcome.is_some() => return Ok(self.replay(r)),
-                Some(r) => (r, true),
-                None => (CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone()), false),
+                Lookup::Expired(at) => return Err(expired(&id.call_id, at)),
+                Lookup::Found(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
+                Lookup::Found(r) if r.state == CallState::Completed && r.outcome.is_some() => return Ok(self.replay(*r)),
+                Lookup::Found(r) => (*r, true),
+                Lookup::New => (CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone()), false),
             };
             match self.start(record, persisted, &rules, lock).await? {
                 Started::Admitted(admission) => return Ok(admission),
@@ -371,6 +379,26 @@ impl Guard {
         }
         result
     }
+}
+
+/// What the ledger holds under a tool call's id.
+enum Lookup {
+    Found(Box<CallRecord>),
+    /// Pruned at this time.
+    Expired(u64),
+    New,
+}
+
+/// The refusal of a call whose record was pruned at `pruned_ms`.
+fn expired(call_id: &str, pruned_ms: u64) -> CallError {
+    CallError::new(
+        ErrorKind::Expired,
+        format!(
+            "tool call `{call_id}` is older than the ledger keeps (its record was pruned at {pruned_ms} ms since the epoch, \
+             by the retention policy); it was not run again, and its outcome is no longer kept. Nothing was sent"
+        ),
+    )
+    .with_detail(json!({ "pruned_ms": pruned_ms }))
 }
 
 fn conflict(id: &CallIdentity, first: &CallRecord) -> CallError {

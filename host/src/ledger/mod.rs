@@ -12,15 +12,17 @@
 
 mod migrate;
 pub mod postgres;
-mod postgres_tls;
 pub mod records;
+pub mod retention;
 pub mod rocks;
 #[cfg(test)]
 mod suite;
 
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
+pub(crate) use rocks::simulate_slow_fsync;
 
 use crate::guard::keys::KeySecret;
+use retention::{LedgerStats, Removal, RetireEntry};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -95,9 +97,10 @@ impl From<String> for BackendError {
     }
 }
 
-/// The schema version this code reads and writes: 2 added episodes
-/// (`docs/ledger.md`, "Schema versions"); 1 is migrated on open.
-pub(crate) const SCHEMA: &str = "2";
+/// The schema version this code reads and writes: 2 added episodes, 3
+/// retention (`docs/ledger.md`, "Schema versions"); older ones are migrated
+/// on open.
+pub(crate) const SCHEMA: &str = "3";
 
 /// A backend's message for "this read needs the disk", under
 /// [`rocks::memory_only`]; [`Ledger::read`] then retries on the blocking pool.
@@ -163,6 +166,23 @@ pub(crate) trait Backend: Send + Sync {
     fn wal_syncs(&self) -> Option<u64> {
         None
     }
+    /// Retire-index entries older than `before_ms` that sort after `after`,
+    /// oldest first, at most `limit`.
+    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String>;
+    /// Applies `removal` atomically.
+    fn remove(&self, removal: &Removal) -> Result<(), String>;
+    /// When (session, call id) was pruned, if it was.
+    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, String>;
+    /// Every call of episode `episode` of the action (session, tool, args digest).
+    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, String>;
+    /// Removes budget uses made before `before_ms`; returns how many.
+    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, String>;
+    /// What the ledger holds ([`LedgerStats`]).
+    fn stats(&self) -> Result<LedgerStats, String>;
+    /// Every episode (for migrations).
+    fn episodes(&self) -> Result<Vec<EpisodeRecord>, String>;
+    /// Indexes the calls of each episode (schema 2 → 3).
+    fn backfill_episode_index(&self) -> Result<(), String>;
 }
 
 /// 32 bytes from the OS for a new ledger's key secret.
@@ -245,8 +265,12 @@ impl Ledger {
         match schema.as_str() {
             SCHEMA => {}
             // Read-only opens read schema-1 records as they are.
-            "1" if !writable => {}
-            "1" => migrate::to_2(&ledger)?,
+            "1" | "2" if !writable => {}
+            "1" => {
+                migrate::to_2(&ledger)?;
+                migrate::to_3(&ledger)?;
+            }
+            "2" => migrate::to_3(&ledger)?,
             other => return Err(failed(format!("schema {other} is not {SCHEMA}; use a matching toolguard"))),
         }
         Ok(ledger)
@@ -571,6 +595,8 @@ pub struct LedgerWrite {
     reports: Vec<(String, String, Reported)>,
     superseding: Option<Superseding>,
     charges: Vec<Charge>,
+    /// Retire-index entries to add beside those the records imply (migrations).
+    retire: Vec<RetireEntry>,
 }
 
 /// One use of a budget, recorded with the write that spends it; the write is
@@ -676,6 +702,12 @@ impl LedgerWrite {
     /// Makes the write conditional on `call` being supersedable (see [`Superseding`]).
     pub fn superseding(mut self, call: Superseding) -> Self {
         self.superseding = Some(call);
+        self
+    }
+
+    /// Adds an entry to the retire index (a migration's backfill).
+    pub(crate) fn retiring(mut self, entry: RetireEntry) -> Self {
+        self.retire.push(entry);
         self
     }
 

@@ -4,9 +4,10 @@
 //!
 //! - over stdio, when the transport has written and flushed the JSON-RPC
 //!   response ([`Delivering`] wraps rmcp's transport);
-//! - over Streamable HTTP, when the response body (JSON or the request's
-//!   event stream) has been sent to its end ([`Slot`] rides in the HTTP
-//!   request's extensions, which rmcp hands to the tool call).
+//! - over Streamable HTTP, when the frame of the response body carrying the
+//!   JSON-RPC response (the JSON body, or its event on the request's event
+//!   stream) has been handed to the HTTP server to write ([`Slot`] rides in
+//!   the HTTP request's extensions, which rmcp hands to the tool call).
 //!
 //! A response that never went out (the client went away) is not recorded:
 //! the call counts as never answered, and an identical repeat is held.
@@ -92,48 +93,103 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Delivering<T> {
     }
 }
 
-/// The answers one HTTP request produced, recorded when its response body
-/// has been sent to its end. Put in the request's extensions by [`track`].
+/// The answer one HTTP request produced and the JSON-RPC id of the request,
+/// recorded once the response carrying it has left. Put in the request's
+/// extensions by [`track`].
 #[derive(Clone, Default)]
-pub(crate) struct Slot(Arc<Mutex<Vec<Answer>>>);
+pub(crate) struct Slot(Arc<Mutex<Vec<(RequestId, Answer)>>>);
 
 impl Slot {
-    pub(crate) fn push(&self, answer: Answer) {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(answer);
+    pub(crate) fn push(&self, id: RequestId, answer: Answer) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((id, answer));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+    }
+
+    /// Takes the answers whose response `frame` carries.
+    fn answered_by(&self, frame: &[u8]) -> Vec<Answer> {
+        let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ids = responses_in(frame);
+        let (told, waiting) = std::mem::take(&mut *slot).into_iter().partition(|(id, _)| ids.contains(id));
+        *slot = waiting;
+        told.into_iter().map(|(_, a)| a).collect()
     }
 
     fn take(&self) -> Vec<Answer> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)).into_iter().map(|(_, a)| a).collect()
     }
 }
 
-/// Middleware: gives the request a [`Slot`], and records the answers put in
-/// it once the response body has been sent whole.
+/// The ids of the JSON-RPC responses (results or errors) in one frame of a
+/// response body: a whole JSON body, or a server-sent event whose `data`
+/// lines carry one message (rmcp writes one event per frame).
+fn responses_in(frame: &[u8]) -> Vec<RequestId> {
+    let Ok(text) = std::str::from_utf8(frame) else { return Vec::new() };
+    let json = if text.trim_start().starts_with('{') {
+        text.to_string()
+    } else {
+        let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.strip_prefix(' ').unwrap_or(d)).collect();
+        data.join("\n")
+    };
+    let Ok(message) = serde_json::from_str::<serde_json::Value>(&json) else { return Vec::new() };
+    let is_response = message.get("result").is_some() || message.get("error").is_some();
+    match message.get("id").cloned().map(serde_json::from_value::<RequestId>) {
+        Some(Ok(id)) if is_response => vec![id],
+        _ => Vec::new(),
+    }
+}
+
+/// Records answers as told at `at_ms`.
+type Record = Arc<dyn Fn(Vec<Answer>, u64) + Send + Sync>;
+
+/// Middleware: gives the request a [`Slot`], and records its answer once
+/// the response carrying it has left.
 pub(crate) async fn track(runtime: Arc<Runtime>, mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
     let slot = Slot::default();
     req.extensions_mut().insert(slot.clone());
     let response = next.run(req).await;
-    response.map(|inner| {
-        let expected = http_body::Body::size_hint(&inner).exact();
-        axum::body::Body::new(Delivered { inner, slot, runtime, expected, sent: 0, ended: false })
-    })
+    let record: Record = Arc::new(move |answers, at_ms| {
+        let runtime = runtime.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                for answer in answers {
+                    answer.delivered(&runtime, at_ms).await;
+                }
+            });
+        }
+    });
+    response.map(|inner| axum::body::Body::new(Delivered::new(inner, slot, record)))
 }
 
-/// A response body that records its slot's answers once the server has taken
-/// all of it: its end was polled, or every byte of a body of known length.
-/// A body dropped before that (the client went away) records nothing.
-struct Delivered {
-    inner: axum::body::Body,
+/// A response body that records its slot's answers as told once the frame
+/// carrying their JSON-RPC response has been handed to the HTTP server to
+/// write — the counterpart of a flushed write on stdio. Clients commonly
+/// close an event stream as soon as they have read the response, before the
+/// server has polled the stream's end, so its end is not what counts. A body
+/// taken whole (its end polled, or every byte of a known length) records
+/// what it still holds; a body dropped before its answer's frame left (the
+/// client went away) records nothing.
+struct Delivered<B> {
+    inner: B,
     slot: Slot,
-    runtime: Arc<Runtime>,
+    record: Record,
     expected: Option<u64>,
     sent: u64,
     ended: bool,
 }
 
-impl http_body::Body for Delivered {
+impl<B: http_body::Body> Delivered<B> {
+    fn new(inner: B, slot: Slot, record: Record) -> Self {
+        let expected = inner.size_hint().exact();
+        Self { inner, slot, record, expected, sent: 0, ended: false }
+    }
+}
+
+impl<B: http_body::Body<Data = axum::body::Bytes> + Unpin> http_body::Body for Delivered<B> {
     type Data = axum::body::Bytes;
-    type Error = axum::Error;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
@@ -141,7 +197,17 @@ impl http_body::Body for Delivered {
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
-            std::task::Poll::Ready(Some(Ok(frame))) => self.sent += frame.data_ref().map_or(0, |d| d.len() as u64),
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.sent += data.len() as u64;
+                    if !self.slot.is_empty() {
+                        let told = self.slot.answered_by(data);
+                        if !told.is_empty() {
+                            (self.record)(told, crate::ledger::records::now_ms());
+                        }
+                    }
+                }
+            }
             std::task::Poll::Ready(None) => self.ended = true,
             _ => {}
         }
@@ -157,20 +223,12 @@ impl http_body::Body for Delivered {
     }
 }
 
-impl Drop for Delivered {
+impl<B> Drop for Delivered<B> {
     fn drop(&mut self) {
-        let whole = self.ended || self.expected == Some(self.sent);
+        let whole = self.ended || self.expected.is_some_and(|n| n == self.sent);
         let answers = self.slot.take();
-        if !whole || answers.is_empty() {
-            return;
-        }
-        let (runtime, at_ms) = (self.runtime.clone(), crate::ledger::records::now_ms());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                for answer in answers {
-                    answer.delivered(&runtime, at_ms).await;
-                }
-            });
+        if whole && !answers.is_empty() {
+            (self.record)(answers, crate::ledger::records::now_ms());
         }
     }
 }
@@ -201,5 +259,61 @@ mod tests {
         pending.insert(RequestId::Number(7), answer("b"));
         assert!(pending.take(&RequestId::Number(7)).is_none(), "the first response cannot tell whose answer it carried");
         assert!(pending.take(&RequestId::Number(7)).is_none());
+    }
+
+    /// A body that yields `frames`, then stays pending (its end never comes).
+    struct Frames(std::collections::VecDeque<&'static str>);
+
+    impl http_body::Body for Frames {
+        type Data = axum::body::Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+            match self.0.pop_front() {
+                Some(f) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(axum::body::Bytes::from_static(f.as_bytes()))))),
+                None => std::task::Poll::Pending,
+            }
+        }
+    }
+
+    /// Polls `body` until it stops yielding, then drops it; the call ids recorded as told.
+    fn serve(frames: &[&'static str], id: RequestId) -> Vec<String> {
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let sink = told.clone();
+        let record: Record = Arc::new(move |answers, _| sink.lock().unwrap().extend(answers.into_iter().map(|a| a.request.call_id)));
+        let slot = Slot::default();
+        slot.push(id, answer("a"));
+        let mut body = Delivered::new(Frames(frames.iter().copied().collect()), slot, record);
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        while let std::task::Poll::Ready(Some(_)) = http_body::Body::poll_frame(std::pin::Pin::new(&mut body), &mut cx) {}
+        drop(body);
+        told.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn an_event_stream_closed_by_the_client_after_its_response_still_counts_as_told() {
+        // The official Python SDK closes the stream as soon as it read the response.
+        let frames = ["id: 0\nretry: 3000\ndata:\n\n", "id: 1\ndata: {\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{\"content\":[]}}\n\n"];
+        assert_eq!(serve(&frames, RequestId::Number(4)), ["a"]);
+        // An error response counts the same; so does a string id.
+        let error = ["data: {\"jsonrpc\":\"2.0\",\"id\":\"r-4\",\"error\":{\"code\":-32603,\"message\":\"x\"}}\n\n"];
+        assert_eq!(serve(&error, RequestId::String("r-4".into())), ["a"]);
+        // A JSON (not event-stream) body.
+        assert_eq!(serve(&["{\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{}}"], RequestId::Number(4)), ["a"]);
+    }
+
+    #[test]
+    fn a_stream_dropped_before_its_response_left_records_nothing() {
+        // Only the priming event and a notification went out; then the client went away.
+        let frames = ["id: 0\nretry: 3000\ndata:\n\n", "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"id\":4}}\n\n"];
+        assert!(serve(&frames, RequestId::Number(4)).is_empty());
+        // Another request's response does not tell this one's caller.
+        assert!(serve(&["data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{}}\n\n"], RequestId::Number(4)).is_empty());
+        // A JSON body cut short.
+        assert!(serve(&["{\"jsonrpc\":\"2.0\",\"id\":4,\"res"], RequestId::Number(4)).is_empty());
     }
 }

@@ -79,7 +79,7 @@ impl McpHost {
         let answer = delivery::Answer { request, answer };
         let slot = cx.extensions.get::<axum::http::request::Parts>().and_then(|p| p.extensions.get::<delivery::Slot>());
         match (slot, &self.pending) {
-            (Some(slot), _) => slot.push(answer),
+            (Some(slot), _) => slot.push(cx.id.clone(), answer),
             (None, Some(pending)) => pending.insert(cx.id.clone(), answer),
             // Another transport: the answer is as good as sent.
             (None, None) => {

@@ -29,7 +29,7 @@ impl Runtime {
         // A read-only call has nothing downstream to protect: it is neither
         // recorded nor replayed (`docs/ledger.md`, "What a call leaves").
         let call_guard = match self.core.guard.get() {
-            Some(_) if read_only => None,
+            Some(_) if read_only || self.unguarded => None,
             None => None,
             Some(guard) => {
                 let id = CallIdentity {
@@ -49,14 +49,19 @@ impl Runtime {
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
                     hold_wait: guard.hold_wait(&plugin.ctx.grants),
                 };
-                match guard.admit(id, rules).await? {
+                let admit = crate::phases::time(crate::phases::Phase::Admit);
+                let admitted = guard.admit(id, rules).await?;
+                drop(admit);
+                match admitted {
                     Admission::Replay(stored) => return replayed(stored),
                     Admission::Run(call) => Some(call),
                 }
             }
         };
-        let call = CallContext { session: req.session.clone(), call_id: req.call_id.clone(), tool: tool.name.clone(), read_only };
+        let unguarded = self.unguarded && !read_only;
+        let call = CallContext { session: req.session.clone(), call_id: req.call_id.clone(), tool: tool.name.clone(), read_only, unguarded };
         let name = tool.plugin_tool.clone();
+        let run = crate::phases::time(crate::phases::Phase::Run);
         let (returned, call_guard) = self
             .core
             .sandboxed(plugin, call, call_guard, Slot::Invoke, move |store, instance| {
@@ -66,13 +71,17 @@ impl Runtime {
                 })
             })
             .await;
+        drop(run);
         let result = match returned {
             Ok(Ok(text)) => check_result(&text, plugin.ctx.limits.max_result_bytes, tool),
             Ok(Err(e)) => Err(tool_error(e)),
             Err(fault) => Err(fault.into()),
         };
         let result = match (self.core.guard.get(), call_guard) {
-            (Some(guard), Some(call)) => guard.finish(call, result).await,
+            (Some(guard), Some(call)) => {
+                let _finish = crate::phases::time(crate::phases::Phase::Finish);
+                guard.finish(call, result).await
+            }
             _ => result,
         };
         result.map(|value| CallOutput { value, replayed: false })
@@ -94,18 +103,19 @@ impl Runtime {
     /// [`Runtime::report`] for an answer that left the host at `delivered_ms`.
     pub async fn report_at(&self, request: &CallRequest, answer: &Result<CallOutput, CallError>, delivered_ms: u64) {
         let (Some(guard), Some((_, tool))) = (self.core.guard.get(), self.tools.get(&request.tool)) else { return };
-        if tool.effect != super::Effect::Irreversible {
+        if tool.effect != super::Effect::Irreversible || self.unguarded {
             return;
         }
         let reported = match answer {
             Ok(_) => Reported::Definitive,
             Err(e) => match e.kind {
-                ErrorKind::UnknownTool | ErrorKind::InvalidArgs | ErrorKind::Conflict | ErrorKind::Internal => return,
+                ErrorKind::UnknownTool | ErrorKind::InvalidArgs | ErrorKind::Conflict | ErrorKind::Expired | ErrorKind::Internal => return,
                 ErrorKind::ToolFailed => Reported::Definitive,
                 ErrorKind::Held if e.detail.as_ref().is_some_and(|d| d.get("earlier_outcome").is_some()) => Reported::Definitive,
                 _ => Reported::Unknown,
             },
         };
+        let _report = crate::phases::time(crate::phases::Phase::Report);
         if let Err(e) = guard.report(&request.session, &request.call_id, reported, delivered_ms).await {
             tracing::warn!(error = %e, call_id = %request.call_id, "could not record what the caller was told");
         }

@@ -97,6 +97,8 @@ pub struct Runtime {
     tools: BTreeMap<String, (usize, ToolInfo)>,
     /// What the start-up recovery pass did, if one ran.
     recovery: Option<RecoveryReport>,
+    /// Bench only ([`Runtime::unguarded_for_bench`]): `send` goes straight to HTTP.
+    unguarded: bool,
 }
 
 /// Why a runtime could not start.
@@ -136,7 +138,7 @@ impl Runtime {
             sandboxes: AtomicU64::new(0),
             guard: std::sync::OnceLock::new(),
         };
-        Ok(Self { core: Arc::new(core), linker, compile_cache, plugins: Vec::new(), tools: BTreeMap::new(), recovery: None })
+        Ok(Self { core: Arc::new(core), linker, compile_cache, plugins: Vec::new(), tools: BTreeMap::new(), recovery: None, unguarded: false })
     }
 
     /// Routes sends through `guard` (and records tool calls in its ledger).
@@ -150,6 +152,16 @@ impl Runtime {
     /// The guard, if one is set.
     pub fn guard(&self) -> Option<&Arc<Guard>> {
         self.core.guard.get()
+    }
+
+    /// The same runtime with its guard bypassed, for `toolguard bench`'s
+    /// baseline only: irreversible calls are neither admitted nor recorded,
+    /// and `send` goes straight to HTTP under the plugin's grants — no key,
+    /// no ledger. Crate-private and set by no configuration: a served or
+    /// embedded host can never run this way.
+    pub(crate) fn unguarded_for_bench(mut self) -> Self {
+        self.unguarded = true;
+        self
     }
 
     /// Resolves every attempt left pending or unknown (see

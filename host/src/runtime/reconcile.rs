@@ -65,7 +65,7 @@ impl Reconciler for PluginReconciler {
                 },
                 tries: attempt.tries,
             };
-            let call = CallContext { session: attempt.session.clone(), call_id: attempt.call_id.clone(), tool: tool.to_string(), read_only: false };
+            let call = CallContext { session: attempt.session.clone(), call_id: attempt.call_id.clone(), tool: tool.to_string(), read_only: false, unguarded: false };
             // The plugin knows its tools without the host's prefix.
             let own = tool.strip_prefix(&*self.plugin.ctx.tool_prefix).unwrap_or(tool);
             let (func, tool) = (self.func, own.to_string());

@@ -43,6 +43,9 @@ pub struct CallContext {
     /// Whether the tool is read-only: it runs without the guard's records
     /// and its `send` is denied.
     pub read_only: bool,
+    /// `toolguard bench`'s baseline only: `send` bypasses the guard
+    /// ([`crate::Runtime`]'s crate-private `unguarded_for_bench`).
+    pub(crate) unguarded: bool,
 }
 
 /// The state of one store: WASI context, limits and the call it serves.

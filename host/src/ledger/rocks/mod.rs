@@ -15,6 +15,12 @@
 //!   budget (irreversible calls per session or principal and hour).
 //! - `unsettled`: schema 1's hold-rule index; no longer written or read
 //!   (kept because RocksDB opens every family a database has).
+//! - `episode_calls`: (session, tool, args digest) ‖ episode ‖ call id → ∅:
+//!   the calls of each episode.
+//! - `retire`: time ‖ unit JSON → ∅: units that became final, by when
+//!   (`ledger::retention`).
+//! - `expired`: 16-byte digest of (session, call id) → time pruned: the
+//!   tombstones of pruned calls.
 //!
 //! Synced writes fsync the WAL; buffered ones reach the WAL and the memtables
 //! only. Writes from async callers go to one writer thread ([`Writer`]),
@@ -22,11 +28,14 @@
 //! most one fsync: group commit without a thread per waiting writer. Reads
 //! from async callers may be answered from memory only ([`memory_only`]).
 
+mod retention;
 mod writer;
+pub(crate) use writer::simulate_slow_fsync;
 
 pub(crate) use writer::Ticket;
 use writer::{Job, Writer};
 
+use super::retention::{LedgerStats, Removal, RetireEntry};
 use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
 use std::cell::Cell;
@@ -42,7 +51,13 @@ const CF_GRANT_HISTORY: &str = "grant_history";
 const CF_UNSETTLED: &str = "unsettled";
 const CF_EPISODES: &str = "episodes";
 const CF_BUDGET: &str = "budget";
-const ALL_CFS: [&str; 9] = [CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED, CF_EPISODES, CF_BUDGET];
+const CF_EPISODE_CALLS: &str = "episode_calls";
+const CF_RETIRE: &str = "retire";
+const CF_EXPIRED: &str = "expired";
+const ALL_CFS: [&str; 12] = [
+    CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED, CF_EPISODES, CF_BUDGET, CF_EPISODE_CALLS,
+    CF_RETIRE, CF_EXPIRED,
+];
 /// Memory all memtables together may use before RocksDB flushes them.
 const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 
@@ -74,6 +89,8 @@ pub(crate) struct Rocks {
     db: Arc<DB>,
     /// The options the database was opened with: they hold its statistics.
     opts: Option<Options>,
+    /// The database's directory.
+    dir: std::path::PathBuf,
 }
 
 thread_local! {
@@ -122,7 +139,7 @@ impl Rocks {
         let cache = Cache::new_lru_cache(LEDGER_BLOCK_CACHE);
         let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)));
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| describe_open_error(&e))?);
-        Ok(Self { writer: Some(Writer::start(db.clone())?), db, opts: Some(opts) })
+        Ok(Self { writer: Some(Writer::start(db.clone())?), db, opts: Some(opts), dir: dir.to_path_buf() })
     }
 
     /// Opens an existing database read-only (works while a host holds it).
@@ -133,7 +150,7 @@ impl Rocks {
         // A ledger of an older schema lacks the newer families; reads of them find nothing.
         let families = DB::list_cf(&Options::default(), dir).map_err(|e| e.to_string())?;
         let db = DB::open_cf_for_read_only(&Options::default(), dir, families, false).map_err(|e| e.to_string())?;
-        Ok(Self { writer: None, db: Arc::new(db), opts: None })
+        Ok(Self { writer: None, db: Arc::new(db), opts: None, dir: dir.to_path_buf() })
     }
 
     fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
@@ -218,6 +235,10 @@ impl Rocks {
         for call in &write.calls {
             let value = serde_json::to_vec(call).map_err(|e| e.to_string())?;
             batch.put_cf(self.cf(CF_CALLS), call_key(&call.session, &call.call_id), value);
+            self.index_call(&mut batch, call);
+        }
+        for entry in &write.retire {
+            batch.put_cf(self.cf(CF_RETIRE), retention::retire_key(entry), []);
         }
         for (session, call_id, reported) in &write.reports {
             let key = call_key(session, call_id);
@@ -239,7 +260,10 @@ impl Rocks {
                 (EpisodeOp::Open(record), None) => record.clone(),
                 (EpisodeOp::Hand { record, from }, Some(old)) if old.executor == *from => EpisodeRecord { executor: record.executor.clone(), ..old },
                 (EpisodeOp::Close { .. }, Some(old)) if old.closed => continue,
-                (EpisodeOp::Close { at_ms, .. }, Some(old)) => EpisodeRecord { closed: true, closed_ms: Some(*at_ms), ..old },
+                (EpisodeOp::Close { at_ms, .. }, Some(old)) => {
+                    batch.put_cf(self.cf(CF_RETIRE), retention::retire_key(&RetireEntry::of_close(&old, *at_ms)), []);
+                    EpisodeRecord { closed: true, closed_ms: Some(*at_ms), ..old }
+                }
                 (EpisodeOp::Close { .. }, None) => continue,
                 _ => return Err(BackendError::Conflict(format!("episode {} of `{}` changed under this write", r.episode, r.tool))),
             };
@@ -390,6 +414,38 @@ impl Backend for Rocks {
 
     fn release_call(&self, _session: &str, _call_id: &str, _owner: &str) -> Result<(), String> {
         Ok(())
+    }
+
+    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String> {
+        self.retire_page_of(before_ms, after, limit)
+    }
+
+    fn remove(&self, removal: &Removal) -> Result<(), String> {
+        self.remove_unit(removal)
+    }
+
+    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, String> {
+        self.expired_at(session, call_id)
+    }
+
+    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, String> {
+        self.calls_of_episode(session, tool, args_digest, episode)
+    }
+
+    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, String> {
+        self.forget_budget(before_ms)
+    }
+
+    fn stats(&self) -> Result<LedgerStats, String> {
+        self.figures()
+    }
+
+    fn episodes(&self) -> Result<Vec<EpisodeRecord>, String> {
+        self.all_episodes()
+    }
+
+    fn backfill_episode_index(&self) -> Result<(), String> {
+        Rocks::backfill_episode_index(self)
     }
 
     fn wal_syncs(&self) -> Option<u64> {

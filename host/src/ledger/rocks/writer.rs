@@ -91,10 +91,26 @@ pub(super) fn commit_group(db: &DB, group: Vec<Job>, syncing: &AtomicBool) {
     let (batches, done): (Vec<_>, Vec<_>) = group.into_iter().map(|j| (j.batch, j.done)).unzip();
     syncing.store(durability == Durability::Synced, Ordering::Release);
     let result = db.write_opt(concat(batches), &write_options(durability)).map_err(|e| e.to_string());
+    if durability == Durability::Synced {
+        let extra = SLOW_FSYNC_MICROS.load(Ordering::Relaxed);
+        if extra > 0 {
+            std::thread::sleep(Duration::from_micros(extra));
+        }
+    }
     syncing.store(false, Ordering::Release);
     for tx in done {
         let _ = tx.send(result.clone());
     }
+}
+
+/// `toolguard bench`'s slow-disk mode: extra time every synced group
+/// commit takes, as if the disk's fsync were that much slower (0: off).
+static SLOW_FSYNC_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Makes every synced group commit of this process take `extra` longer
+/// (`Duration::ZERO` turns it off). For `toolguard bench` only.
+pub(crate) fn simulate_slow_fsync(extra: Duration) {
+    SLOW_FSYNC_MICROS.store(extra.as_micros() as u64, Ordering::Relaxed);
 }
 
 /// How long the writer keeps polling for the next write before it sleeps:

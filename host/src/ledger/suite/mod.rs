@@ -2,8 +2,11 @@
 //! directory and PostgreSQL in a fresh database of the server named by
 //! `TOOLGUARD_TEST_POSTGRES` (`./dev.sh test` starts a throwaway one).
 
+mod retention;
+
 use super::records::{StoredBody, StoredRequest};
 use super::*;
+use retention::{a_pruning_pass_removes_old_final_units_and_leaves_tombstones, old_budget_uses_are_forgotten};
 
 /// Opens (and reopens) one ledger.
 trait Store {
@@ -315,6 +318,8 @@ on_both_backends!(
     grant_history_keeps_changes_only,
     claims_tell_new_completed_and_conflicting_calls_apart,
     writes_from_many_tasks_at_once_all_land,
+    a_pruning_pass_removes_old_final_units_and_leaves_tombstones,
+    old_budget_uses_are_forgotten,
 );
 
 /// A host's claim keeps other hosts out until it lapses or is released.

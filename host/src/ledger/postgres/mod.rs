@@ -17,6 +17,10 @@
 //! - `toolguard_budget (scope, at_ms, call_id)` and `toolguard_budget_scopes
 //!   (scope)` (schema 2): each use of a budget, and one row per budget that
 //!   a charging transaction locks, so two hosts never both spend its last use.
+//! - schema 3: `toolguard_calls.episode` (indexed with the action), the
+//!   retire index `toolguard_retire (at_ms, unit)` and the tombstones of
+//!   pruned calls `toolguard_expired (call_digest) → pruned_ms`
+//!   (`ledger::retention`).
 //!
 //! A new attempt (written over `Prior::Absent`) is inserted with `ON
 //! CONFLICT DO NOTHING`: if another host recorded it first the whole write
@@ -26,6 +30,10 @@
 //! buffered writes of the RocksDB backend are an fsync optimisation, and a
 //! shared ledger must not lose a write another host may already rely on.
 
+mod retention;
+mod tls;
+
+use super::retention::{LedgerStats, Removal, RetireEntry};
 use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::Row;
@@ -96,6 +104,22 @@ CREATE TABLE IF NOT EXISTS toolguard_budget (
 );
 ";
 
+/// Version 3: retention (`ledger::retention`). The episode column is filled
+/// from the records here; the retire index by `ledger::migrate`.
+const MIGRATION_3: &str = "
+ALTER TABLE toolguard_calls ADD COLUMN IF NOT EXISTS episode BIGINT;
+CREATE INDEX IF NOT EXISTS toolguard_calls_by_episode ON toolguard_calls (session, tool, args_digest, episode) WHERE episode IS NOT NULL;
+CREATE TABLE IF NOT EXISTS toolguard_retire (
+    at_ms BIGINT NOT NULL,
+    unit TEXT NOT NULL,
+    PRIMARY KEY (at_ms, unit)
+);
+CREATE TABLE IF NOT EXISTS toolguard_expired (
+    call_digest BYTEA PRIMARY KEY,
+    pruned_ms BIGINT NOT NULL
+);
+";
+
 /// Connections one host keeps to the ledger.
 const POOL_SIZE: u32 = 16;
 
@@ -131,7 +155,7 @@ pub(crate) fn redacted(url: &str) -> String {
 impl Postgres {
     /// Connects to `url` and creates or migrates the schema.
     pub(crate) fn connect(url: &str) -> Result<Self, String> {
-        let (config, tls) = super::postgres_tls::config(url)?;
+        let (config, tls) = tls::config(url)?;
         let manager = PostgresConnectionManager::new(config, tls);
         let pool = Pool::builder()
             .max_size(POOL_SIZE)
@@ -163,7 +187,7 @@ impl Postgres {
         }
         let mut last = String::new();
         for _ in 0..5 {
-            match self.client()?.batch_execute(&format!("{MIGRATION_1}{MIGRATION_2}")) {
+            match self.client()?.batch_execute(&format!("{MIGRATION_1}{MIGRATION_2}{MIGRATION_3}")) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = e.to_string(),
             }
@@ -201,12 +225,13 @@ struct CallRow<'a> {
     completed: bool,
     lease_until: i64,
     record: String,
+    episode: Option<i64>,
 }
 
 impl CallRow<'_> {
-    fn params(&self) -> [&(dyn r2d2_postgres::postgres::types::ToSql + Sync); 8] {
+    fn params(&self) -> [&(dyn r2d2_postgres::postgres::types::ToSql + Sync); 9] {
         let c = self.call;
-        [&c.session, &c.call_id, &c.tool, &c.args_digest, &self.completed, &c.owner, &self.lease_until, &self.record]
+        [&c.session, &c.call_id, &c.tool, &c.args_digest, &self.completed, &c.owner, &self.lease_until, &self.record, &self.episode]
     }
 }
 
@@ -216,8 +241,13 @@ fn call_row(call: &CallRecord) -> Result<CallRow<'_>, String> {
         completed: call.state == CallState::Completed,
         lease_until: i64::try_from(call.lease_until_ms.unwrap_or(0)).map_err(|e| e.to_string())?,
         record: serde_json::to_string(call).map_err(|e| e.to_string())?,
+        episode: call.episode.map(big).transpose()?,
     })
 }
+
+/// The insert of one call's row, for `ON CONFLICT` clauses to complete.
+const INSERT_CALL: &str = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record, episode) \
+                           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Runs a blocking query `f` where rust-postgres's blocking client may run:
 /// its client drives its own runtime, which must not start on an async
@@ -360,25 +390,68 @@ impl Backend for Postgres {
         true
     }
 
+    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String> {
+        off_async(|| self.retire_page_of(before_ms, after, limit))
+    }
+
+    fn remove(&self, removal: &Removal) -> Result<(), String> {
+        off_async(|| self.remove_unit(removal))
+    }
+
+    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, String> {
+        off_async(|| self.expired_at(session, call_id))
+    }
+
+    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, String> {
+        off_async(|| {
+            let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
+            Self::calls_of(&self.query(sql, &[&session, &tool, &args_digest, &big(episode)?])?)
+        })
+    }
+
+    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, String> {
+        off_async(|| {
+            let sql = "DELETE FROM toolguard_budget WHERE at_ms < $1";
+            self.client()?.execute(sql, &[&big(before_ms)?]).map_err(|e| e.to_string())
+        })
+    }
+
+    fn stats(&self) -> Result<LedgerStats, String> {
+        off_async(|| self.figures())
+    }
+
+    fn episodes(&self) -> Result<Vec<EpisodeRecord>, String> {
+        off_async(|| Self::records(&self.query("SELECT record FROM toolguard_episodes", &[])?))
+    }
+
+    fn backfill_episode_index(&self) -> Result<(), String> {
+        off_async(|| {
+            let sql = "UPDATE toolguard_calls SET episode = (record::jsonb ->> 'episode')::bigint \
+                       WHERE episode IS NULL AND record::jsonb ? 'episode'";
+            self.client()?.execute(sql, &[]).map(|_| ()).map_err(|e| e.to_string())
+        })
+    }
+
     fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, String> {
         off_async(|| {
             // Insert, or take over a call that is not completed, is the same
             // action, and whose claim has lapsed or is already ours: one statement,
             // so two hosts can never both hold it.
-            let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
-                       VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
-                       owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
-                       WHERE NOT toolguard_calls.completed AND toolguard_calls.tool = EXCLUDED.tool \
-                       AND toolguard_calls.args_digest = EXCLUDED.args_digest \
-                       AND (toolguard_calls.lease_until < $9 OR toolguard_calls.owner = EXCLUDED.owner) \
-                       AND (toolguard_calls.record::jsonb ->> 'superseded_by') IS NULL \
-                       RETURNING record";
+            let sql = format!(
+                "{INSERT_CALL} ON CONFLICT (session, call_id) DO UPDATE SET \
+                 owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
+                 WHERE NOT toolguard_calls.completed AND toolguard_calls.tool = EXCLUDED.tool \
+                 AND toolguard_calls.args_digest = EXCLUDED.args_digest \
+                 AND (toolguard_calls.lease_until < $10 OR toolguard_calls.owner = EXCLUDED.owner) \
+                 AND (toolguard_calls.record::jsonb ->> 'superseded_by') IS NULL \
+                 RETURNING record"
+            );
             let row = call_row(call)?;
             let now = i64::try_from(now_ms).map_err(|e| e.to_string())?;
             let mut params = row.params().to_vec();
             params.push(&now);
             let mut client = self.client()?;
-            let claimed = client.query(sql, &params).map_err(|e| e.to_string())?;
+            let claimed = client.query(&sql, &params).map_err(|e| e.to_string())?;
             if let Some(mut record) = Self::one::<CallRecord>(&claimed)? {
                 // Taken over: the stored record, with our claim.
                 record.owner.clone_from(&call.owner);
@@ -433,10 +506,17 @@ impl Backend for Postgres {
                 tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(|e| e.to_string())?;
             }
             for call in &write.calls {
-                let sql = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record) \
-                           VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session, call_id) DO UPDATE SET \
-                           completed = EXCLUDED.completed, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, record = EXCLUDED.record";
-                tx.execute(sql, &call_row(call)?.params()).map_err(|e| e.to_string())?;
+                let sql = format!(
+                    "{INSERT_CALL} ON CONFLICT (session, call_id) DO UPDATE SET completed = EXCLUDED.completed, owner = EXCLUDED.owner, \
+                     lease_until = EXCLUDED.lease_until, record = EXCLUDED.record, episode = EXCLUDED.episode"
+                );
+                tx.execute(&sql, &call_row(call)?.params()).map_err(|e| e.to_string())?;
+                if let Some(entry) = RetireEntry::of_call(call) {
+                    retention::add_retire(&mut tx, &entry)?;
+                }
+            }
+            for entry in &write.retire {
+                retention::add_retire(&mut tx, entry)?;
             }
             for (a, prior) in &write.attempts {
                 let value = serde_json::to_string(a).map_err(|e| e.to_string())?;
@@ -485,7 +565,9 @@ impl Backend for Postgres {
                         let sql = "UPDATE toolguard_episodes SET closed = true, \
                                    record = (record::jsonb || jsonb_build_object('closed', true, 'closed_ms', $5::bigint))::text \
                                    WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND NOT closed";
-                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(|e| e.to_string())?;
+                        if tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(|e| e.to_string())? == 1 {
+                            retention::add_retire(&mut tx, &RetireEntry::of_close(r, *at_ms))?;
+                        }
                         continue;
                     }
                 };

@@ -1,0 +1,160 @@
+//! (b) guarded calls against the same calls unguarded: the same plugin, the
+//! same provider, the same requests, once through the guard and once with
+//! `send` going straight to HTTP (a runtime only the bench can build). The
+//! ratio says what the guard costs; the phase clocks say where; the
+//! slow-fsync mode says how close the guard gets to the disk's bound when
+//! the disk, not the CPU, is what limits it.
+
+use super::disk::Bound;
+use super::guarded::{call_as_a_client, drive, null_provider, refund, refund_host};
+use super::{Figure, Scale, Stats, ms, us};
+use crate::Runtime;
+use crate::phases::{self, Phase};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One measured run of calls.
+struct Run {
+    per_sec: f64,
+    stats: Stats,
+    /// Process CPU time per call, in seconds.
+    cpu: f64,
+}
+
+/// Makes `total` refund calls at `in_flight` on `rt`, ids `{prefix}{n}`.
+async fn measure(rt: &Arc<Runtime>, in_flight: usize, total: usize, prefix: &str) -> anyhow::Result<Run> {
+    let (rt, prefix) = (rt.clone(), prefix.to_string());
+    let cpu = cpu_seconds();
+    let (mut samples, wall) = drive(in_flight, total, move |i| {
+        let (rt, id) = (rt.clone(), format!("{prefix}{i}"));
+        async move { call_as_a_client(&rt, &refund(id, i)).await }
+    })
+    .await?;
+    let cpu = (cpu_seconds() - cpu) / total as f64;
+    Ok(Run { per_sec: total as f64 / wall.as_secs_f64(), stats: Stats::of(&mut samples), cpu })
+}
+
+/// (b): guarded and unguarded refunds at 1, 8, 64 and 256 in flight, the
+/// guard's cost by phase at 1 in flight, and 64 in flight on a disk made
+/// slow on purpose.
+///
+/// # Errors
+/// Set-up failed or a call failed.
+pub async fn throughput(dir: &std::path::Path, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+    let provider = null_provider().await?;
+    let scratch = tempfile::tempdir_in(dir)?;
+    let guarded = Arc::new(refund_host(&scratch.path().join("guarded"), &provider).await?);
+    let unguarded = Arc::new(refund_host(&scratch.path().join("unguarded"), &provider).await?.unguarded_for_bench());
+    let mut figures = super::guarded::baselines(&scratch.path().join("baseline-ledger"), &provider, bound, scale).await?;
+    let ledger = guarded.guard().expect("the bench host has a guard").ledger().clone();
+    for in_flight in [1usize, 8, 64, 256] {
+        let total = scale.n(if in_flight == 1 { 300 } else { 2_000 });
+        let u = measure(&unguarded, in_flight, total, &format!("u{in_flight}-")).await?;
+        let (syncs, synced) = (ledger.wal_syncs().unwrap_or(0), ledger.write_counts().0);
+        let g = measure(&guarded, in_flight, total, &format!("b{in_flight}-")).await?;
+        let fsyncs = ledger.wal_syncs().unwrap_or(0).saturating_sub(syncs).max(1);
+        let shared = (ledger.write_counts().0 - synced) as f64 / fsyncs as f64;
+        figures.extend(compare(in_flight, &g, &u, bound));
+        // Group commit at work: synced ledger writes (one per call) per WAL fsync.
+        figures.push(Figure::new(format!("(b) guarded, {in_flight:>3} in flight, synced writes per fsync"), shared, "writes"));
+    }
+    figures.extend(by_phase(&guarded, &unguarded, scale).await?);
+    for extra_ms in [1u64, 4] {
+        figures.push(slow_disk(&guarded, bound, scale, Duration::from_millis(extra_ms)).await?);
+    }
+    Ok(figures)
+}
+
+/// The figures of one level of concurrency, guarded against unguarded.
+fn compare(in_flight: usize, g: &Run, u: &Run, bound: &Bound) -> Vec<Figure> {
+    let label = |what: &str| format!("(b) guarded, {in_flight:>3} in flight, {what}");
+    let mut rate = Figure::new(label("calls/s"), g.per_sec, "calls/s").against(format!("unguarded {:.0}/s", u.per_sec), g.per_sec / u.per_sec);
+    let mut p50 = Figure::new(label("p50"), ms(g.stats.p50), "ms").against(format!("unguarded {:.3} ms", ms(u.stats.p50)), ms(g.stats.p50) / ms(u.stats.p50));
+    let p99 = Figure::new(label("p99"), ms(g.stats.p99), "ms").against(format!("unguarded {:.3} ms", ms(u.stats.p99)), ms(g.stats.p99) / ms(u.stats.p99));
+    let mut cpu = Figure::new(label("CPU per call"), g.cpu * 1e6, "µs").against(format!("unguarded {:.0} µs", u.cpu * 1e6), g.cpu / u.cpu);
+    if in_flight == 64 {
+        rate = rate.target("≥ 0.7× unguarded", g.per_sec >= 0.7 * u.per_sec);
+        cpu = cpu.target("≤ 1.5× unguarded", g.cpu <= 1.5 * u.cpu);
+    }
+    let mut figures = vec![];
+    if in_flight == 1 {
+        let allowed = ms(u.stats.p50) + ms(bound.sync.p50) + 0.050;
+        p50 = p50.target(format!("≤ unguarded + one fsync (a) + 50 µs = {allowed:.3} ms"), ms(g.stats.p50) <= allowed);
+        // Busy polling would show as more CPU than the call's own wall time.
+        let wall = g.stats.mean.as_secs_f64();
+        figures.push(
+            Figure::new(label("CPU per call ÷ wall time per call"), g.cpu / wall, "×").target("≤ 2× (no core burnt while waiting)", g.cpu <= 2.0 * wall),
+        );
+    }
+    figures.splice(0..0, [rate, p50, p99, cpu]);
+    figures
+}
+
+/// Where the difference goes at 1 in flight: the wall time of each phase per
+/// call, guarded minus unguarded (the unguarded run has no admission, no
+/// ledger writes and no report; its run and HTTP exchange are the baseline).
+async fn by_phase(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+    let total = scale.n(1_000);
+    let per_call = |p: Phase| phases::total_ns(p) as f64 / 1e3 / total as f64;
+    let mut sides = Vec::new();
+    for (rt, prefix) in [(unguarded, "pu-"), (guarded, "pg-")] {
+        phases::enable(true);
+        let run = measure(rt, 1, total, prefix).await?;
+        let mut times: Vec<f64> = phases::ALL.iter().map(|p| per_call(*p)).collect();
+        phases::enable(false);
+        times.push(us(run.stats.mean));
+        sides.push(times);
+    }
+    let (u, g) = (&sides[0], &sides[1]);
+    let name = |p: Phase| match p {
+        Phase::Admit => "admission (replay/conflict/hold checks, the call's records)",
+        Phase::Run => "sandboxed run, sends included",
+        Phase::PendingWrite => "  of which the synced attempt write",
+        Phase::Http => "  of which the HTTP exchange",
+        Phase::OutcomeWrite => "  of which recording the outcome",
+        Phase::Finish => "completion record",
+        Phase::Report => "record of what the caller was told",
+    };
+    let mut figures: Vec<Figure> = phases::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Figure::new(format!("(b) guarded − unguarded, 1 in flight: {}", name(*p)), g[i] - u[i], "µs"))
+        .collect();
+    let last = g.len() - 1;
+    figures.push(
+        Figure::new("(b) guarded − unguarded, 1 in flight: whole call (mean)", g[last] - u[last], "µs")
+            .against(format!("unguarded {:.0} µs", u[last]), g[last] / u[last]),
+    );
+    Ok(figures)
+}
+
+/// 64 guarded calls in flight while every synced ledger write takes `extra`
+/// longer (the writer thread sleeps after each fsync: a disk whose fsync is
+/// that much slower), against the batched bound of such a disk.
+async fn slow_disk(guarded: &Arc<Runtime>, bound: &Bound, scale: Scale, extra: Duration) -> anyhow::Result<Figure> {
+    let sync_of_64 = 64.0 / bound.batch64_records_per_sec + extra.as_secs_f64();
+    let limit = 64.0 / sync_of_64;
+    crate::ledger::simulate_slow_fsync(extra);
+    let run = measure(guarded, 64, scale.n(3_000), &format!("s{}-", extra.as_millis())).await;
+    crate::ledger::simulate_slow_fsync(Duration::ZERO);
+    let run = run?;
+    Ok(Figure::new(format!("(b) guarded, 64 in flight, fsync slowed by {} ms", extra.as_millis()), run.per_sec, "calls/s")
+        .against(format!("batched bound of that disk ({limit:.0} rec/s)"), run.per_sec / limit)
+        .target("≥ 0.8× the batched bound", run.per_sec >= 0.8 * limit))
+}
+
+/// CPU time this process has used (user + system), in seconds; 0 where
+/// `/proc` is not there.
+pub(crate) fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    cpu_of_stat(&stat)
+}
+
+/// utime + stime of a `/proc/PID/stat` line, in seconds.
+pub(crate) fn cpu_of_stat(stat: &str) -> f64 {
+    // Fields after the command name (which may hold spaces): utime and stime
+    // are the 12th and 13th, in USER_HZ ticks (100 per second on Linux).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
+    ticks as f64 / 100.0
+}

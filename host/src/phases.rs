@@ -1,0 +1,61 @@
+//! A clock per phase of a tool call, for `toolguard bench`'s breakdown of
+//! what the guard costs. Off unless the bench turns it on: then each timed
+//! phase adds its wall time to a process-wide total. Off, a timer costs one
+//! relaxed atomic load.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+/// The phases of a call that are timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The guard's admission: replay, conflict and hold checks, the call's records.
+    Admit,
+    /// The sandboxed run of the plugin, sends included.
+    Run,
+    /// The synced write of an attempt before its send (inside [`Phase::Run`]).
+    PendingWrite,
+    /// The HTTP exchange with the downstream (inside [`Phase::Run`]).
+    Http,
+    /// Recording the attempt's outcome after its send (inside [`Phase::Run`]).
+    OutcomeWrite,
+    /// The call's completion record.
+    Finish,
+    /// The record of what the caller was told.
+    Report,
+}
+
+/// Every phase, in the order a call passes them.
+pub const ALL: [Phase; 7] = [Phase::Admit, Phase::Run, Phase::PendingWrite, Phase::Http, Phase::OutcomeWrite, Phase::Finish, Phase::Report];
+
+static ON: AtomicBool = AtomicBool::new(false);
+static NANOS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+
+/// Turns the clocks on (from zero) or off.
+pub fn enable(on: bool) {
+    for n in &NANOS {
+        n.store(0, Ordering::Relaxed);
+    }
+    ON.store(on, Ordering::Relaxed);
+}
+
+/// The wall time spent in `phase` since [`enable`], in nanoseconds.
+pub fn total_ns(phase: Phase) -> u64 {
+    NANOS[phase as usize].load(Ordering::Relaxed)
+}
+
+/// Times `phase` until dropped (nothing when the clocks are off).
+pub fn time(phase: Phase) -> Timer {
+    Timer(ON.load(Ordering::Relaxed).then(|| (phase, Instant::now())))
+}
+
+/// A running phase clock; see [`time`].
+pub struct Timer(Option<(Phase, Instant)>);
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        if let Some((phase, since)) = self.0 {
+            NANOS[phase as usize].fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+}
