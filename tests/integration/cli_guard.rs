@@ -89,6 +89,10 @@ async fn call_then_read_the_ledger_through_the_cli() {
     assert_eq!(shown["call"]["session"], "ops");
     let by_call = json(&toolguard(&["ledger", "show", "--config", &cfg, "c1"]));
     assert_eq!(by_call[0]["attempts"][0]["key"], key.as_str());
+    let direct = json(&toolguard(&["ledger", "show", "--config", &cfg, "c1", "--session", "ops"]));
+    assert_eq!(direct, by_call, "a look-up in its session finds the same call");
+    let elsewhere = toolguard(&["ledger", "show", "--config", &cfg, "c1", "--session", "other"]);
+    assert_eq!(elsewhere.status.code(), Some(1), "not in that session");
     let missing = toolguard(&["ledger", "show", "--config", &cfg, "nope"]);
     assert_eq!(missing.status.code(), Some(1));
 

@@ -7,9 +7,11 @@
 //!   1/8/64/256 in flight, by phase, and on a slowed disk.
 //! - [`guarded`]: what (b) is built from, (c) the guard's CPU path, (e) replays.
 //! - [`host`]: (d) a fresh sandbox + one invoke, (f) MCP over HTTP, (g) RSS.
+//! - [`growth`]: (i) the same figures with 0, 1 M and 10 M completed calls in the ledger (only on request).
 //! - [`idle`]: (h) the CPU of `toolguard serve` idle and at one call per second.
 
 pub mod disk;
+pub mod growth;
 pub mod guarded;
 pub mod host;
 pub mod idle;
@@ -26,13 +28,15 @@ pub struct Scale {
     pub factor: f64,
 }
 
-/// Which benchmarks to run, by letter (`a`–`h`); (a) always runs: the others need its bound.
+/// Which benchmarks to run, by letter (`a`–`i`); (a) always runs: the others
+/// need its bound. (i), which fills ledgers with millions of calls, runs only when named.
 #[derive(Debug, Clone)]
 pub struct Selection(pub String);
 
 impl Selection {
+    /// Whether `letter` runs: named, or every benchmark but (i) when none is.
     fn has(&self, letter: char) -> bool {
-        self.0.is_empty() || self.0.contains(letter)
+        self.0.contains(letter) || (self.0.is_empty() && letter != 'i')
     }
 }
 
@@ -108,7 +112,7 @@ fn us(d: Duration) -> f64 {
 ///
 /// # Errors
 /// A benchmark could not set up (no engine, no ledger, a port).
-pub async fn run(dir: PathBuf, scale: Scale, only: Selection) -> anyhow::Result<Vec<Figure>> {
+pub async fn run(dir: PathBuf, scale: Scale, only: Selection, postgres: Option<String>) -> anyhow::Result<Vec<Figure>> {
     std::fs::create_dir_all(&dir)?;
     let mut figures = Vec::new();
     let mut report = |f: Vec<Figure>| {
@@ -141,6 +145,9 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection) -> anyhow::Result<
     }
     if only.has('h') {
         report(idle::serve_cpu(&dir, scale).await?);
+    }
+    if only.has('i') {
+        report(growth::growth(&dir, scale, postgres.as_deref()).await?);
     }
     Ok(figures)
 }

@@ -49,6 +49,10 @@ pub enum LedgerCommand {
     Show {
         /// An idempotency key (`tg1_…`) or a tool-call id.
         key_or_call_id: String,
+        /// The tool call's session: a direct look-up. Without it a call id is
+        /// searched for in every session (a scan of the whole ledger).
+        #[arg(long)]
+        session: Option<String>,
     },
     /// Every record as JSON lines: calls, then attempts.
     Export,
@@ -163,14 +167,17 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
             }
             Ok(0)
         }
-        LedgerCommand::Show { key_or_call_id } => {
+        LedgerCommand::Show { key_or_call_id, session } => {
             if let Some(attempt) = ledger.attempt(&key_or_call_id)? {
                 let call = ledger.call(&attempt.session, &attempt.call_id)?;
                 super::print_json(&json!({ "attempt": attempt, "call": call }));
                 return Ok(0);
             }
-            let calls: Vec<Value> = ledger
-                .calls(None)?
+            let found = match &session {
+                Some(session) => ledger.call(session, &key_or_call_id)?.into_iter().collect(),
+                None => ledger.calls(None)?,
+            };
+            let calls: Vec<Value> = found
                 .into_iter()
                 .filter(|c| c.call_id == key_or_call_id)
                 .map(|c| {

@@ -90,9 +90,13 @@ enum Command {
         /// Also print the figures as JSON at the end.
         #[arg(long)]
         json: bool,
-        /// Run only these benchmarks, by letter (e.g. `bd`); (a) always runs.
+        /// Run only these benchmarks, by letter (e.g. `bd`); (a) always runs,
+        /// (i) — the ledger filled with millions of calls — only when named.
         #[arg(long, default_value = "")]
         only: String,
+        /// (i) also on this PostgreSQL database (a postgres:// URL; its toolguard tables are filled).
+        #[arg(long)]
+        postgres: Option<String>,
     },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
@@ -152,7 +156,7 @@ pub fn main() -> ExitCode {
             // The ledger's client blocks (PostgreSQL's runs its own runtime).
             Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
-            Command::Bench { dir, quick, json, only } => bench(dir, quick, json, only).await,
+            Command::Bench { dir, quick, json, only, postgres } => bench(dir, quick, json, only, postgres).await,
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
             Command::Sandbox { addr, mode, api_key } => {
                 let mode = match mode {
@@ -354,9 +358,9 @@ async fn prune_every(ledger: crate::ledger::Ledger, retention: crate::config::Re
 }
 
 /// Runs the benchmarks; exit 1 only if one could not run (targets are reported, not enforced).
-async fn bench(dir: PathBuf, quick: bool, json: bool, only: String) -> u8 {
+async fn bench(dir: PathBuf, quick: bool, json: bool, only: String, postgres: Option<String>) -> u8 {
     let scale = crate::bench::Scale { factor: if quick { 0.05 } else { 1.0 } };
-    match crate::bench::run(dir, scale, crate::bench::Selection(only)).await {
+    match crate::bench::run(dir, scale, crate::bench::Selection(only), postgres).await {
         Ok(figures) => {
             if json {
                 print_json(&serde_json::to_value(&figures).unwrap_or_default());

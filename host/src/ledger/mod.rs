@@ -166,6 +166,17 @@ pub(crate) trait Backend: Send + Sync {
     fn wal_syncs(&self) -> Option<u64> {
         None
     }
+    /// Finishes the housekeeping a bulk load leaves (RocksDB: flush and
+    /// compact everything; PostgreSQL: `VACUUM ANALYZE`).
+    fn settle(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// `toolguard bench` only: copies every record of session `seed` into
+    /// sessions `{prefix}{n}` for n in `from..=to`, server-side; `false` if
+    /// the backend has no such fast path (the bench then writes each copy).
+    fn replicate_for_bench(&self, _seed: &str, _prefix: &str, _from: u64, _to: u64) -> Result<bool, String> {
+        Ok(false)
+    }
     /// Retire-index entries older than `before_ms` that sort after `after`,
     /// oldest first, at most `limit`.
     fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String>;
@@ -495,6 +506,20 @@ impl Ledger {
     /// (RocksDB: memtables, table readers, block cache; PostgreSQL: 0).
     pub fn memory_usage(&self) -> u64 {
         self.backend.memory_usage()
+    }
+
+    /// Finishes the housekeeping a bulk load leaves, as a ledger that grew
+    /// over months has had it done (the bench, after filling a ledger).
+    ///
+    /// # Errors
+    /// The backend failed.
+    pub fn settle(&self) -> Result<(), LedgerError> {
+        self.backend.settle().map_err(|m| self.err(m))
+    }
+
+    /// `toolguard bench` only: see `Backend::replicate_for_bench`.
+    pub(crate) fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, LedgerError> {
+        self.backend.replicate_for_bench(seed, prefix, from, to).map_err(|m| self.err(m))
     }
 
     /// fsyncs of the write-ahead log by this process (RocksDB), if known:

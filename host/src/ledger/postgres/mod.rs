@@ -30,6 +30,7 @@
 //! buffered writes of the RocksDB backend are an fsync optimisation, and a
 //! shared ledger must not lose a write another host may already rely on.
 
+mod bench;
 mod retention;
 mod tls;
 
@@ -269,6 +270,14 @@ fn int(n: u32) -> Result<i32, String> {
 }
 
 impl Backend for Postgres {
+    fn settle(&self) -> Result<(), String> {
+        self.client()?.batch_execute("VACUUM ANALYZE").map_err(|e| e.to_string())
+    }
+
+    fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, String> {
+        off_async(|| bench::replicate(self, seed, prefix, from as i64, to as i64)).map(|()| true)
+    }
+
     fn meta(&self, create: bool) -> Result<(String, [u8; 32]), String> {
         off_async(|| {
             let mut client = self.client()?;

@@ -452,6 +452,14 @@ impl Backend for Rocks {
         self.opts.as_ref().map(|o| o.get_ticker_count(rocksdb::statistics::Ticker::WalFileSynced))
     }
 
+    fn settle(&self) -> Result<(), String> {
+        self.db.flush().map_err(|e| e.to_string())?;
+        for name in ALL_CFS {
+            self.db.compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(())
+    }
+
     fn memory_usage(&self) -> u64 {
         let cfs = ALL_CFS.iter().map(|n| self.cf(n));
         let prop = |name: &str, cf: &rocksdb::ColumnFamily| self.db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);

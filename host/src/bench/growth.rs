@@ -1,0 +1,286 @@
+//! (i) flat as the ledger grows: the same figures with 0, 1 M and 10 M
+//! completed calls already in the ledger — guarded calls (b), cold replays
+//! of old calls (e) and the admission's own latency — and the bytes each
+//! completed call takes. Run only when asked for (`--only i`): filling
+//! 10 M calls takes minutes and gigabytes.
+//!
+//! The filler writes, through the ledger's ordinary writes, copies of what
+//! one real guarded refund left (its call, attempt and closed episode, with
+//! every index those writes keep), each under its own session, id,
+//! arguments and key.
+
+use super::guarded::{call_as_a_client, drive, null_provider, refund, refund_config};
+use super::{Figure, Scale, Stats, ms};
+use crate::guard::keys;
+use crate::ledger::{AttemptRecord, CallRecord, EpisodeOp, EpisodeRecord, Ledger, LedgerWrite, Prior};
+use crate::phases::{self, Phase};
+use crate::{Config, Runtime};
+use std::sync::Arc;
+
+/// Calls of one filler session (each a distinct action of it).
+const PER_SESSION: usize = 1_000;
+/// Calls per ledger write while filling.
+const BATCH: usize = 1_000;
+
+/// What one real guarded refund left in the ledger.
+#[derive(Clone)]
+struct Template {
+    call: CallRecord,
+    attempt: AttemptRecord,
+    episode: EpisodeRecord,
+}
+
+/// The figures at one ledger size.
+struct AtSize {
+    filled: usize,
+    rate64: f64,
+    p50: f64,
+    admit_us: f64,
+    cold_per_sec: f64,
+    bytes_per_call: f64,
+}
+
+/// A host over `ledger` (a directory's `data`, or a PostgreSQL URL).
+async fn host(dir: &std::path::Path, provider: &str, ledger: Option<&str>) -> anyhow::Result<Runtime> {
+    let mut text = refund_config(provider);
+    if let Some(url) = ledger {
+        text = text.replacen("data_dir = \"data\"", &format!("data_dir = \"data\"\nledger = {url:?}"), 1);
+    }
+    Ok(Runtime::from_config(&Config::parse(&text, "<bench>", dir)?).await?)
+}
+
+/// (i): the figures at 0, 1 M and 10 M completed calls (scaled), on RocksDB
+/// and, given a URL, on PostgreSQL.
+///
+/// # Errors
+/// Set-up failed, a write failed or a call failed.
+pub async fn growth(dir: &std::path::Path, scale: Scale, postgres: Option<&str>) -> anyhow::Result<Vec<Figure>> {
+    let provider = null_provider().await?;
+    let sizes = [0, scale.n(1_000_000), scale.n(10_000_000)];
+    let mut figures = Vec::new();
+    let backends: Vec<(&str, Option<&str>)> = std::iter::once(("RocksDB", None)).chain(postgres.map(|u| ("PostgreSQL", Some(u)))).collect();
+    for (backend, url) in backends {
+        let scratch = tempfile::tempdir_in(dir)?;
+        let mut runtime = Arc::new(host(scratch.path(), &provider, url).await?);
+        let ledger = runtime.guard().expect("a guarded host").ledger().clone();
+        let held = tokio::task::spawn_blocking(move || ledger.stats()).await??.total_calls();
+        anyhow::ensure!(held == 0, "(i) fills the ledger it measures: give it an empty PostgreSQL database (this one holds {held} calls)");
+        let template = template(&runtime).await?;
+        let mut results: Vec<AtSize> = Vec::new();
+        for &size in &sizes {
+            let ledger = runtime.guard().expect("a guarded host").ledger().clone();
+            let filled = results.last().map_or(0, |r| r.filled);
+            let started = std::time::Instant::now();
+            fill(&ledger, &template, filled, size).await?;
+            if size > filled {
+                println!("    ({backend}: filled {} calls in {:.0} s)", size - filled, started.elapsed().as_secs_f64());
+            }
+            drop(ledger);
+            // A fresh host: nothing of the ledger in its caches.
+            drop(runtime);
+            runtime = Arc::new(host(scratch.path(), &provider, url).await?);
+            results.push(measure(&runtime, size, scale).await?);
+        }
+        figures.extend(report(backend, &results));
+    }
+    Ok(figures)
+}
+
+/// Makes one guarded refund and reads back what it left.
+async fn template(runtime: &Arc<Runtime>) -> anyhow::Result<Template> {
+    let request = refund("template".into(), 0);
+    call_as_a_client(runtime, &request).await.map_err(anyhow::Error::msg)?;
+    let ledger = runtime.guard().expect("a guarded host").ledger().clone();
+    let call = ledger.call(&request.session, &request.call_id)?.ok_or_else(|| anyhow::anyhow!("the template call left no record"))?;
+    let attempt = ledger.attempts_of_call(&request.session, &request.call_id)?.into_iter().next().ok_or_else(|| anyhow::anyhow!("no attempt"))?;
+    let episode = ledger
+        .episode(&call.session, &call.tool, &call.args_digest, call.episode)?
+        .ok_or_else(|| anyhow::anyhow!("the template call has no episode"))?;
+    anyhow::ensure!(episode.closed, "the template's episode is not closed");
+    Ok(Template { call, attempt, episode })
+}
+
+/// The arguments of filler call `i` (distinct within its session).
+fn args_of(i: usize) -> serde_json::Value {
+    serde_json::json!({ "payment_intent": "pi_bench", "amount_cents": i % PER_SESSION + 1, "reason": "duplicate" })
+}
+
+fn session_of(i: usize) -> String {
+    format!("fill-{}", i / PER_SESSION)
+}
+
+/// The tool-call id of filler call `i`: ids repeat across sessions, as a
+/// model's do.
+fn call_id_of(i: usize) -> String {
+    format!("f{}", i % PER_SESSION)
+}
+
+/// Writers filling at once (PostgreSQL's round trips overlap; RocksDB's
+/// group commit takes them together).
+const FILLERS: usize = 4;
+
+/// Writes filler calls `from..to` (whole sessions), then settles the
+/// ledger. The first session is written through the ledger's ordinary
+/// writes; the others are its copies, made by the backend itself where it
+/// can (PostgreSQL), else written the same way by [`FILLERS`] writers.
+async fn fill(ledger: &Ledger, t: &Template, from: usize, to: usize) -> anyhow::Result<()> {
+    let mut from = from;
+    if from == 0 && to > 0 {
+        write_calls(ledger, t, 0, PER_SESSION.min(to)).await?;
+        from = PER_SESSION.min(to);
+    }
+    let (first, last) = (from / PER_SESSION, to.div_ceil(PER_SESSION));
+    let l = ledger.clone();
+    let fast = first < last && tokio::task::spawn_blocking(move || l.replicate_for_bench(&session_of(0), "fill-", first as u64, last as u64 - 1)).await??;
+    if !fast {
+        write_calls(ledger, t, from, to).await?;
+    }
+    // Compacted, as a ledger that grew over months would be: a bulk load's
+    // pending compactions would otherwise compete with the measurement.
+    let ledger = ledger.clone();
+    tokio::task::spawn_blocking(move || ledger.settle()).await??;
+    Ok(())
+}
+
+/// Writes filler calls `from..to` through the ledger's ordinary writes, in
+/// batches, unsynced, by [`FILLERS`] writers at once.
+async fn write_calls(ledger: &Ledger, t: &Template, from: usize, to: usize) -> anyhow::Result<()> {
+    let digests: Arc<Vec<String>> = Arc::new(
+        (0..PER_SESSION).map(|i| keys::args_digest(&keys::canonical_args(&args_of(i)).expect("plain JSON"))).collect(),
+    );
+    let batches: Vec<usize> = (from..to).step_by(BATCH).collect();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers: Vec<_> = (0..FILLERS)
+        .map(|_| {
+            let (ledger, t, digests, batches, next) = (ledger.clone(), t.clone(), digests.clone(), batches.clone(), next.clone());
+            tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                while let Some(&start) = batches.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    let (mut open, mut close) = (LedgerWrite::new(), LedgerWrite::new());
+                    for n in start..(start + BATCH).min(to) {
+                        let (call, attempt, episode) = copy(&ledger, &t, n, &digests[n % PER_SESSION]);
+                        let opened = EpisodeRecord { closed: false, closed_ms: None, ..episode.clone() };
+                        open = open.call(call).attempt_over(attempt, Prior::Absent).episode(EpisodeOp::Open(opened));
+                        close = close.episode(EpisodeOp::Close { at_ms: episode.closed_ms.unwrap_or_default(), record: episode });
+                    }
+                    ledger.commit(open, crate::ledger::Durability::Buffered)?;
+                    ledger.commit(close, crate::ledger::Durability::Buffered)?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await??;
+    }
+    Ok(())
+}
+
+/// Filler call `n`: the template's records under their own identity.
+fn copy(ledger: &Ledger, t: &Template, n: usize, digest: &str) -> (CallRecord, AttemptRecord, EpisodeRecord) {
+    let (session, call_id) = (session_of(n), call_id_of(n));
+    let call = CallRecord {
+        session: session.clone(),
+        call_id: call_id.clone(),
+        args_digest: digest.to_string(),
+        args: args_of(n),
+        ..t.call.clone()
+    };
+    let input = keys::KeyInput { session: &session, call_id: &call_id, tool: &call.tool, args_digest: digest, step: 0, generation: 0 };
+    let attempt = AttemptRecord {
+        key: keys::mint(ledger.secret(), input),
+        session: session.clone(),
+        call_id: call_id.clone(),
+        ..t.attempt.clone()
+    };
+    let episode = EpisodeRecord { session, args_digest: digest.to_string(), executor: call_id, ..t.episode.clone() };
+    (call, attempt, episode)
+}
+
+/// The figures on a host whose ledger holds `filled` filler calls.
+async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale) -> anyhow::Result<AtSize> {
+    let tag = filled;
+    // Cold replays: filler calls spread over the whole ledger (none when it is empty).
+    let n = scale.n(5_000);
+    let old: Vec<(String, String, usize)> = if filled == 0 {
+        Vec::new()
+    } else {
+        (0..n).map(|k| (k * 7_919_993) % filled).map(|i| (session_of(i), call_id_of(i), i)).collect()
+    };
+    let cold_per_sec = if old.is_empty() {
+        f64::NAN
+    } else {
+        let (rt, old) = (runtime.clone(), Arc::new(old));
+        let (_, wall) = drive(8, n, move |k| {
+            let (rt, (session, call_id, i)) = (rt.clone(), old[k].clone());
+            async move {
+                let request = crate::CallRequest { session, call_id, tool: "refund".into(), args_json: args_of(i).to_string(), principal: None };
+                match rt.call(&request).await {
+                    Ok(out) if out.replayed => Ok(()),
+                    Ok(_) => Err("a filler call ran instead of replaying".into()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await?;
+        n as f64 / wall.as_secs_f64()
+    };
+    // Admission and the whole call at 1 in flight, then 64 in flight.
+    let total = scale.n(1_000);
+    phases::enable(true);
+    let rt = runtime.clone();
+    let (mut samples, _) = drive(1, total, move |i| {
+        let rt = rt.clone();
+        async move { call_as_a_client(&rt, &refund(format!("g{tag}-1-{i}"), i)).await }
+    })
+    .await?;
+    let admit_us = phases::total_ns(Phase::Admit) as f64 / 1e3 / total as f64;
+    let by_phase: Vec<String> = phases::ALL.iter().map(|p| format!("{p:?} {:.0}", phases::total_ns(*p) as f64 / 1e3 / total as f64)).collect();
+    println!("    ({filled} calls in the ledger: µs per call at 1 in flight by phase: {})", by_phase.join(", "));
+    phases::enable(false);
+    let p50 = ms(Stats::of(&mut samples).p50);
+    let total = scale.n(4_000);
+    let rt = runtime.clone();
+    let (_, wall) = drive(64, total, move |i| {
+        let rt = rt.clone();
+        async move { call_as_a_client(&rt, &refund(format!("g{tag}-64-{i}"), i)).await }
+    })
+    .await?;
+    let ledger = runtime.guard().expect("a guarded host").ledger().clone();
+    let stats = tokio::task::spawn_blocking(move || ledger.stats()).await??;
+    let bytes_per_call = stats.bytes as f64 / stats.total_calls().max(1) as f64;
+    Ok(AtSize { filled, rate64: total as f64 / wall.as_secs_f64(), p50, admit_us, cold_per_sec, bytes_per_call })
+}
+
+/// The figures of one backend, each against the empty ledger's.
+fn report(backend: &str, results: &[AtSize]) -> Vec<Figure> {
+    let empty = &results[0];
+    let mut figures = Vec::new();
+    for r in results {
+        let label = |what: &str| format!("(i) {backend}, {} completed calls: {what}", r.filled);
+        let flat = |ratio: f64| ratio <= 1.5;
+        let rate = empty.rate64 / r.rate64;
+        figures.push(
+            Figure::new(label("guarded calls/s, 64 in flight"), r.rate64, "calls/s")
+                .against("empty ledger", r.rate64 / empty.rate64)
+                .target("no worse than 1.5× empty", flat(rate)),
+        );
+        figures.push(
+            Figure::new(label("guarded p50, 1 in flight"), r.p50, "ms").against("empty ledger", r.p50 / empty.p50).target("≤ 1.5× empty", flat(r.p50 / empty.p50)),
+        );
+        figures.push(
+            Figure::new(label("admission, mean"), r.admit_us, "µs")
+                .against("empty ledger", r.admit_us / empty.admit_us)
+                .target("≤ 1.5× empty", flat(r.admit_us / empty.admit_us)),
+        );
+        if r.cold_per_sec.is_finite() {
+            let first = results.iter().find(|x| x.cold_per_sec.is_finite()).map_or(r.cold_per_sec, |x| x.cold_per_sec);
+            figures.push(
+                Figure::new(label("cold replays of old calls, 8 in flight"), r.cold_per_sec, "replays/s")
+                    .against("the smallest filled ledger", r.cold_per_sec / first)
+                    .target("no worse than 1.5×", first / r.cold_per_sec <= 1.5),
+            );
+        }
+        figures.push(Figure::new(label("bytes per recorded call"), r.bytes_per_call, "bytes"));
+    }
+    figures
+}
