@@ -196,6 +196,13 @@ fn copy(ledger: &Ledger, t: &Template, n: usize, digest: &str) -> (CallRecord, A
     (call, attempt, episode)
 }
 
+/// A refund that is a new action at every ledger size: its own session per
+/// size and run, so no measurement repeats an earlier one's action (which would
+/// make it a second episode, with more to read).
+fn fresh(run: String, i: usize) -> crate::CallRequest {
+    crate::CallRequest { session: format!("measure-{run}"), ..refund(format!("c{i}"), i) }
+}
+
 /// The figures on a host whose ledger holds `filled` filler calls.
 async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale) -> anyhow::Result<AtSize> {
     let tag = filled;
@@ -230,7 +237,7 @@ async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale) -> anyhow:
     let rt = runtime.clone();
     let (mut samples, _) = drive(1, total, move |i| {
         let rt = rt.clone();
-        async move { call_as_a_client(&rt, &refund(format!("g{tag}-1-{i}"), i)).await }
+        async move { call_as_a_client(&rt, &fresh(format!("{tag}-1"), i)).await }
     })
     .await?;
     let admit_us = phases::total_ns(Phase::Admit) as f64 / 1e3 / total as f64;
@@ -242,7 +249,7 @@ async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale) -> anyhow:
     let rt = runtime.clone();
     let (_, wall) = drive(64, total, move |i| {
         let rt = rt.clone();
-        async move { call_as_a_client(&rt, &refund(format!("g{tag}-64-{i}"), i)).await }
+        async move { call_as_a_client(&rt, &fresh(format!("{tag}-64"), i)).await }
     })
     .await?;
     let ledger = runtime.guard().expect("a guarded host").ledger().clone();

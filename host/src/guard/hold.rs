@@ -97,7 +97,7 @@ impl Guard {
         loop {
             let next = {
                 let _action = self.action_lock(&id).lock_owned().await;
-                let seen = self.look(&id).await?;
+                let seen = self.look(&id, arrived_ms).await?;
                 // A new call while an answer of this action is on its way: whether
                 // it is a new action depends on when that answer left. Learn it first.
                 let open = seen.episode.as_ref().is_some_and(|e| !e.closed);
@@ -133,7 +133,9 @@ impl Guard {
     }
 
     /// Reads the call, its episode and the episode's executor.
-    async fn look(&self, id: &CallIdentity) -> Result<Seen, CallError> {
+    /// The executor is not read when the rule will not need it: a new call
+    /// after the episode closed opens the next one (see [`Guard::decide`]).
+    async fn look(&self, id: &CallIdentity, arrived_ms: u64) -> Result<Seen, CallError> {
         let (session, call_id, tool, digest) = (id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone());
         self.ledger
             .read(move |l| {
@@ -149,6 +151,7 @@ impl Guard {
                     (_, n) => l.episode(&session, &tool, &digest, n)?,
                 };
                 let executor = match &episode {
+                    Some(e) if call.is_none() && e.closed && e.closed_ms.unwrap_or(0) <= arrived_ms => None,
                     Some(e) if e.executor != call_id => Some((l.call(&session, &e.executor)?, l.attempts_of_call(&session, &e.executor)?)),
                     _ => None,
                 };

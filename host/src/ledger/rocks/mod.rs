@@ -74,6 +74,18 @@ fn cf_options(cache: &Cache) -> Options {
     // A lookup of a key that is not there (every new tool call, every new
     // step) skips the table's data blocks.
     table.set_bloom_filter(10.0, false);
+    // Partitioned: a lookup loads one 4 KiB partition of a table's index and
+    // filter, not the whole of them (megabytes for a large table), so a
+    // ledger of millions of calls costs what a small one does in a cache
+    // this size (docs/benchmarks.md, (i)). The top levels stay pinned, and
+    // index and filter blocks go to the cache's high-priority pool, ahead of
+    // data blocks.
+    table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+    table.set_partition_filters(true);
+    table.set_metadata_block_size(4096);
+    table.set_pin_top_level_index_and_filter(true);
+    table.set_cache_index_and_filter_blocks_with_high_priority(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
     let mut o = Options::default();
     o.set_write_buffer_size(8 << 20);
     o.set_block_based_table_factory(&table);
