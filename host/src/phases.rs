@@ -44,6 +44,11 @@ pub fn total_ns(phase: Phase) -> u64 {
     NANOS[phase as usize].load(Ordering::Relaxed)
 }
 
+/// The mean wall time of `phase` over `calls` calls since [`enable`], in µs.
+pub fn mean_us(phase: Phase, calls: usize) -> f64 {
+    total_ns(phase) as f64 / 1e3 / calls.max(1) as f64
+}
+
 /// Times `phase` until dropped (nothing when the clocks are off).
 pub fn time(phase: Phase) -> Timer {
     Timer(ON.load(Ordering::Relaxed).then(|| (phase, Instant::now())))

@@ -9,8 +9,9 @@
 //! every index those writes keep), each under its own session, id,
 //! arguments and key.
 
-use super::guarded::{call_as_a_client, drive, null_provider, refund, refund_config};
-use super::{Figure, Scale, Stats, ms};
+use super::guarded::{call_as_a_client, drive, null_provider, refund, refund_config, replay};
+use super::unguarded::measure_calls;
+use super::{Figure, Scale, ms};
 use crate::guard::keys;
 use crate::ledger::{AttemptRecord, CallRecord, EpisodeOp, EpisodeRecord, Ledger, LedgerWrite, Prior};
 use crate::phases::{self, Phase};
@@ -205,28 +206,16 @@ fn fresh(run: String, i: usize) -> crate::CallRequest {
 
 /// The figures on a host whose ledger holds `filled` filler calls.
 async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale) -> anyhow::Result<AtSize> {
-    let tag = filled;
     // Cold replays: filler calls spread over the whole ledger (none when it is empty).
     let n = scale.n(5_000);
-    let old: Vec<(String, String, usize)> = if filled == 0 {
-        Vec::new()
-    } else {
-        (0..n).map(|k| (k * 7_919_993) % filled).map(|i| (session_of(i), call_id_of(i), i)).collect()
-    };
-    let cold_per_sec = if old.is_empty() {
+    let cold_per_sec = if filled == 0 {
         f64::NAN
     } else {
-        let (rt, old) = (runtime.clone(), Arc::new(old));
+        let rt = runtime.clone();
         let (_, wall) = drive(8, n, move |k| {
-            let (rt, (session, call_id, i)) = (rt.clone(), old[k].clone());
-            async move {
-                let request = crate::CallRequest { session, call_id, tool: "refund".into(), args_json: args_of(i).to_string(), principal: None };
-                match rt.call(&request).await {
-                    Ok(out) if out.replayed => Ok(()),
-                    Ok(_) => Err("a filler call ran instead of replaying".into()),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
+            let i = (k * 7_919_993) % filled;
+            let request = crate::CallRequest { session: session_of(i), call_id: call_id_of(i), tool: "refund".into(), args_json: args_of(i).to_string(), principal: None };
+            replay(rt.clone(), request)
         })
         .await?;
         n as f64 / wall.as_secs_f64()
@@ -234,28 +223,17 @@ async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale) -> anyhow:
     // Admission and the whole call at 1 in flight, then 64 in flight.
     let total = scale.n(1_000);
     phases::enable(true);
-    let rt = runtime.clone();
-    let (mut samples, _) = drive(1, total, move |i| {
-        let rt = rt.clone();
-        async move { call_as_a_client(&rt, &fresh(format!("{tag}-1"), i)).await }
-    })
-    .await?;
-    let admit_us = phases::total_ns(Phase::Admit) as f64 / 1e3 / total as f64;
-    let by_phase: Vec<String> = phases::ALL.iter().map(|p| format!("{p:?} {:.0}", phases::total_ns(*p) as f64 / 1e3 / total as f64)).collect();
+    let one = measure_calls(runtime, 1, total, move |i| fresh(format!("{filled}-1"), i)).await?;
+    let admit_us = phases::mean_us(Phase::Admit, total);
+    let by_phase: Vec<String> = phases::ALL.iter().map(|p| format!("{p:?} {:.0}", phases::mean_us(*p, total))).collect();
     println!("    ({filled} calls in the ledger: µs per call at 1 in flight by phase: {})", by_phase.join(", "));
     phases::enable(false);
-    let p50 = ms(Stats::of(&mut samples).p50);
-    let total = scale.n(4_000);
-    let rt = runtime.clone();
-    let (_, wall) = drive(64, total, move |i| {
-        let rt = rt.clone();
-        async move { call_as_a_client(&rt, &fresh(format!("{tag}-64"), i)).await }
-    })
-    .await?;
+    let p50 = ms(one.stats.p50);
+    let many = measure_calls(runtime, 64, scale.n(4_000), move |i| fresh(format!("{filled}-64"), i)).await?;
     let ledger = runtime.guard().expect("a guarded host").ledger().clone();
     let stats = tokio::task::spawn_blocking(move || ledger.stats()).await??;
     let bytes_per_call = stats.bytes as f64 / stats.total_calls().max(1) as f64;
-    Ok(AtSize { filled, rate64: total as f64 / wall.as_secs_f64(), p50, admit_us, cold_per_sec, bytes_per_call })
+    Ok(AtSize { filled, rate64: many.per_sec, p50, admit_us, cold_per_sec, bytes_per_call })
 }
 
 /// The figures of one backend, each against the empty ledger's.

@@ -226,14 +226,14 @@ pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<
     .await?;
     let total = scale.n(200_000);
     let rt = runtime.clone();
-    let (_, wall) = drive(8, total, move |_| replay(rt.clone(), "e0".into(), 0)).await?;
+    let (_, wall) = drive(8, total, move |_| replay(rt.clone(), refund("e0".into(), 0))).await?;
     let warm = total as f64 / wall.as_secs_f64();
     drop(runtime);
 
     // A fresh host over the same ledger: every replay reads it.
     let runtime = Arc::new(refund_host(scratch.path(), &provider).await?);
     let rt = runtime.clone();
-    let (_, wall) = drive(8, distinct, move |i| replay(rt.clone(), format!("e{i}"), i)).await?;
+    let (_, wall) = drive(8, distinct, move |i| replay(rt.clone(), refund(format!("e{i}"), i))).await?;
     let cold = distinct as f64 / wall.as_secs_f64();
     Ok(vec![
         Figure::new("(e) replays of a completed call, warm (no plugin, no ledger read)", warm, "replays/s")
@@ -252,8 +252,9 @@ pub(crate) async fn call_as_a_client(rt: &Runtime, request: &CallRequest) -> Res
     answer.map(|_| ()).map_err(|e| e.to_string())
 }
 
-async fn replay(rt: Arc<Runtime>, call_id: String, i: usize) -> Result<(), String> {
-    match rt.call(&refund(call_id, i)).await {
+/// `request`, which must be answered from the ledger without running.
+pub(crate) async fn replay(rt: Arc<Runtime>, request: CallRequest) -> Result<(), String> {
+    match rt.call(&request).await {
         Ok(out) if out.replayed => Ok(()),
         Ok(_) => Err("not replayed".into()),
         Err(e) => Err(e.to_string()),

@@ -14,20 +14,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// One measured run of calls.
-struct Run {
-    per_sec: f64,
-    stats: Stats,
+pub(crate) struct Run {
+    pub(crate) per_sec: f64,
+    pub(crate) stats: Stats,
     /// Process CPU time per call, in seconds.
-    cpu: f64,
+    pub(crate) cpu: f64,
 }
 
 /// Makes `total` refund calls at `in_flight` on `rt`, ids `{prefix}{n}`.
 async fn measure(rt: &Arc<Runtime>, in_flight: usize, total: usize, prefix: &str) -> anyhow::Result<Run> {
-    let (rt, prefix) = (rt.clone(), prefix.to_string());
+    let prefix = prefix.to_string();
+    measure_calls(rt, in_flight, total, move |i| refund(format!("{prefix}{i}"), i)).await
+}
+
+/// Makes calls `request(0..total)` at `in_flight` on `rt`, as a client makes them.
+pub(crate) async fn measure_calls(
+    rt: &Arc<Runtime>,
+    in_flight: usize,
+    total: usize,
+    request: impl Fn(usize) -> crate::CallRequest + Send + Sync + 'static,
+) -> anyhow::Result<Run> {
+    let rt = rt.clone();
     let cpu = cpu_seconds();
     let (mut samples, wall) = drive(in_flight, total, move |i| {
-        let (rt, id) = (rt.clone(), format!("{prefix}{i}"));
-        async move { call_as_a_client(&rt, &refund(id, i)).await }
+        let (rt, request) = (rt.clone(), request(i));
+        async move { call_as_a_client(&rt, &request).await }
     })
     .await?;
     let cpu = (cpu_seconds() - cpu) / total as f64;
@@ -95,12 +106,11 @@ fn compare(in_flight: usize, g: &Run, u: &Run, bound: &Bound) -> Vec<Figure> {
 /// ledger writes and no report; its run and HTTP exchange are the baseline).
 async fn by_phase(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, scale: Scale) -> anyhow::Result<Vec<Figure>> {
     let total = scale.n(1_000);
-    let per_call = |p: Phase| phases::total_ns(p) as f64 / 1e3 / total as f64;
     let mut sides = Vec::new();
     for (rt, prefix) in [(unguarded, "pu-"), (guarded, "pg-")] {
         phases::enable(true);
         let run = measure(rt, 1, total, prefix).await?;
-        let mut times: Vec<f64> = phases::ALL.iter().map(|p| per_call(*p)).collect();
+        let mut times: Vec<f64> = phases::ALL.iter().map(|p| phases::mean_us(*p, total)).collect();
         phases::enable(false);
         times.push(us(run.stats.mean));
         sides.push(times);
