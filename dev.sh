@@ -52,6 +52,25 @@ mcp_clients() {
     export TOOLGUARD_PYTHON="$venv/bin/python"
 }
 
+# The Python and JavaScript plugins' toolchains, from the package registries
+# (pinned), installed once into the tools cache; then the plugins themselves
+# (plugins/build-foreign.sh: rebuilt only when their sources change). First
+# build about a minute; see docs/plugins.md.
+foreign_plugins() {
+    local py="$TOOLS/componentize-py-0.25.1" js="$TOOLS/componentize-js-0.23.0"
+    if [ ! -x "$py/bin/componentize-py" ]; then
+        python3 -m venv "$py"
+        "$py/bin/pip" install --quiet "componentize-py==0.25.1"
+    fi
+    if [ ! -e "$js/node_modules/.bin/componentize-js" ]; then
+        mkdir -p "$js"
+        (cd "$js" && npm install --silent --no-audit --no-fund @bytecodealliance/componentize-js@0.23.0 @bytecodealliance/jco@1.35.0)
+    fi
+    export TOOLGUARD_FOREIGN_PLUGINS="${CARGO_TARGET_DIR:-$PWD/target}/foreign-plugins"
+    COMPONENTIZE_PY="$py/bin/componentize-py" COMPONENTIZE_JS="$js/node_modules/.bin/componentize-js" \
+        plugins/build-foreign.sh "$TOOLGUARD_FOREIGN_PLUGINS"
+}
+
 # A throwaway PostgreSQL for the shared ledger's tests: its own cluster in a
 # temporary directory on a free loopback port, removed when the tests end.
 # initdb refuses to run as root, so as root it runs as the `postgres` user
@@ -101,6 +120,7 @@ case "${1:-}" in
         shift
         prerequisites
         mcp_clients
+        foreign_plugins
         postgres_server
         if [ $# -gt 0 ]; then cargo test --workspace --locked "$@"; exit; fi
         cargo test --workspace --locked -- --skip torture

@@ -110,6 +110,9 @@ pub struct InterfaceReport {
     /// For imports: how the host treats it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub class: Option<ImportClass>,
+    /// For imports: why that class (what the host links there, or why not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
     pub functions: Vec<String>,
 }
 
@@ -218,13 +221,19 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
     };
     let (sha256, imports, exports) = match &bytes {
         Ok(bytes) => {
-            let (imports, exports) = match interfaces(bytes) {
+            let (mut imports, exports) = match interfaces(bytes) {
                 Ok(found) => found,
                 Err(e) => {
                     reasons.push(format!("not a usable component: {e}"));
                     (Vec::new(), Vec::new())
                 }
             };
+            imports.extend(crate::seal::record_of(bytes).into_iter().flat_map(|r| r.sealed).map(|name| InterfaceReport {
+                name,
+                class: Some(ImportClass::Sealed),
+                why: Some("sealed: composed under a stub whose every function traps (toolguard seal); not imported from the host".into()),
+                functions: Vec::new(),
+            }));
             (Some(hex::encode(Sha256::digest(bytes))), imports, exports)
         }
         Err(e) => {
@@ -249,6 +258,10 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
     if !forbidden.is_empty() {
         reasons.push(format!("imports interfaces the host never grants: {}", forbidden.join(", ")));
     }
+    let denied: Vec<&str> = imports.iter().filter(|i| policy.denies_import(&i.name).is_some()).map(|i| i.name.as_str()).collect();
+    if !denied.is_empty() {
+        reasons.push(format!("imports or carries sealed what policy.plugins.{}.deny_imports forbids: {}", plugin.name, denied.join(", ")));
+    }
     if !policy.reviewed {
         reasons.push(format!(
             "not in the policy: no [policy.plugins.{}], so its tools' classes are unreviewed and it has no grants",
@@ -259,6 +272,8 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
     // Load it (compile, link, describe) when nothing above already rules it out.
     let mut tools = Vec::new();
     if reasons.iter().all(|r| !r.starts_with("sha256") && !r.starts_with("imports") && !r.starts_with("not a usable") && !r.starts_with("cannot read")) {
+        let engine = engine.fitted_to(crate::runtime::footprint_of(std::slice::from_ref(plugin)));
+        let engine = &engine;
         let mut runtime = Runtime::new(engine, cache.to_path_buf()).map_err(|e| e.to_string())?;
         match runtime.add_plugin(plugin).await {
             Ok(()) => tools = runtime.tools().map(|t| tool_report(t, policy.grants.is_empty())).collect(),
@@ -385,7 +400,8 @@ fn interfaces(bytes: &[u8]) -> Result<(Vec<InterfaceReport>, Vec<InterfaceReport
                     wit_parser::WorldItem::Function(f) => vec![f.name.clone()],
                     wit_parser::WorldItem::Type { .. } => return None,
                 };
-                Some(InterfaceReport { class: classify.then(|| imports::classify(&name)), name, functions })
+                let (class, why) = if classify { (Some(imports::classify(&name)), Some(imports::why(&name).to_string())) } else { (None, None) };
+                Some(InterfaceReport { class, why, name, functions })
             })
             .collect()
     };
@@ -437,10 +453,13 @@ pub fn render(report: &Report) -> String {
             let class = imp.class.map_or("", |k| match k {
                 ImportClass::Granted => "granted",
                 ImportClass::Inert => "inert",
+                ImportClass::Sealed => "sealed",
                 ImportClass::Forbidden => "FORBIDDEN",
             });
             let label = if i == 0 { "imports" } else { "" };
-            let _ = writeln!(out, "  {label:<12} {:<40} {class:<9} [{}]", imp.name, imp.functions.join(", "));
+            let why = imp.why.as_deref().map(|w| format!(" — {w}")).unwrap_or_default();
+            let functions = if imp.functions.is_empty() { String::new() } else { format!(" [{}]", imp.functions.join(", ")) };
+            let _ = writeln!(out, "  {label:<12} {:<40} {class:<9}{functions}{why}", imp.name);
         }
         for (i, exp) in c.exports.iter().enumerate() {
             let label = if i == 0 { "exports" } else { "" };

@@ -84,11 +84,51 @@ pub struct EngineConfig {
     pub pool_instances: u32,
     /// The largest `memory_mb` any plugin may be given.
     pub memory_ceiling_mb: u64,
+    /// Core instances one component may create in the pool; raised at start
+    /// to what the configured plugins need (docs/plugins.md, "Limits").
+    pub component_core_instances: u32,
+    /// Linear memories one component may define in the pool; raised likewise.
+    pub component_memories: u32,
+    /// Tables one component may define in the pool; raised likewise.
+    pub component_tables: u32,
+}
+
+/// Pool room per component before any plugin is seen: a Rust guest's
+/// (main module, shims and fix-ups; one memory; its tables), with headroom.
+pub const DEFAULT_COMPONENT_FOOTPRINT: (u32, u32, u32) = (6, 1, 4);
+
+impl EngineConfig {
+    /// This config with the pool's room per component raised to fit `needs`.
+    pub fn fitted_to(&self, needs: crate::runtime::Footprint) -> Self {
+        Self {
+            component_core_instances: self.component_core_instances.max(needs.core_instances),
+            component_memories: self.component_memories.max(needs.memories),
+            component_tables: self.component_tables.max(needs.tables),
+            ..self.clone()
+        }
+    }
+
+    /// The pool's room per component.
+    pub fn component_room(&self) -> crate::runtime::Footprint {
+        crate::runtime::Footprint {
+            core_instances: self.component_core_instances,
+            memories: self.component_memories,
+            tables: self.component_tables,
+        }
+    }
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { pooling: true, pool_instances: DEFAULT_POOL_INSTANCES, memory_ceiling_mb: DEFAULT_MEMORY_CEILING_MB }
+        let (component_core_instances, component_memories, component_tables) = DEFAULT_COMPONENT_FOOTPRINT;
+        Self {
+            pooling: true,
+            pool_instances: DEFAULT_POOL_INSTANCES,
+            memory_ceiling_mb: DEFAULT_MEMORY_CEILING_MB,
+            component_core_instances,
+            component_memories,
+            component_tables,
+        }
     }
 }
 

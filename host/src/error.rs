@@ -169,11 +169,22 @@ pub enum LoadError {
     /// The component imports interfaces the host never links.
     #[error(
         "plugin `{plugin}` is refused: it imports {} interface(s) the host never grants: {}. \
-         Plugins may import only wasi:io, wasi:cli, wasi:clocks, wasi:random and \
-         toolguard:plugin/outbound; reach the network through outbound.send/fetch",
+         Plugins may import only wasi:io, wasi:cli, wasi:clocks, wasi:random, an inert \
+         wasi:filesystem and toolguard:plugin/outbound; reach the network through \
+         outbound.send/fetch, or run `toolguard seal` to compose trapping stubs under \
+         the sockets/HTTP imports a toolchain added",
         imports.len(), imports.join(", ")
     )]
     ForbiddenImports { plugin: String, imports: Vec<String> },
+    /// The component imports (or carries sealed) what its policy's `deny_imports` forbids.
+    #[error(
+        "plugin `{plugin}` is refused by its policy's deny_imports: it imports or carries sealed {}",
+        imports.join(", ")
+    )]
+    DeniedImports { plugin: String, imports: Vec<String> },
+    /// The component needs more of the instance pool than one component may take.
+    #[error("plugin `{plugin}` does not fit the instance pool: {reason}")]
+    TooBig { plugin: String, reason: String },
     /// Compiling or linking the component failed.
     #[error("plugin `{plugin}`: cannot compile or link the component: {reason}")]
     Link { plugin: String, reason: String },

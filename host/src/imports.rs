@@ -14,35 +14,50 @@ pub enum ImportClass {
     /// Linked but grants nothing: empty environment, closed stdin, captured
     /// stdout/stderr, clocks, randomness, I/O plumbing, shared types.
     Inert,
+    /// Not imported at all: `toolguard seal` composed a stub whose every
+    /// function traps under it (reported by the audit from the seal record).
+    Sealed,
     /// Never linked; a component importing it is refused at load.
     Forbidden,
 }
 
 /// The interfaces the host links (package/interface, any version), with
-/// their class. Rust std guests import the 13 `wasi:io`/`wasi:cli` ones even
-/// when they use none of them.
-pub const LINKED: &[(&str, ImportClass)] = &[
-    ("toolguard:plugin/outbound", ImportClass::Granted),
-    ("toolguard:plugin/types", ImportClass::Inert),
-    ("wasi:io/error", ImportClass::Inert),
-    ("wasi:io/poll", ImportClass::Inert),
-    ("wasi:io/streams", ImportClass::Inert),
-    ("wasi:clocks/wall-clock", ImportClass::Inert),
-    ("wasi:clocks/monotonic-clock", ImportClass::Inert),
-    ("wasi:random/random", ImportClass::Inert),
-    ("wasi:random/insecure", ImportClass::Inert),
-    ("wasi:random/insecure-seed", ImportClass::Inert),
-    ("wasi:cli/environment", ImportClass::Inert),
-    ("wasi:cli/exit", ImportClass::Inert),
-    ("wasi:cli/stdin", ImportClass::Inert),
-    ("wasi:cli/stdout", ImportClass::Inert),
-    ("wasi:cli/stderr", ImportClass::Inert),
-    ("wasi:cli/terminal-input", ImportClass::Inert),
-    ("wasi:cli/terminal-output", ImportClass::Inert),
-    ("wasi:cli/terminal-stdin", ImportClass::Inert),
-    ("wasi:cli/terminal-stdout", ImportClass::Inert),
-    ("wasi:cli/terminal-stderr", ImportClass::Inert),
+/// their class and why that class. Rust std guests import the 13
+/// `wasi:io`/`wasi:cli` ones even when they use none of them; Python and
+/// JavaScript runtimes also import `wasi:filesystem`.
+pub const LINKED: &[(&str, ImportClass, &str)] = &[
+    ("toolguard:plugin/outbound", ImportClass::Granted, "the guard: sends and fetches inside the plugin's grants"),
+    ("toolguard:plugin/types", ImportClass::Inert, "shared types only"),
+    ("wasi:io/error", ImportClass::Inert, "I/O plumbing for the streams below"),
+    ("wasi:io/poll", ImportClass::Inert, "I/O plumbing for the streams below"),
+    ("wasi:io/streams", ImportClass::Inert, "I/O plumbing: only stdout/stderr (logged) and a closed stdin exist"),
+    ("wasi:clocks/wall-clock", ImportClass::Inert, "reads the time"),
+    ("wasi:clocks/monotonic-clock", ImportClass::Inert, "reads the time"),
+    ("wasi:random/random", ImportClass::Inert, "random bytes"),
+    ("wasi:random/insecure", ImportClass::Inert, "random bytes"),
+    ("wasi:random/insecure-seed", ImportClass::Inert, "random bytes"),
+    ("wasi:cli/environment", ImportClass::Inert, "empty: no variables, no arguments"),
+    ("wasi:cli/exit", ImportClass::Inert, "ends the invocation"),
+    ("wasi:cli/stdin", ImportClass::Inert, "closed"),
+    ("wasi:cli/stdout", ImportClass::Inert, "captured into the host's log"),
+    ("wasi:cli/stderr", ImportClass::Inert, "captured into the host's log"),
+    ("wasi:cli/terminal-input", ImportClass::Inert, "no terminal"),
+    ("wasi:cli/terminal-output", ImportClass::Inert, "no terminal"),
+    ("wasi:cli/terminal-stdin", ImportClass::Inert, "no terminal"),
+    ("wasi:cli/terminal-stdout", ImportClass::Inert, "no terminal"),
+    ("wasi:cli/terminal-stderr", ImportClass::Inert, "no terminal"),
+    ("wasi:filesystem/types", ImportClass::Inert, "inert, host-written: no descriptor can exist"),
+    ("wasi:filesystem/preopens", ImportClass::Inert, "inert: no preopened directories, so no file can be named"),
 ];
+
+/// Why an import has the class it has (for the audit).
+pub fn why(name: &str) -> &'static str {
+    let unversioned = name.split_once('@').map_or(name, |(n, _)| n);
+    LINKED.iter().find(|(linked, _, _)| *linked == unversioned).map_or(
+        "never linked: a component importing it is refused (`toolguard seal` composes a trapping stub under it)",
+        |(_, _, why)| why,
+    )
+}
 
 /// Classifies one import name such as `wasi:io/poll@0.2.6`.
 ///
@@ -55,8 +70,8 @@ pub fn classify(name: &str) -> ImportClass {
     }
     LINKED
         .iter()
-        .find(|(linked, _)| *linked == unversioned)
-        .map_or(ImportClass::Forbidden, |(_, class)| *class)
+        .find(|(linked, _, _)| *linked == unversioned)
+        .map_or(ImportClass::Forbidden, |(_, class, _)| *class)
 }
 
 /// The top-level imports of a component, in the order they appear.
@@ -108,7 +123,9 @@ mod tests {
         assert_eq!(classify("toolguard:plugin/outbound@0.1.0"), ImportClass::Granted);
         assert_eq!(classify("toolguard:plugin/outbound@0.2.0"), ImportClass::Forbidden);
         assert_eq!(classify("wasi:sockets/tcp@0.2.6"), ImportClass::Forbidden);
-        assert_eq!(classify("wasi:filesystem/preopens@0.2.6"), ImportClass::Forbidden);
+        assert_eq!(classify("wasi:filesystem/preopens@0.2.6"), ImportClass::Inert);
+        assert_eq!(classify("wasi:filesystem/types@0.2.12"), ImportClass::Inert);
+        assert_eq!(classify("wasi:sockets/tcp-create-socket@0.2.9"), ImportClass::Forbidden);
         assert_eq!(classify("wasi:http/outgoing-handler@0.2.6"), ImportClass::Forbidden);
         assert_eq!(classify("wasi:io/pollx@0.2.6"), ImportClass::Forbidden);
     }

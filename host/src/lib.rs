@@ -35,6 +35,7 @@ pub mod phases;
 pub mod policy;
 pub mod runtime;
 pub mod schema;
+pub mod seal;
 pub mod telemetry;
 
 pub use config::Config;

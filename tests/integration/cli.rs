@@ -147,17 +147,17 @@ fn a_refused_plugin_fails_start_up_with_every_reason() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hostile.toml");
     let text = format!(
-        "data_dir = \"d\"\ncompile_cache = {:?}\n[plugins.sockets]\ncomponent = {:?}\n[plugins.files]\ncomponent = {:?}\n",
+        "data_dir = \"d\"\ncompile_cache = {:?}\n[plugins.sockets]\ncomponent = {:?}\n[plugins.web]\ncomponent = {:?}\n",
         shared_cache().display().to_string(),
         wasm("import-sockets").display().to_string(),
-        wasm("import-filesystem").display().to_string()
+        wasm("import-http").display().to_string()
     );
     std::fs::write(&path, text).unwrap();
     let out = toolguard(&["tools", "--config", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(3));
     let message = stdout_json(&out)["message"].as_str().unwrap().to_string();
     assert!(message.contains("2 plugin(s) refused"), "{message}");
-    assert!(message.contains("wasi:sockets/tcp") && message.contains("wasi:filesystem/preopens"), "{message}");
+    assert!(message.contains("wasi:sockets/tcp") && message.contains("wasi:http/outgoing-handler"), "{message}");
 }
 
 #[test]

@@ -131,11 +131,17 @@ impl Mcp {
     /// `refund` under tool-call id `call_id`: the JSON-RPC result, or the transport error.
     pub async fn refund(&self, call_id: &str, amount: u64) -> Result<serde_json::Value, String> {
         let args: serde_json::Value = serde_json::from_str(&crate::payments::refund_args(amount)).unwrap();
+        self.call("refund", call_id, args).await
+    }
+
+    /// `tools/call` of `tool` with `args` under tool-call id `call_id` in
+    /// session `s1`: the JSON-RPC result, or the transport error.
+    pub async fn call(&self, tool: &str, call_id: &str, args: serde_json::Value) -> Result<serde_json::Value, String> {
         // Each request its own JSON-RPC id: a client may have several in flight.
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let body = serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-            "name": "refund", "arguments": args, "_meta": { "toolguard/toolCallId": call_id, "toolguard/sessionId": "s1" } } });
+            "name": tool, "arguments": args, "_meta": { "toolguard/toolCallId": call_id, "toolguard/sessionId": "s1" } } });
         let response = self.0.send(body.to_string()).await.map_err(|e| e.to_string())?;
         let text = response.text().await.map_err(|e| e.to_string())?;
         // A JSON body, or server-sent events whose data line carries it.

@@ -3,7 +3,7 @@
 use crate::common::{self, plugin, shared_cache, wasm};
 use sha2::{Digest, Sha256};
 use toolguard::runtime::limits::Limits;
-use toolguard::{LoadError, Runtime};
+use toolguard::{ErrorKind, LoadError, Runtime};
 
 /// The imports of a component whose package is not one the host links,
 /// computed with wit-parser (independently of the host's own parser).
@@ -12,7 +12,7 @@ fn foreign_imports(crate_name: &str) -> Vec<String> {
     let wit_parser::decoding::DecodedWasm::Component(resolve, world) = wit_parser::decoding::decode(&bytes).unwrap() else {
         panic!("{crate_name} is not a component");
     };
-    let allowed = ["wasi:io/", "wasi:cli/", "wasi:clocks/", "wasi:random/", "toolguard:plugin/"];
+    let allowed = ["wasi:io/", "wasi:cli/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "toolguard:plugin/"];
     let mut names: Vec<String> = resolve.worlds[world]
         .imports
         .keys()
@@ -26,7 +26,7 @@ fn foreign_imports(crate_name: &str) -> Vec<String> {
 #[tokio::test]
 async fn refuses_forbidden_imports_naming_every_one() {
     for (fixture, family) in
-        [("import-sockets", "wasi:sockets/"), ("import-filesystem", "wasi:filesystem/"), ("import-http", "wasi:http/")]
+        [("import-sockets", "wasi:sockets/"), ("import-http", "wasi:http/")]
     {
         let expected = foreign_imports(fixture);
         assert!(expected.iter().any(|n| n.starts_with(family)), "{fixture} should import {family}: {expected:?}");
@@ -43,6 +43,16 @@ async fn refuses_forbidden_imports_naming_every_one() {
         assert_eq!(rt.tools().count(), 0, "a refused plugin adds no tools");
         assert_eq!(rt.sandboxes_created(), 0, "a refused plugin is never instantiated");
     }
+}
+
+#[tokio::test]
+async fn the_filesystem_is_inert_a_plugin_importing_it_loads_and_opens_nothing() {
+    assert!(foreign_imports("import-filesystem").is_empty(), "wasi:filesystem is linked (inert)");
+    let rt = common::runtime(&[plugin("files", "import-filesystem", Limits::default()), plugin("text-stats", "text-stats", Limits::default())]).await;
+    // Its one tool reads /etc/passwd with std::fs: there is no preopened directory to resolve it in.
+    let err = common::call(&rt, "go", "{}").await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ToolFailed, "{err}");
+    common::assert_good_tool_works(&rt).await;
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ mod cli_guard;
 mod common;
 mod crash;
 mod fleet;
+mod foreign;
 mod guard_boundary;
 mod guard_edges;
 mod hold;

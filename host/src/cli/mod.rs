@@ -6,6 +6,7 @@ mod call;
 mod demo;
 mod ledger;
 mod sandbox;
+mod seal;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -112,6 +113,16 @@ enum Command {
         #[command(subcommand)]
         command: ledger::LedgerCommand,
     },
+    /// Make a component built by a standard toolchain loadable: compose a stub
+    /// whose every function traps under its wasi:sockets / wasi:http imports,
+    /// so it reaches nothing (then pin the output's sha256 in the policy).
+    Seal {
+        /// The component to seal.
+        input: PathBuf,
+        /// Where to write the sealed component.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Run the payments sandbox (a Stripe-like provider) standalone.
     Sandbox {
         /// Address to listen on.
@@ -157,6 +168,7 @@ pub fn main() -> ExitCode {
             Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
             Command::Bench { dir, quick, json, only, postgres } => bench(dir, quick, json, only, postgres).await,
+            Command::Seal { input, output } => seal::run(&input, &output),
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
             Command::Sandbox { addr, mode, api_key } => {
                 let mode = match mode {

@@ -349,6 +349,21 @@ pub struct PluginPolicy {
     /// Calls of its irreversible tools one authenticated principal (an MCP
     /// token) may make per hour, over all its sessions, if limited.
     pub max_irreversible_calls_per_principal_hour: Option<u32>,
+    /// Interfaces (`wasi:filesystem`, or `wasi:filesystem/preopens`) it may
+    /// not import even where the host links them inert, nor carry sealed.
+    pub deny_imports: Vec<String>,
+}
+
+impl PluginPolicy {
+    /// The entry of [`PluginPolicy::deny_imports`] that `import` (a name
+    /// such as `wasi:filesystem/types@0.2.9`) falls under, if any.
+    pub fn denies_import(&self, import: &str) -> Option<&str> {
+        let unversioned = import.split_once('@').map_or(import, |(n, _)| n);
+        self.deny_imports
+            .iter()
+            .find(|d| unversioned == d.as_str() || unversioned.strip_prefix(d.as_str()).is_some_and(|r| r.starts_with('/')))
+            .map(String::as_str)
+    }
 }
 
 impl Default for PluginPolicy {
@@ -361,6 +376,7 @@ impl Default for PluginPolicy {
             max_sends_per_call: DEFAULT_MAX_SENDS_PER_CALL,
             max_irreversible_calls_per_session_hour: None,
             max_irreversible_calls_per_principal_hour: None,
+            deny_imports: Vec::new(),
         }
     }
 }
@@ -387,6 +403,8 @@ pub struct RawPluginPolicy {
     pub max_sends_per_call: Option<u32>,
     pub max_irreversible_calls_per_session_hour: Option<u32>,
     pub max_irreversible_calls_per_principal_hour: Option<u32>,
+    #[serde(default)]
+    pub deny_imports: Vec<String>,
 }
 
 /// One tool's policy as written.
@@ -433,6 +451,14 @@ impl Policy {
                     return Err((at(&format!("grants[{i}].methods")), why));
                 }
             }
+            for (i, d) in p.deny_imports.iter().enumerate() {
+                let (package, interface) = d.split_once('/').unwrap_or((d.as_str(), "x"));
+                let ok = |part: &str| !part.is_empty() && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+                let well_formed = package.split_once(':').is_some_and(|(ns, name)| ok(ns) && ok(name)) && ok(interface);
+                if !well_formed {
+                    return Err((at(&format!("deny_imports[{i}]")), "expected a package such as `wasi:filesystem` or an interface such as `wasi:filesystem/preopens`, without a version".into()));
+                }
+            }
             let policy = PluginPolicy {
                 reviewed: true,
                 sha256: p.sha256,
@@ -441,6 +467,7 @@ impl Policy {
                 max_sends_per_call: p.max_sends_per_call.unwrap_or(DEFAULT_MAX_SENDS_PER_CALL),
                 max_irreversible_calls_per_session_hour: p.max_irreversible_calls_per_session_hour,
                 max_irreversible_calls_per_principal_hour: p.max_irreversible_calls_per_principal_hour,
+                deny_imports: p.deny_imports,
             };
             plugins.insert(name, policy);
         }

@@ -7,13 +7,9 @@ use crate::config::EngineConfig;
 use std::time::Duration;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-/// Core instances a Rust component creates (main module, shims, fix-ups), with headroom.
-const CORE_INSTANCES_PER_COMPONENT: u32 = 6;
 /// Bytes of each memory and table slot reset in place rather than decommitted
 /// (64 KiB measured best: larger spends more on memset than it saves).
 const KEEP_RESIDENT: usize = 64 << 10;
-/// Tables per component (main module and indirect-call shim), with headroom.
-const TABLES_PER_COMPONENT: u32 = 4;
 
 /// How the engine allocates instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,14 +46,18 @@ pub fn build(cfg: &EngineConfig) -> anyhow::Result<(Engine, Allocator)> {
 
 fn pool(cfg: &EngineConfig) -> PoolingAllocationConfig {
     // Invocations plus the reconciliations that may run while they wait.
+    // Room for `n` of the largest component loaded (see `EngineConfig::fitted_to`).
     let n = cfg.pool_instances + super::sandbox::RECONCILE_SLOTS;
+    let room = cfg.component_room();
     let mut p = PoolingAllocationConfig::new();
     p.total_component_instances(n)
-        .total_core_instances(n * CORE_INSTANCES_PER_COMPONENT)
-        .total_memories(n)
-        .total_tables(n * TABLES_PER_COMPONENT)
+        .total_core_instances(n.saturating_mul(room.core_instances))
+        .total_memories(n.saturating_mul(room.memories))
+        .total_tables(n.saturating_mul(room.tables))
         .total_stacks(n)
-        .max_memories_per_component(1)
+        .max_core_instances_per_component(room.core_instances)
+        .max_memories_per_component(room.memories)
+        .max_tables_per_component(room.tables)
         .max_memory_size(usize::try_from(cfg.memory_ceiling_mb << 20).unwrap_or(usize::MAX))
         // Reset small slots with memset instead of madvise: no syscall, and no
         // TLB-shootdown IPIs to the other core, per invocation.

@@ -10,6 +10,8 @@
 pub mod bindings;
 pub mod compile;
 pub mod engine;
+mod footprint;
+mod inert_fs;
 mod invoke;
 pub mod limits;
 mod plugin;
@@ -19,6 +21,7 @@ pub mod state;
 pub mod wasi;
 
 pub use engine::Allocator;
+pub use footprint::Footprint;
 pub use plugin::{Effect, ToolInfo};
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
@@ -133,6 +136,7 @@ impl Runtime {
         let core = Core {
             engine,
             allocator,
+            room: engine_config.component_room(),
             slots: tokio::sync::Semaphore::new(engine_config.pool_instances as usize),
             reconcile_slots: tokio::sync::Semaphore::new(sandbox::RECONCILE_SLOTS as usize),
             sandboxes: AtomicU64::new(0),
@@ -216,7 +220,8 @@ impl Runtime {
     /// # Errors
     /// The engine cannot be set up, or any plugin is refused (all refusals are listed).
     pub async fn from_config(config: &Config) -> Result<Self, StartError> {
-        let mut runtime = Self::new(&config.engine, config.compile_cache.clone())?;
+        let engine = config.engine.fitted_to(footprint_of(&config.plugins));
+        let mut runtime = Self::new(&engine, config.compile_cache.clone())?;
         let location = config.ledger.clone();
         let ledger = tokio::task::spawn_blocking(move || Ledger::open_at(&location, false))
             .await
@@ -256,6 +261,19 @@ impl Runtime {
             Ok(imports) if !imports.is_empty() => return Err(LoadError::ForbiddenImports { plugin: name, imports }),
             Ok(_) => {}
         }
+        let denied: Vec<String> = crate::imports::component_imports(&bytes)
+            .unwrap_or_default()
+            .into_iter()
+            .chain(crate::seal::record_of(&bytes).map(|r| r.sealed).unwrap_or_default())
+            .filter(|i| config.policy.denies_import(i).is_some())
+            .collect();
+        if !denied.is_empty() {
+            return Err(LoadError::DeniedImports { plugin: name, imports: denied });
+        }
+        let footprint = Footprint::of(&bytes).map_err(|reason| LoadError::NotAComponent { plugin: name.clone(), reason })?;
+        if self.core.allocator == Allocator::Pooling {
+            check_room(&name, footprint, self.core.room)?;
+        }
         let link_error = |e: String| LoadError::Link { plugin: config.name.clone(), reason: e };
         let (engine, cache, hash) = (self.core.engine.clone(), self.compile_cache.clone(), digest.clone());
         let component = tokio::task::spawn_blocking(move || compile::load(&engine, &bytes, &hash, &cache))
@@ -270,6 +288,7 @@ impl Runtime {
             tool_prefix: config.tool_prefix.as_str().into(),
             settings: config.settings.clone(),
             limits: config.limits,
+            footprint,
             grants: config.policy.grants.clone().into(),
             max_sends_per_call: config.policy.max_sends_per_call,
             max_irreversible_calls_per_session_hour: config.policy.max_irreversible_calls_per_session_hour,
@@ -378,6 +397,35 @@ impl Runtime {
     /// Whether `plugin` exports `reconcile`.
     pub fn can_reconcile(&self, plugin: &str) -> bool {
         self.plugins.iter().any(|p| &*p.ctx.name == plugin && p.reconcile.is_some())
+    }
+}
+
+/// The most any of `plugins` takes from the pool (unreadable ones count as
+/// nothing here; loading them reports why).
+pub fn footprint_of(plugins: &[PluginConfig]) -> Footprint {
+    plugins
+        .iter()
+        .filter_map(|p| read_component(p).ok())
+        .filter_map(|bytes| Footprint::of(&bytes).ok())
+        .fold(Footprint::default(), Footprint::max)
+}
+
+/// Refuses a component the pool has no room for, naming the setting to raise.
+fn check_room(plugin: &str, need: Footprint, room: Footprint) -> Result<(), LoadError> {
+    let over = [
+        (need.core_instances, room.core_instances, "core instances", "component_core_instances"),
+        (need.memories, room.memories, "linear memories", "component_memories"),
+        (need.tables, room.tables, "tables", "component_tables"),
+    ];
+    match over.into_iter().find(|(need, room, _, _)| need > room) {
+        None => Ok(()),
+        Some((need, room, what, setting)) => Err(LoadError::TooBig {
+            plugin: plugin.into(),
+            reason: format!(
+                "it needs {need} {what} per instance and the instance pool holds {room} per component; \
+                 set [engine] {setting} = {need} (a host started from its config sizes the pool to its plugins)"
+            ),
+        }),
     }
 }
 

@@ -63,6 +63,8 @@ pub(crate) enum Slot {
 pub(crate) struct Core {
     pub engine: Engine,
     pub allocator: Allocator,
+    /// What one component may take from the pool (only binding when pooling).
+    pub room: super::Footprint,
     /// Bounds concurrent invocations to what the instance pool holds.
     pub slots: tokio::sync::Semaphore,
     /// Bounds concurrent reconciliations to their reserve.

@@ -21,6 +21,8 @@ pub struct PluginContext {
     pub settings: BTreeMap<String, String>,
     /// The limits each invocation runs under.
     pub limits: Limits,
+    /// What one instance of it takes: its store may create that much, no more.
+    pub footprint: super::Footprint,
     /// What `outbound` may reach.
     pub grants: Arc<[Grant]>,
     /// Sends one tool call may make.
@@ -80,7 +82,7 @@ impl HostState {
         Self {
             wasi: wasi::context(stdout.clone(), stderr.clone()),
             table: ResourceTable::new(),
-            limiter: MemoryLimiter::new(plugin.limits.memory_bytes()),
+            limiter: MemoryLimiter::new(plugin.limits.memory_bytes(), plugin.footprint),
             plugin,
             call,
             call_guard,

@@ -1,7 +1,8 @@
 //! Least-privilege WASI: the linker gets `wasi:io`, `wasi:clocks`,
-//! `wasi:random` and `wasi:cli` interface by interface — and nothing else. No
-//! filesystem, no sockets, no HTTP: a component importing them cannot even
-//! be instantiated. The CLI context is empty: no environment, no arguments,
+//! `wasi:random` and `wasi:cli` interface by interface, and an inert
+//! `wasi:filesystem` with no preopens (see `inert_fs`) — nothing else. No
+//! sockets, no HTTP: a component importing them cannot even be instantiated
+//! (`toolguard seal` composes trapping stubs under such a component). The CLI context is empty: no environment, no arguments,
 //! stdin closed; stdout and stderr become log lines tagged with the plugin.
 
 use std::sync::{Arc, Mutex};
@@ -44,6 +45,7 @@ pub fn add_to_linker<T: WasiView + 'static>(l: &mut Linker<T>) -> wasmtime::Resu
     cli::terminal_stdin::add_to_linker::<T, WasiCli>(l, T::cli)?;
     cli::terminal_stdout::add_to_linker::<T, WasiCli>(l, T::cli)?;
     cli::terminal_stderr::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    super::inert_fs::add_to_linker(l)?;
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-//! The sandbox's HTTP face: Stripe's refund endpoints, control endpoints
+//! The sandbox's HTTP face: Stripe's refund endpoints, a ticket desk, control endpoints
 //! under `/_sandbox`, and fault injection around the commit.
 
 use crate::provider::{Admission, Fault};
@@ -24,6 +24,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/refunds", post(create_refund).get(list_refunds))
         .route("/v1/refunds/{id}", get(get_refund))
         .route("/v1/refunds/{id}/cancel", post(cancel_refund))
+        .route("/v1/tickets", post(crate::tickets::create).get(crate::tickets::list))
         .route("/_sandbox/refunds", get(all_refunds))
         .route("/_sandbox/requests", get(all_requests))
         .route("/_sandbox/faults", post(push_fault))
@@ -34,7 +35,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-fn json_response(status: u16, body: &Value) -> Response {
+pub(crate) fn json_response(status: u16, body: &Value) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, axum::Json(body.clone())).into_response()
 }
@@ -57,7 +58,7 @@ fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
 }
 
 /// Records the request and tells the observers, before anything else happens.
-fn observe(shared: &Shared, method: &Method, uri: &Uri, headers: &HeaderMap, body: &str) -> Observed {
+pub(crate) fn observe(shared: &Shared, method: &Method, uri: &Uri, headers: &HeaderMap, body: &str) -> Observed {
     let observed = Observed {
         seq: shared.seq.fetch_add(1, Ordering::SeqCst),
         method: method.to_string(),

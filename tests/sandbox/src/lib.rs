@@ -12,8 +12,10 @@
 
 mod http;
 mod provider;
+mod tickets;
 
 pub use provider::{Fault, Mode, PaymentIntent, Refund};
+pub use tickets::Ticket;
 
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
@@ -163,6 +165,11 @@ impl Sandbox {
     /// Every refund ever created: the provider's ledger.
     pub fn refunds(&self) -> Vec<Refund> {
         self.shared.provider.lock().unwrap().refunds.clone()
+    }
+
+    /// Every ticket the ticket desk ever opened.
+    pub fn tickets(&self) -> Vec<Ticket> {
+        self.shared.provider.lock().unwrap().tickets.clone()
     }
 
     /// Every request received, in order.

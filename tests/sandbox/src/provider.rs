@@ -120,6 +120,8 @@ pub(crate) struct Provider {
     pub clock_offset: u64,
     /// How long a new refund stays out of listings.
     pub list_lag: Duration,
+    /// The ticket desk's tickets (`crate::tickets`), in creation order.
+    pub tickets: Vec<crate::tickets::Ticket>,
     next_id: u64,
 }
 
@@ -143,6 +145,7 @@ impl Provider {
             faults: VecDeque::new(),
             clock_offset: 0,
             list_lag: Duration::ZERO,
+            tickets: Vec::new(),
             next_id: 0,
         }
     }
