@@ -62,12 +62,13 @@ foreign_plugins() {
         python3 -m venv "$py"
         "$py/bin/pip" install --quiet "componentize-py==0.25.1"
     fi
-    if [ ! -e "$js/node_modules/.bin/componentize-js" ]; then
+    if [ ! -e "$js/node_modules/.bin/componentize-js" ] || [ ! -e "$js/node_modules/.bin/tsc" ] || [ ! -e "$js/node_modules/.bin/rolldown" ]; then
         mkdir -p "$js"
-        (cd "$js" && npm install --silent --no-audit --no-fund @bytecodealliance/componentize-js@0.23.0 @bytecodealliance/jco@1.35.0)
+        (cd "$js" && npm install --silent --no-audit --no-fund @bytecodealliance/componentize-js@0.23.0 \
+            @bytecodealliance/jco@1.35.0 typescript@7.0.2 rolldown@1.3.3)
     fi
     export TOOLGUARD_FOREIGN_PLUGINS="${CARGO_TARGET_DIR:-$PWD/target}/foreign-plugins"
-    COMPONENTIZE_PY="$py/bin/componentize-py" COMPONENTIZE_JS="$js/node_modules/.bin/componentize-js" \
+    COMPONENTIZE_PY="$py/bin/componentize-py" JS_MODULES="$js/node_modules" \
         plugins/build-foreign.sh "$TOOLGUARD_FOREIGN_PLUGINS"
 }
 

@@ -354,3 +354,121 @@ fn a_javascript_ticket_tool_against_a_desk_that_ignores_keys_opens_one_ticket() 
     assert!(ok, "reconciliation found the ticket: {late}\n{log}");
     assert_eq!(late["ticket_id"], tickets("late")[0].id.as_str());
 }
+
+#[test]
+fn a_typescript_ticket_left_unknown_is_held_conflicts_and_is_reconciled_later() {
+    let w = World::new(&Downstream::default(), &js_tickets());
+    let tickets = || w.sandbox.tickets().into_iter().filter(|t| t.subject == "lost").collect::<Vec<_>>();
+    let posts = || w.sandbox.requests().into_iter().filter(|r| r.method == "POST").count();
+    // The desk opens the ticket, answers after the deadline, and its search
+    // does not show the ticket yet: the TypeScript reconciler cannot tell.
+    w.sandbox.set_list_lag(Duration::from_secs(600));
+    w.sandbox.inject(Fault::DelayAfterCommit { ms: 2_000 });
+    let (ok, first, log) = w.call("u1", "create_ticket", &ticket("lost"));
+    assert!(!ok, "{first}");
+    assert_eq!(first["kind"], "outcome-unknown", "{first}\n{log}");
+    assert_eq!((tickets().len(), posts()), (1, 1));
+
+    // The model re-issues it under a new id: held, nothing sent.
+    let (ok, repeat, _) = w.call("u1-again", "create_ticket", &ticket("lost"));
+    assert!(!ok);
+    assert_eq!(repeat["kind"], "held", "{repeat}");
+    // The same id again: never re-sent to a desk that ignores keys.
+    let (ok, same, _) = w.call("u1", "create_ticket", &ticket("lost"));
+    assert!(!ok, "{same}");
+    // The same id with other arguments: a conflict, nothing sent.
+    let (ok, conflict, _) = w.call("u1", "create_ticket", &ticket("other"));
+    assert!(!ok);
+    assert_eq!(conflict["kind"], "conflict", "{conflict}");
+    assert_eq!((tickets().len(), posts()), (1, 1), "one ticket, one request, whatever the model retried");
+
+    // Once the desk's search shows it, recovery finds it through the
+    // plugin's reconciler, and the call answers with the real ticket.
+    w.sandbox.set_list_lag(Duration::ZERO);
+    let out = toolguard(&["recover", "--config", w.config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (ok, settled, _) = w.call("u1", "create_ticket", &ticket("lost"));
+    assert!(ok, "{settled}");
+    assert_eq!(settled["ticket_id"], tickets()[0].id.as_str());
+    assert_eq!((tickets().len(), posts()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typescript_ticket_over_mcp_opens_one_ticket() {
+    let w = tokio::task::spawn_blocking(|| World::new(&Downstream::default(), &js_tickets())).await.unwrap();
+    let server = serve_http(&w.config, &[]);
+    let mcp = Mcp::connect(&server.url).await;
+    let first = mcp.call("create_ticket", "m1", ticket("mcp")).await.unwrap();
+    assert_eq!(first["isError"], false, "{first}");
+    let again = mcp.call("create_ticket", "m1", ticket("mcp")).await.unwrap();
+    assert_eq!(again["structuredContent"]["ticket_id"], first["structuredContent"]["ticket_id"], "{again}");
+    assert_eq!(w.sandbox.tickets().iter().filter(|t| t.subject == "mcp").count(), 1);
+    drop(server);
+    tokio::task::spawn_blocking(move || drop(w)).await.unwrap();
+}
+
+/// The Python text tool (plain build, sealed) and the Rust template plugin.
+fn sdk_examples() -> String {
+    format!(
+        "{}{}{}\n[plugins.template]\ncomponent = \"builtin:template\"\n[policy.plugins.template.tools]\ngreet = {{ effect = \"read-only\" }}\n",
+        python_payments(),
+        js_tickets(),
+        ungranted("pytext", &sealed("py_text"))
+    )
+}
+
+#[test]
+fn each_language_sdk_derives_the_schema_the_host_enforces() {
+    let w = World::new(&Downstream::default(), &sdk_examples());
+    let out = toolguard(&["tools", "--config", w.config.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let tools = stdout_json(&out);
+    let tool = |name: &str| tools.as_array().unwrap().iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("no {name} in {tools}")).clone();
+
+    // Rust (toolguard-sdk, schemars): from the argument and result types.
+    let greet = tool("greet");
+    assert_eq!(greet["input_schema"]["properties"]["name"]["minLength"], 1, "{greet}");
+    assert_eq!(greet["input_schema"]["additionalProperties"], false, "deny_unknown_fields: {greet}");
+    assert_eq!(greet["output_schema"]["required"], json!(["greeting"]), "{greet}");
+    let refund = tool("refund");
+    assert_eq!(refund["effect"], "irreversible");
+    assert_eq!(refund["input_schema"]["properties"]["amount_cents"]["minimum"], 1, "{refund}");
+    assert_eq!(refund["input_schema"]["properties"]["reason"]["enum"], json!(["duplicate", "fraudulent", "requested_by_customer"]), "{refund}");
+    // Python (toolguard_sdk, type hints): Annotated/Field, Literal, TypedDict, defaults.
+    let py = tool("py_refund");
+    assert_eq!(py["effect"], "irreversible");
+    let props = &py["input_schema"]["properties"];
+    assert_eq!((props["amount_cents"]["minimum"].clone(), props["amount_cents"]["maximum"].clone()), (json!(1), json!(100_000_000)), "{py}");
+    assert_eq!(props["payment_intent"]["pattern"], refund["input_schema"]["properties"]["payment_intent"]["pattern"], "{py}");
+    assert_eq!(props["reason"]["enum"], refund["input_schema"]["properties"]["reason"]["enum"], "{py}");
+    assert_eq!(py["input_schema"]["additionalProperties"], false);
+    assert_eq!(py["output_schema"]["properties"]["reason"]["anyOf"], json!([{ "type": "string" }, { "type": "null" }]), "{py}");
+    assert_eq!(tool("py_text_stats")["input_schema"]["properties"]["text"]["maxLength"], 65536);
+    assert_eq!(tool("py_refund_status")["effect"], "read-only");
+    // TypeScript: the schema object beside the function.
+    assert_eq!(tool("create_ticket")["input_schema"]["properties"]["subject"]["minLength"], 1);
+
+    // What the derived schemas promise, the host enforces before any plugin runs.
+    for (id, name, args) in [
+        ("b1", "greet", json!({ "name": "" })),
+        ("b2", "greet", json!({ "name": "Ada", "title": "Countess" })),
+        ("b3", "refund", json!({ "payment_intent": PI, "amount_cents": 5, "reason": "because" })),
+        ("b4", "py_refund", json!({ "payment_intent": PI, "amount_cents": 0, "reason": "duplicate" })),
+        ("b5", "py_refund", json!({ "payment_intent": "ch_1", "amount_cents": 5, "reason": "duplicate" })),
+        ("b6", "py_refund", json!({ "payment_intent": PI, "amount_cents": 5, "reason": "duplicate", "note": "x" })),
+        ("b7", "create_ticket", json!({ "subject": "", "body": "x" })),
+    ] {
+        let (ok, v, _) = w.call(id, name, &args);
+        assert!(!ok, "{name} {args}: {v}");
+        assert_eq!(v["kind"], "invalid-args", "{name} {args}: {v}");
+    }
+    assert!(w.sandbox.requests().is_empty(), "nothing reached the provider");
+
+    // And what they accept runs: a Python read-only tool, a Rust one.
+    let (ok, stats, _) = w.call("g1", "py_text_stats", &json!({ "text": "one two\nthree" }));
+    assert!(ok, "{stats}");
+    assert_eq!((stats["words"].as_i64(), stats["lines"].as_i64(), stats["longest_word"].as_str()), (Some(3), Some(2), Some("three")));
+    let (ok, hi, _) = w.call("g2", "greet", &json!({ "name": "Ada" }));
+    assert!(ok, "{hi}");
+    assert_eq!(hi["greeting"], "Hello, Ada!");
+}

@@ -9,12 +9,14 @@
 //! - [`host`]: (d) a fresh sandbox + one invoke, (f) MCP over HTTP, (g) RSS.
 //! - [`growth`]: (i) the same figures with 0, 1 M and 10 M completed calls in the ledger (only on request).
 //! - [`idle`]: (h) the CPU of `toolguard serve` idle and at one call per second.
+//! - [`languages`]: (j) a fresh sandbox + invoke of the same tool in Rust, Python and JavaScript.
 
 pub mod disk;
 pub mod growth;
 pub mod guarded;
 pub mod host;
 pub mod idle;
+pub mod languages;
 pub mod unguarded;
 
 use serde::Serialize;
@@ -28,7 +30,16 @@ pub struct Scale {
     pub factor: f64,
 }
 
-/// Which benchmarks to run, by letter (`a`–`i`); (a) always runs: the others
+/// Where the optional inputs of some benchmarks come from.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// (i) also on this PostgreSQL database.
+    pub postgres: Option<String>,
+    /// (j): the Python and JavaScript plugins `plugins/build-foreign.sh` built.
+    pub foreign: Option<PathBuf>,
+}
+
+/// Which benchmarks to run, by letter (`a`–`j`); (a) always runs: the others
 /// need its bound. (i), which fills ledgers with millions of calls, runs only when named.
 #[derive(Debug, Clone)]
 pub struct Selection(pub String);
@@ -112,7 +123,7 @@ fn us(d: Duration) -> f64 {
 ///
 /// # Errors
 /// A benchmark could not set up (no engine, no ledger, a port).
-pub async fn run(dir: PathBuf, scale: Scale, only: Selection, postgres: Option<String>) -> anyhow::Result<Vec<Figure>> {
+pub async fn run(dir: PathBuf, scale: Scale, only: Selection, sources: Sources) -> anyhow::Result<Vec<Figure>> {
     std::fs::create_dir_all(&dir)?;
     let mut figures = Vec::new();
     let mut report = |f: Vec<Figure>| {
@@ -147,7 +158,10 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection, postgres: Option<S
         report(idle::serve_cpu(&dir, scale).await?);
     }
     if only.has('i') {
-        report(growth::growth(&dir, scale, postgres.as_deref()).await?);
+        report(growth::growth(&dir, scale, sources.postgres.as_deref()).await?);
+    }
+    if only.has('j') {
+        report(languages::per_language(&dir, scale, sources.foreign.as_deref()).await?);
     }
     Ok(figures)
 }

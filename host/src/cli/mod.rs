@@ -98,6 +98,10 @@ enum Command {
         /// (i) also on this PostgreSQL database (a postgres:// URL; its toolguard tables are filled).
         #[arg(long)]
         postgres: Option<String>,
+        /// (j): the Python and JavaScript plugins built by plugins/build-foreign.sh
+        /// [default: $TOOLGUARD_FOREIGN_PLUGINS]; without them (j) measures Rust alone.
+        #[arg(long)]
+        foreign: Option<PathBuf>,
     },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
@@ -167,7 +171,10 @@ pub fn main() -> ExitCode {
             // The ledger's client blocks (PostgreSQL's runs its own runtime).
             Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
-            Command::Bench { dir, quick, json, only, postgres } => bench(dir, quick, json, only, postgres).await,
+            Command::Bench { dir, quick, json, only, postgres, foreign } => {
+                let foreign = foreign.or_else(|| std::env::var_os("TOOLGUARD_FOREIGN_PLUGINS").map(PathBuf::from));
+                bench(dir, quick, json, only, crate::bench::Sources { postgres, foreign }).await
+            }
             Command::Seal { input, output } => seal::run(&input, &output),
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
             Command::Sandbox { addr, mode, api_key } => {
@@ -370,9 +377,9 @@ async fn prune_every(ledger: crate::ledger::Ledger, retention: crate::config::Re
 }
 
 /// Runs the benchmarks; exit 1 only if one could not run (targets are reported, not enforced).
-async fn bench(dir: PathBuf, quick: bool, json: bool, only: String, postgres: Option<String>) -> u8 {
+async fn bench(dir: PathBuf, quick: bool, json: bool, only: String, sources: crate::bench::Sources) -> u8 {
     let scale = crate::bench::Scale { factor: if quick { 0.05 } else { 1.0 } };
-    match crate::bench::run(dir, scale, crate::bench::Selection(only), postgres).await {
+    match crate::bench::run(dir, scale, crate::bench::Selection(only), sources).await {
         Ok(figures) => {
             if json {
                 print_json(&serde_json::to_value(&figures).unwrap_or_default());

@@ -1,53 +1,35 @@
-//! A toolguard plugin to copy. Rename the crate, the tool and its schema, and
-//! write `invoke`. Build: `cargo build --release --target wasm32-wasip2`.
+//! A toolguard plugin to copy: rename the crate and the tool, write the function.
+//! Build: `cargo build --release --target wasm32-wasip2`.
 
-wit_bindgen::generate!({ world: "plugin", path: "../../wit" });
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use toolguard_sdk::{Plugin, ToolError, Tools, config};
 
-use exports::toolguard::plugin::tool::Guest;
-use serde_json::{Value, json};
-use toolguard::plugin::outbound;
-use toolguard::plugin::types::{Effect, ToolError, ToolSpec};
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Greet {
+    /// Who to greet.
+    #[schemars(length(min = 1))]
+    name: String,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Greeting {
+    greeting: String,
+}
+
+fn greet(args: Greet) -> Result<Greeting, ToolError> {
+    // Non-secret settings come from the host config; this one is optional.
+    let salutation = config("salutation").unwrap_or_else(|| "Hello".into());
+    Ok(Greeting { greeting: format!("{salutation}, {}!", args.name) })
+}
 
 struct Template;
 
-impl Guest for Template {
-    /// Called once at load: the tools this plugin offers.
-    fn describe() -> Vec<ToolSpec> {
-        vec![ToolSpec {
-            name: "greet".into(),
-            description: "Greets someone by name.".into(),
-            input_schema: json!({
-                "type": "object",
-                "properties": { "name": { "type": "string", "minLength": 1 } },
-                "required": ["name"],
-                "additionalProperties": false
-            })
-            .to_string(),
-            output_schema: Some(
-                json!({
-                    "type": "object",
-                    "properties": { "greeting": { "type": "string" } },
-                    "required": ["greeting"]
-                })
-                .to_string(),
-            ),
-            effect: Effect::ReadOnly,
-        }]
-    }
-
-    /// Runs a tool. The host has already validated `args` against the schema.
-    fn invoke(tool: String, args: String) -> Result<String, ToolError> {
-        let args: Value = serde_json::from_str(&args).map_err(|e| ToolError::InvalidArgs(e.to_string()))?;
-        match tool.as_str() {
-            "greet" => {
-                // Non-secret settings come from the host config; this one is optional.
-                let salutation = outbound::config("salutation").unwrap_or_else(|| "Hello".into());
-                let name = args["name"].as_str().unwrap_or_default();
-                Ok(json!({ "greeting": format!("{salutation}, {name}!") }).to_string())
-            }
-            other => Err(ToolError::InvalidArgs(format!("unknown tool {other}"))),
-        }
+impl Plugin for Template {
+    fn tools() -> Tools {
+        Tools::new().read_only("greet", "Greets someone by name.", greet)
     }
 }
 
-export!(Template);
+toolguard_sdk::export!(Template);

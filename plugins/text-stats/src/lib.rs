@@ -1,69 +1,44 @@
 //! `text_stats`: a read-only example tool. It counts characters, words and
 //! lines of a text and reports its most frequent words. No outbound calls.
 
-wit_bindgen::generate!({ world: "plugin", path: "../../wit" });
-
-use exports::toolguard::plugin::tool::Guest;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use toolguard::plugin::outbound;
-use toolguard::plugin::types::{Effect, ToolError, ToolSpec};
+use toolguard_sdk::{Plugin, ToolError, Tools, config};
 
-struct TextStats;
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    /// The text to analyse.
+    text: String,
+    /// How many of the most frequent words to list.
+    #[serde(default)]
+    #[schemars(with = "u64", range(max = 50), extend("default" = 3))]
+    top: Option<u64>,
+}
 
-impl Guest for TextStats {
-    fn describe() -> Vec<ToolSpec> {
-        vec![ToolSpec {
-            name: "text_stats".into(),
-            description: "Counts the characters, words and lines of a text and lists its most frequent words."
-                .into(),
-            input_schema: json!({
-                "type": "object",
-                "properties": {
-                    "text": { "type": "string", "description": "The text to analyse." },
-                    "top": { "type": "integer", "minimum": 0, "maximum": 50, "default": 3,
-                             "description": "How many of the most frequent words to list." }
-                },
-                "required": ["text"],
-                "additionalProperties": false
-            })
-            .to_string(),
-            output_schema: Some(
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "characters": { "type": "integer" },
-                        "words": { "type": "integer" },
-                        "lines": { "type": "integer" },
-                        "top_words": { "type": "array", "items": {
-                            "type": "object",
-                            "properties": { "word": { "type": "string" }, "count": { "type": "integer" } },
-                            "required": ["word", "count"]
-                        } }
-                    },
-                    "required": ["characters", "words", "lines", "top_words"]
-                })
-                .to_string(),
-            ),
-            effect: Effect::ReadOnly,
-        }]
-    }
+#[derive(Serialize, JsonSchema)]
+struct Stats {
+    characters: usize,
+    words: usize,
+    lines: usize,
+    top_words: Vec<WordCount>,
+}
 
-    fn invoke(tool: String, args: String) -> Result<String, ToolError> {
-        if tool != "text_stats" {
-            return Err(ToolError::InvalidArgs(format!("unknown tool {tool}")));
-        }
-        let args: Value = serde_json::from_str(&args).map_err(|e| ToolError::InvalidArgs(e.to_string()))?;
-        let text = args["text"].as_str().unwrap_or_default();
-        // The operator may lower the default list length in the host config.
-        let default_top = outbound::config("default_top").and_then(|v| v.parse().ok()).unwrap_or(3);
-        let top = args["top"].as_u64().unwrap_or(default_top) as usize;
-        Ok(stats(text, top).to_string())
-    }
+#[derive(Serialize, JsonSchema)]
+struct WordCount {
+    word: String,
+    count: u64,
+}
+
+fn text_stats(args: Args) -> Result<Stats, ToolError> {
+    // The operator may lower the default list length in the host config.
+    let default_top = config("default_top").and_then(|v| v.parse().ok()).unwrap_or(3);
+    Ok(stats(&args.text, args.top.unwrap_or(default_top) as usize))
 }
 
 /// Counts and ranks; ties are broken alphabetically so results are stable.
-fn stats(text: &str, top: usize) -> Value {
+fn stats(text: &str, top: usize) -> Stats {
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut words = 0;
     for word in text.split(|c: char| !c.is_alphanumeric() && c != '\'').filter(|w| !w.is_empty()) {
@@ -72,14 +47,24 @@ fn stats(text: &str, top: usize) -> Value {
     }
     let mut ranked: Vec<(String, u64)> = counts.into_iter().collect();
     ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let top_words: Vec<Value> =
-        ranked.into_iter().take(top).map(|(word, count)| json!({ "word": word, "count": count })).collect();
-    json!({
-        "characters": text.chars().count(),
-        "words": words,
-        "lines": text.lines().count(),
-        "top_words": top_words,
-    })
+    Stats {
+        characters: text.chars().count(),
+        words,
+        lines: text.lines().count(),
+        top_words: ranked.into_iter().take(top).map(|(word, count)| WordCount { word, count }).collect(),
+    }
 }
 
-export!(TextStats);
+struct TextStats;
+
+impl Plugin for TextStats {
+    fn tools() -> Tools {
+        Tools::new().read_only(
+            "text_stats",
+            "Counts the characters, words and lines of a text and lists its most frequent words.",
+            text_stats,
+        )
+    }
+}
+
+toolguard_sdk::export!(TextStats);

@@ -187,7 +187,7 @@ impl Sandbox {
         self.shared.provider.lock().unwrap().clock_offset += by.as_secs();
     }
 
-    /// Keeps refunds out of listings until `lag` after their creation (an
+    /// Keeps refunds (and tickets) out of listings until `lag` after their creation (an
     /// eventually consistent index; applies to existing refunds too);
     /// `GET /v1/refunds/{id}` and [`Sandbox::refunds`] see them at once.
     pub fn set_list_lag(&self, lag: Duration) {

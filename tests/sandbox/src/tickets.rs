@@ -5,7 +5,8 @@
 //! can find the ticket later with `GET /v1/tickets?external_ref=…`.
 //!
 //! Faults: a queued `DelayAfterCommit` opens the ticket, then answers late
-//! (the caller times out; the ticket exists).
+//! (the caller times out; the ticket exists); `Sandbox::set_list_lag` keeps
+//! new tickets out of searches for a while (an eventually consistent index).
 
 use crate::http::{json_response, observe};
 use crate::provider::Fault;
@@ -27,6 +28,9 @@ pub struct Ticket {
     pub body: String,
     /// The caller's reference, if it sent one (toolguard's key travels here).
     pub external_ref: Option<String>,
+    /// When it was opened (Unix ms); searches show it only `list_lag` later.
+    #[serde(skip)]
+    pub created_ms: u64,
 }
 
 pub(crate) async fn create(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: String) -> Response {
@@ -52,6 +56,7 @@ pub(crate) async fn create(State(shared): State<Arc<Shared>>, method: Method, ur
             subject: subject.into(),
             body: text.into(),
             external_ref: v["external_ref"].as_str().map(str::to_string),
+            created_ms: crate::provider::now_ms(),
         };
         p.tickets.push(ticket.clone());
         (ticket, delay)
@@ -65,6 +70,12 @@ pub(crate) async fn create(State(shared): State<Arc<Shared>>, method: Method, ur
 pub(crate) async fn list(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {
     observe(&shared, &method, &uri, &headers, "");
     let p = shared.provider.lock().unwrap();
-    let data: Vec<&Ticket> = p.tickets.iter().filter(|t| q.get("external_ref").is_none_or(|r| t.external_ref.as_ref() == Some(r))).collect();
+    let visible = crate::provider::now_ms().saturating_sub(p.list_lag.as_millis() as u64);
+    let data: Vec<&Ticket> = p
+        .tickets
+        .iter()
+        .filter(|t| t.created_ms <= visible)
+        .filter(|t| q.get("external_ref").is_none_or(|r| t.external_ref.as_ref() == Some(r)))
+        .collect();
     json_response(200, &json!({ "data": data }))
 }
