@@ -130,9 +130,13 @@ fn a_python_refund_tool_refunds_once_replays_and_conflicts() {
     assert_eq!(conflict["kind"], "conflict", "{conflict}");
     assert_eq!(w.refunds_of(600), 0);
 
-    let (ok, status, _) = w.call("s1", "py_refund_status", &json!({ "payment_intent": PI }));
+    let (ok, status, status_log) = w.call("s1", "py_refund_status", &json!({ "payment_intent": PI }));
     assert!(ok, "{status}");
     assert_eq!(status["refunded_cents"], 500, "{status}");
+    // `random` is seeded per run, not fixed when componentize-py snapshotted the module.
+    let trace = |log: &str, tool: &str| log.lines().find(|l| l.contains(&format!("{tool} pi_"))).and_then(|l| l.split("trace ").nth(1)).map(|t| t.split_whitespace().next().unwrap_or_default().to_string());
+    let (a, b) = (trace(&log, "refund").expect("refund's trace"), trace(&status_log, "refund_status").expect("refund_status's trace"));
+    assert_ne!(a, b, "two runs drew the same random number: {log}\n{status_log}");
     // The key the provider got was minted by the host, never by the plugin.
     let posts: Vec<_> = w.sandbox.requests().into_iter().filter(|r| r.method == "POST").collect();
     assert_eq!(posts.len(), 1);

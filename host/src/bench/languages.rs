@@ -58,7 +58,7 @@ pub async fn per_language(dir: &Path, scale: Scale, foreign: Option<&Path>) -> a
     let (entries, mut figures) = entries(scratch.path(), foreign)?;
     let plugins: Vec<PluginConfig> = entries.iter().map(|e| e.plugin.clone()).collect();
     let engine = EngineConfig::default().fitted_to(crate::runtime::footprint_of(&plugins));
-    let mut runtime = Runtime::new(&engine, scratch.path().join("compiled"))?;
+    let mut runtime = Runtime::new(&engine, dir.join("compiled"))?;
     for p in &plugins {
         runtime.add_plugin(p).await?;
     }

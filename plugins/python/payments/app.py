@@ -73,7 +73,7 @@ def refund(payment_intent: PaymentIntent,
 @tool(effect="read-only")
 def refund_status(payment_intent: PaymentIntent) -> Status:
     """Lists the refunds of a payment intent with the total refunded. Read-only."""
-    print(f"refund_status {payment_intent} at {time.time():.3f}")
+    print(f"refund_status {payment_intent} at {time.time():.3f} trace {random.getrandbits(32):08x}")
     refunds = [summary(r) for r in list_refunds(api_base(), payment_intent)]
     refunded = sum(r["amount_cents"] for r in refunds if r["status"] not in ("failed", "canceled"))
     return {"payment_intent": payment_intent, "refunded_cents": refunded, "refunds": refunds}
