@@ -51,6 +51,16 @@ build_js() { # name, dir, world
     echo "$s" > "$out/$name.stamp"
 }
 
+# A QuickJS build (componentize-qjs, shipped with jco; synchronous: toolguard
+# does not enable the component model's async ABI): several linear memories.
+build_qjs() { # name, dir, world, [--sync]
+    local name="$1" dir="$2" world="$3" s
+    s="$(stamp "$name" "$dir" "componentize-qjs $(cd "$JS_MODULES/componentize-qjs" && node -p 'require("./package.json").version') $*")"
+    [ -f "$out/$name.wasm" ] && [ "$(cat "$out/$name.stamp" 2>/dev/null)" = "$s" ] && return
+    "$JS_MODULES/.bin/componentize-qjs" -w ../wit -j "$dir/app.js" -n "$world" ${4:-} -o "$out/$name.wasm" >/dev/null
+    echo "$s" > "$out/$name.stamp"
+}
+
 # The TypeScript plugins: the contract's types generated from wit/ (always
 # fresh), then a strict type check of the SDK and every app.ts.
 node js/sdk/gen-types.mjs "$JS_MODULES" ../wit reconciling-plugin js/types
@@ -61,5 +71,7 @@ build_py py_text python/text plugin &
 build_py py_socket fixtures/python-socket plugin &
 wait
 build_js js_text js/text plugin
+build_qjs qjs_text js/text plugin --sync
+build_qjs qjs_async js/text plugin     # its default, the async ABI: refused with what to do
 build_js js_fetch fixtures/js-fetch plugin
 build_js js_tickets js/tickets reconciling-plugin

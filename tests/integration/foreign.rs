@@ -398,8 +398,9 @@ fn a_typescript_ticket_left_unknown_is_held_conflicts_and_is_reconciled_later() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_typescript_ticket_over_mcp_opens_one_ticket() {
-    let w = tokio::task::spawn_blocking(|| World::new(&Downstream::default(), &js_tickets())).await.unwrap();
+async fn the_typescript_ticket_and_the_read_only_examples_answer_over_mcp() {
+    let extra = format!("{}{}{}", js_tickets(), ungranted("pytext", &sealed("py_text")), ungranted("jstext", &sealed("js_text")));
+    let w = tokio::task::spawn_blocking(move || World::new(&Downstream::default(), &extra)).await.unwrap();
     let server = serve_http(&w.config, &[]);
     let mcp = Mcp::connect(&server.url).await;
     let first = mcp.call("create_ticket", "m1", ticket("mcp")).await.unwrap();
@@ -407,6 +408,11 @@ async fn a_typescript_ticket_over_mcp_opens_one_ticket() {
     let again = mcp.call("create_ticket", "m1", ticket("mcp")).await.unwrap();
     assert_eq!(again["structuredContent"]["ticket_id"], first["structuredContent"]["ticket_id"], "{again}");
     assert_eq!(w.sandbox.tickets().iter().filter(|t| t.subject == "mcp").count(), 1);
+    for (tool, id) in [("py_text_stats", "m2"), ("js_text_stats", "m3")] {
+        let r = mcp.call(tool, id, json!({ "text": "one two\nthree" })).await.unwrap();
+        assert_eq!(r["isError"], false, "{tool}: {r}");
+        assert_eq!(r["structuredContent"]["words"], 3, "{tool}: {r}");
+    }
     drop(server);
     tokio::task::spawn_blocking(move || drop(w)).await.unwrap();
 }
@@ -475,4 +481,31 @@ fn each_language_sdk_derives_the_schema_the_host_enforces() {
     let (ok, hi, _) = w.call("g2", "greet", &json!({ "name": "Ada" }));
     assert!(ok, "{hi}");
     assert_eq!(hi["greeting"], "Hello, Ada!");
+}
+
+#[test]
+fn a_quickjs_tool_with_several_memories_loads_without_a_seal_and_runs() {
+    // componentize-qjs (QuickJS) builds use more than one linear memory; the
+    // pool is sized to the component at load instead of refusing it.
+    let component = built("qjs_text");
+    let needs = toolguard::runtime::footprint_of(&[toolguard::config::PluginConfig {
+        name: "qjs".into(),
+        component: toolguard::config::ComponentSource::File(component.clone()),
+        ..crate::common::plugin("x", "text-stats", Default::default())
+    }]);
+    assert!(needs.memories >= 2, "a QuickJS build has several memories: {needs:?}");
+    let extra = format!("\n[plugins.qjs]\ncomponent = {:?}\ntool_prefix = \"qjs_\"\n[policy.plugins.qjs]\n", component.display().to_string());
+    let w = World::new(&Downstream::default(), &extra);
+    let (ok, v, log) = w.call("q1", "qjs_js_text_stats", &json!({ "text": "alpha beta\ngamma" }));
+    assert!(ok, "{v}\n{log}");
+    assert_eq!((v["words"].as_i64(), v["lines"].as_i64(), v["longest_word"].as_str()), (Some(3), Some(2), Some("alpha")), "{v}");
+}
+
+#[test]
+fn a_component_using_the_async_abi_is_refused_saying_how_to_build_it() {
+    let w = World::new(&Downstream::default(), &ungranted("qjsasync", &built("qjs_async")));
+    let out = toolguard(&["tools", "--config", w.config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stdout_json(&out)["message"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains("async ABI") && err.contains("--sync"), "{err}");
 }

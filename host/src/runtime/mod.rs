@@ -274,7 +274,7 @@ impl Runtime {
         if self.core.allocator == Allocator::Pooling {
             check_room(&name, footprint, self.core.room)?;
         }
-        let link_error = |e: String| LoadError::Link { plugin: config.name.clone(), reason: e };
+        let link_error = |e: String| LoadError::Link { plugin: config.name.clone(), reason: with_hint(e) };
         let (engine, cache, hash) = (self.core.engine.clone(), self.compile_cache.clone(), digest.clone());
         let component = tokio::task::spawn_blocking(move || compile::load(&engine, &bytes, &hash, &cache))
             .await
@@ -397,6 +397,16 @@ impl Runtime {
     /// Whether `plugin` exports `reconcile`.
     pub fn can_reconcile(&self, plugin: &str) -> bool {
         self.plugins.iter().any(|p| &*p.ctx.name == plugin && p.reconcile.is_some())
+    }
+}
+
+/// A link or compile error, with what to do when the cause is a known toolchain setting.
+fn with_hint(reason: String) -> String {
+    if reason.contains("component model async") {
+        // wasmtime is built without component-model-async (README: crates).
+        format!("{reason}. The component uses the component model's async ABI, which toolguard does not enable: build it synchronous (componentize-qjs --sync; wit-bindgen without async exports)")
+    } else {
+        reason
     }
 }
 

@@ -37,7 +37,8 @@ export const tool = {
     }
     const { text } = JSON.parse(argsJson);
     const trace = Math.floor(Math.random() * 0xffffffff).toString(16).padStart(8, "0");
-    console.log(`js_text_stats on ${text.length} characters, trace ${trace}`);
+    // QuickJS builds (componentize-qjs) have no console; StarlingMonkey's logs.
+    globalThis.console?.log(`js_text_stats on ${text.length} characters, trace ${trace}`);
     const words = text.split(/\s+/).filter(Boolean);
     const longest = words.reduce((a, w) => (w.length > a.length ? w : a), "");
     return JSON.stringify({
