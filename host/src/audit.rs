@@ -21,13 +21,16 @@ pub const SCHEMA: &str = "toolguard-audit/1";
 /// PASS or FAIL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Verdict {
+    /// Every check passed.
     PASS,
+    /// At least one check failed; the reasons say which.
     FAIL,
 }
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// The report format's identifier (`docs/audit.schema.json`).
     pub schema: &'static str,
     /// The config file audited.
     pub config: String,
@@ -37,6 +40,7 @@ pub struct Report {
     pub verdict: Verdict,
     /// What every plugin request and every tool call is held to, host-wide.
     pub limits: LimitsReport,
+    /// One report per component: configured plugins first, then extra files.
     pub components: Vec<ComponentReport>,
 }
 
@@ -44,9 +48,13 @@ pub struct Report {
 /// (`docs/policy.md`, "Limits on requests"; `docs/mcp.md`).
 #[derive(Debug, Clone, Serialize)]
 pub struct LimitsReport {
+    /// Most headers a plugin request may carry.
     pub max_request_headers: usize,
+    /// Longest header name, in bytes.
     pub max_header_name_bytes: usize,
+    /// Longest header value, in bytes.
     pub max_header_value_bytes: usize,
+    /// Most header bytes in one request, names and values together.
     pub max_header_bytes: usize,
     /// The largest magnitude of a number in tool arguments (2^53 − 1).
     pub max_exact_number: u64,
@@ -77,15 +85,21 @@ pub struct ComponentReport {
     pub source: String,
     /// Lower-case hex sha256 of the component, if it could be read.
     pub sha256: Option<String>,
+    /// The component's sha256 against the policy's pin.
     pub pin: PinReport,
     /// Imported interfaces (and bare functions), each classified.
     pub imports: Vec<InterfaceReport>,
     /// Exported interfaces (and bare functions).
     pub exports: Vec<InterfaceReport>,
+    /// Each tool: the effect claimed, the effect granted, whether reviewed.
     pub tools: Vec<ToolReport>,
+    /// Where it may reach: one row per grant.
     pub grants: Vec<GrantReport>,
+    /// Credentials the host injects for it (never seen by the plugin).
     pub credentials: Vec<CredentialReport>,
+    /// Its send and irreversible-call budgets.
     pub budgets: BudgetReport,
+    /// PASS or FAIL for this component.
     pub verdict: Verdict,
     /// Why it fails (empty on PASS).
     pub reasons: Vec<String>,
@@ -113,12 +127,14 @@ pub struct InterfaceReport {
     /// For imports: why that class (what the host links there, or why not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// The functions of the interface the component uses.
     pub functions: Vec<String>,
 }
 
 /// One tool.
 #[derive(Debug, Clone, Serialize)]
 pub struct ToolReport {
+    /// The tool's name as the plugin describes it.
     pub name: String,
     /// The class the plugin claims.
     pub claimed: Effect,
@@ -133,9 +149,11 @@ pub struct ToolReport {
 /// One outbound grant.
 #[derive(Debug, Clone, Serialize)]
 pub struct GrantReport {
+    /// The downstream the grant points at.
     pub downstream: String,
     /// The URL prefix it opens: the downstream's origin and base path plus the path prefix.
     pub url: String,
+    /// The HTTP methods it allows.
     pub methods: Vec<String>,
     /// Whether its paths may carry encoded separators, `%25` or `;` parameters.
     pub allow_encoded_path: bool,
@@ -152,18 +170,24 @@ pub struct GrantReport {
 /// A downstream's TLS, as the policy sets it (never a key).
 #[derive(Debug, Clone, Serialize)]
 pub struct TlsReport {
+    /// Whether the platform's root certificates are trusted.
     pub platform_roots: bool,
+    /// An extra CA file the reviewer named, if any.
     pub ca_file: Option<String>,
     /// `file:PATH` or `env:NAME` of the client key, with the certificate file, for mutual TLS.
     pub client_certificate: Option<String>,
+    /// How many SPKI pins the connection must match.
     pub spki_pins: usize,
+    /// The minimum TLS version.
     pub min_version: String,
 }
 
 /// A credential the host injects on a granted downstream.
 #[derive(Debug, Clone, Serialize)]
 pub struct CredentialReport {
+    /// The downstream the credential is for.
     pub downstream: String,
+    /// The header it is injected into.
     pub header: String,
     /// `env:NAME` or `file:PATH` — never the value.
     pub source: String,
@@ -174,8 +198,11 @@ pub struct CredentialReport {
 /// The plugin's budgets.
 #[derive(Debug, Clone, Serialize)]
 pub struct BudgetReport {
+    /// Most sends one tool call may make.
     pub max_sends_per_call: u32,
+    /// Most irreversible calls per session per hour (none: unlimited).
     pub max_irreversible_calls_per_session_hour: Option<u32>,
+    /// Most irreversible calls per principal per hour (none: unlimited).
     pub max_irreversible_calls_per_principal_hour: Option<u32>,
 }
 

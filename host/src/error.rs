@@ -156,16 +156,35 @@ impl CallError {
 pub enum LoadError {
     /// The component file could not be read.
     #[error("plugin `{plugin}`: cannot read component {path}: {reason}")]
-    Read { plugin: String, path: String, reason: String },
+    Read {
+        /// The plugin's name.
+        plugin: String,
+        /// The file.
+        path: String,
+        /// Why it could not be read.
+        reason: String,
+    },
     /// The component's sha256 differs from the pin in the config.
     #[error(
         "plugin `{plugin}`: component sha256 is {actual} but the config pins {expected}; \
          if this build is the one you reviewed, update the pin"
     )]
-    DigestMismatch { plugin: String, expected: String, actual: String },
+    DigestMismatch {
+        /// The plugin's name.
+        plugin: String,
+        /// The pinned sha256.
+        expected: String,
+        /// The file's sha256.
+        actual: String,
+    },
     /// The bytes are not a valid WebAssembly component.
     #[error("plugin `{plugin}` is not a valid WebAssembly component: {reason}")]
-    NotAComponent { plugin: String, reason: String },
+    NotAComponent {
+        /// The plugin's name.
+        plugin: String,
+        /// What the parser said.
+        reason: String,
+    },
     /// The component imports interfaces the host never links.
     #[error(
         "plugin `{plugin}` is refused: it imports {} interface(s) the host never grants: {}. \
@@ -175,26 +194,65 @@ pub enum LoadError {
          the sockets/HTTP imports a toolchain added",
         imports.len(), imports.join(", ")
     )]
-    ForbiddenImports { plugin: String, imports: Vec<String> },
+    ForbiddenImports {
+        /// The plugin's name.
+        plugin: String,
+        /// Every import the host never links.
+        imports: Vec<String>,
+    },
     /// The component imports (or carries sealed) what its policy's `deny_imports` forbids.
     #[error(
         "plugin `{plugin}` is refused by its policy's deny_imports: it imports or carries sealed {}",
         imports.join(", ")
     )]
-    DeniedImports { plugin: String, imports: Vec<String> },
+    DeniedImports {
+        /// The plugin's name.
+        plugin: String,
+        /// Every import its policy denies.
+        imports: Vec<String>,
+    },
     /// The component needs more of the instance pool than one component may take.
     #[error("plugin `{plugin}` does not fit the instance pool: {reason}")]
-    TooBig { plugin: String, reason: String },
+    TooBig {
+        /// The plugin's name.
+        plugin: String,
+        /// Which limit, and the setting that raises it.
+        reason: String,
+    },
     /// Compiling or linking the component failed.
     #[error("plugin `{plugin}`: cannot compile or link the component: {reason}")]
-    Link { plugin: String, reason: String },
+    Link {
+        /// The plugin's name.
+        plugin: String,
+        /// What wasmtime said, with advice where known.
+        reason: String,
+    },
     /// `describe` trapped, hit a limit or returned nothing usable.
     #[error("plugin `{plugin}`: describe failed: {reason}")]
-    Describe { plugin: String, reason: String },
+    Describe {
+        /// The plugin's name.
+        plugin: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A tool spec is unusable (bad name, schema that does not compile, …).
     #[error("plugin `{plugin}`, tool `{tool}`: {reason}")]
-    BadTool { plugin: String, tool: String, reason: String },
+    BadTool {
+        /// The plugin's name.
+        plugin: String,
+        /// The tool's name.
+        tool: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Two plugins offer a tool of the same name.
     #[error("tool `{tool}` is offered by both `{first}` and `{second}`; tool names must be unique")]
-    DuplicateTool { tool: String, first: String, second: String },
+    DuplicateTool {
+        /// The tool's name.
+        tool: String,
+        /// The plugin that offered it first.
+        first: String,
+        /// The plugin that offered it again.
+        second: String,
+    },
 }

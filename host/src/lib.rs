@@ -17,6 +17,7 @@
 //! - [`mcp`]: `toolguard serve`, the tools as an MCP server.
 //! - [`bench`]: `toolguard bench`, the performance figures ([`phases`]: its per-phase clocks).
 //! - [`cli`]: the `toolguard` command line.
+#![warn(missing_docs)]
 
 pub mod audit;
 pub mod bench;

@@ -63,10 +63,13 @@ impl Scale {
 pub struct Figure {
     /// Which benchmark (a–g) and what.
     pub name: String,
+    /// The figure.
     pub value: f64,
+    /// Its unit.
     pub unit: &'static str,
     /// What it is compared with, measured in the same run.
     pub baseline: Option<String>,
+    /// The figure divided by the baseline.
     pub ratio: Option<f64>,
     /// The target from the issue, in words.
     pub target: Option<String>,
@@ -95,8 +98,11 @@ impl Figure {
 /// Latency statistics of a set of samples.
 #[derive(Debug, Clone, Copy)]
 pub struct Stats {
+    /// Median.
     pub p50: Duration,
+    /// 99th percentile.
     pub p99: Duration,
+    /// Mean.
     pub mean: Duration,
 }
 

@@ -203,11 +203,6 @@ impl CallGuard {
         }
     }
 
-    /// `outbound.fetch`: a `GET`/`HEAD` inside the grants; not keyed, not recorded.
-    pub async fn fetch(&mut self, req: types::Request) -> Result<types::Response, OutboundError> {
-        fetch(&self.guard, &self.rules.grants, req).await
-    }
-
     /// An attempt the host failed on before (a panic): it is never sent
     /// again on its own, and the call cannot complete past it.
     fn left_for_operator(&mut self, a: &AttemptRecord) -> OutboundError {

@@ -90,8 +90,11 @@ const CLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 /// The tool call as the guard identifies it.
 #[derive(Debug, Clone)]
 pub struct CallIdentity {
+    /// The session the call belongs to.
     pub session: String,
+    /// The model's tool-call id.
     pub call_id: String,
+    /// The tool's name as the host lists it.
     pub tool: String,
     /// RFC 8785 canonical arguments.
     pub args: Value,

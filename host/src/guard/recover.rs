@@ -49,7 +49,9 @@ enum Resolved {
 /// reconciler, if it has one.
 #[derive(Clone)]
 pub struct ToolRules {
+    /// Where its sends may go (checked again before any re-send).
     pub grants: Arc<[Grant]>,
+    /// Its `reconcile` export, if it has one.
     pub reconciler: Option<Arc<dyn Reconciler>>,
 }
 

@@ -20,12 +20,27 @@ pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
 #[derive(Debug, Clone)]
 pub enum Outcome {
     /// A definitive answer: `Succeeded` (2xx) or `Failed` (4xx).
-    Answered { state: AttemptState, response: StoredResponse },
+    Answered {
+        /// `Succeeded` or `Failed`.
+        state: AttemptState,
+        /// The downstream's answer.
+        response: StoredResponse,
+    },
     /// It may have taken effect: `Unknown`, or `Pending` while the downstream
     /// still reports the key in flight.
-    Unsettled { state: AttemptState, response: Option<StoredResponse>, reason: String },
+    Unsettled {
+        /// `Unknown` or `Pending`.
+        state: AttemptState,
+        /// A non-definitive answer, if one came.
+        response: Option<StoredResponse>,
+        /// What happened, for the model and the log.
+        reason: String,
+    },
     /// Nothing reached the downstream (or it refused before its idempotency layer).
-    NotSent { reason: String },
+    NotSent {
+        /// Why nothing reached it.
+        reason: String,
+    },
 }
 
 /// What one try produced.

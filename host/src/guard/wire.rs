@@ -20,9 +20,13 @@ const FORBIDDEN_HEADERS: &[&str] = &[
 /// attached. Deliberately not `Debug`: it may carry a secret.
 #[derive(Clone)]
 pub struct Wire {
+    /// The HTTP method.
     pub method: String,
+    /// The absolute URL, already checked against the grants.
     pub url: url::Url,
+    /// Headers, the key and credentials included.
     pub headers: Vec<(String, String)>,
+    /// The body, with the key if it travels there.
     pub body: Vec<u8>,
 }
 

@@ -574,7 +574,12 @@ impl QueuedWrite {
 pub enum Claim {
     /// Ours to run: the call as the ledger now holds it (or the new record),
     /// and whether it is in the ledger yet.
-    Run { record: CallRecord, persisted: bool },
+    Run {
+        /// The call as the ledger holds it (or the new record).
+        record: CallRecord,
+        /// Whether it is in the ledger yet.
+        persisted: bool,
+    },
     /// It completed before: replay its outcome.
     Completed(CallRecord),
     /// It was made before with another tool or arguments.
@@ -630,10 +635,15 @@ pub struct LedgerWrite {
 /// strings the guard builds (a plugin and a session, or a principal).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Charge {
+    /// What the budget counts (session or principal, tool).
     pub scope: String,
+    /// Most spends in the window.
     pub max: u32,
+    /// The window's start (Unix ms).
     pub since_ms: u64,
+    /// This spend's time (Unix ms).
     pub at_ms: u64,
+    /// The call spending it (a repeat of it spends nothing more).
     pub call_id: String,
     /// What the budget is, for the refusal's message.
     pub what: String,
@@ -645,9 +655,19 @@ pub enum EpisodeOp {
     /// Creates it; refused if that episode of the action exists already.
     Open(EpisodeRecord),
     /// Makes `record.executor` its executor; refused unless `from` still is.
-    Hand { record: EpisodeRecord, from: String },
+    Hand {
+        /// The episode with its new executor.
+        record: EpisodeRecord,
+        /// The executor it must still have.
+        from: String,
+    },
     /// Marks it closed at `at_ms` (a no-op if it is closed already).
-    Close { record: EpisodeRecord, at_ms: u64 },
+    Close {
+        /// The episode.
+        record: EpisodeRecord,
+        /// When it closed (Unix ms).
+        at_ms: u64,
+    },
 }
 
 impl EpisodeOp {
@@ -664,8 +684,11 @@ impl EpisodeOp {
 /// `now_ms`, and has no attempt that may have taken effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superseding {
+    /// The call's session.
     pub session: String,
+    /// The call's tool-call id.
     pub call_id: String,
+    /// Now (Unix ms): the expiry is measured from here.
     pub now_ms: u64,
 }
 

@@ -23,19 +23,25 @@ pub enum CallState {
 /// One tool call: the model's request, keyed by (session, call id).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
+    /// The session it belongs to.
     pub session: String,
+    /// The model's tool-call id.
     pub call_id: String,
+    /// The tool called.
     pub tool: String,
     /// sha256 of the RFC 8785 canonical arguments.
     pub args_digest: String,
     /// The canonical arguments themselves (for resume and reconciliation).
     pub args: Value,
+    /// Where it stands.
     pub state: CallState,
     /// The result returned to the model, once completed.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub outcome: Option<StoredOutcome>,
+    /// When it was first recorded (Unix ms).
     pub created_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
+    /// When it completed (Unix ms).
     pub completed_ms: Option<u64>,
     /// On a shared ledger: the host running the call now, …
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -139,8 +145,11 @@ impl Reported {
 /// episode number); see `docs/guard.md`, "The hold rule".
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpisodeRecord {
+    /// The session of the action.
     pub session: String,
+    /// The tool of the action.
     pub tool: String,
+    /// The digest of its canonical arguments.
     pub args_digest: String,
     /// Numbered from 1 per action; a new one opens only after the last closed.
     pub episode: u64,
@@ -149,8 +158,10 @@ pub struct EpisodeRecord {
     /// A definitive outcome of this episode reached the caller: an identical
     /// call admitted from now on is a new action.
     pub closed: bool,
+    /// When it opened (Unix ms).
     pub opened_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
+    /// When it closed (Unix ms), if it has.
     pub closed_ms: Option<u64>,
 }
 
@@ -177,7 +188,14 @@ pub enum StoredOutcome {
     /// The tool's JSON result.
     Result(Value),
     /// A definitive error (kind, message, detail).
-    Error { kind: String, message: String, detail: Option<Value> },
+    Error {
+        /// The error kind the caller saw.
+        kind: String,
+        /// Its message.
+        message: String,
+        /// Structured detail (e.g. the earlier outcome of a held call).
+        detail: Option<Value>,
+    },
 }
 
 impl StoredOutcome {
@@ -239,8 +257,10 @@ impl AttemptState {
 /// An HTTP message body as stored: UTF-8 text as is, anything else base64.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredBody {
+    /// The body as text, or base64 when `base64`.
     pub text: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// Whether `text` is base64 (the body was not UTF-8).
     pub base64: bool,
 }
 
@@ -268,17 +288,24 @@ impl StoredBody {
 /// The request as the plugin built it (no key, no credentials).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredRequest {
+    /// The HTTP method.
     pub method: String,
+    /// The URL.
     pub url: String,
+    /// Headers as the plugin built them (no key, no credentials).
     pub headers: Vec<(String, String)>,
+    /// The body as the plugin built it.
     pub body: StoredBody,
 }
 
 /// A downstream response as received.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredResponse {
+    /// The HTTP status.
     pub status: u16,
+    /// The response headers.
     pub headers: Vec<(String, String)>,
+    /// The response body.
     pub body: StoredBody,
 }
 
@@ -304,8 +331,11 @@ pub enum Resolution {
 pub struct AttemptRecord {
     /// The idempotency key sent downstream.
     pub key: String,
+    /// The session of the call that made it.
     pub session: String,
+    /// The tool-call id that made it.
     pub call_id: String,
+    /// The tool that made it.
     pub tool: String,
     /// The argument digest of its tool call (for the hold rule's index).
     #[serde(default)]
@@ -320,9 +350,12 @@ pub struct AttemptRecord {
     pub fingerprint: String,
     /// The configured downstream it went to.
     pub downstream: String,
+    /// The request, without key or credentials.
     pub request: StoredRequest,
+    /// Where it stands.
     pub state: AttemptState,
     #[serde(skip_serializing_if = "Option::is_none", default)]
+    /// The downstream's answer, once there is one.
     pub response: Option<StoredResponse>,
     /// Why the outcome is not settled (timeout, dropped connection, …).
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -335,7 +368,9 @@ pub struct AttemptRecord {
     /// How it was settled, if not by the downstream's answer.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub resolution: Option<Resolution>,
+    /// When it was recorded (Unix ms).
     pub created_ms: u64,
+    /// When it last changed (Unix ms).
     pub updated_ms: u64,
 }
 
@@ -371,10 +406,12 @@ impl AttemptRecord {
 /// ran with, from `recorded_ms` until its next entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GrantRecord {
+    /// The plugin the grants were for.
     pub plugin: String,
     /// sha256 of the component.
     pub digest: String,
     /// The effective grants: tools and classes, outbound grants, credentials by name, budgets.
     pub grants: Value,
+    /// When this grant set was first seen (Unix ms).
     pub recorded_ms: u64,
 }

@@ -81,18 +81,26 @@ pub const GRANTABLE_METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH",
 pub enum KeyTransport {
     /// A header carrying the bare token (Stripe, Adyen): `Idempotency-Key: tg1_…`.
     Header {
+        /// The header's name (default `Idempotency-Key`).
         #[serde(default = "default_key_header")]
         name: String,
     },
     /// A header carrying an RFC 8941 sf-string (IETF draft): `Idempotency-Key: "tg1_…"`.
     SfString {
+        /// The header's name (default `Idempotency-Key`).
         #[serde(default = "default_key_header")]
         name: String,
     },
     /// A top-level field of a JSON object body (Square: `idempotency_key`).
-    JsonField { name: String },
+    JsonField {
+        /// The field's name.
+        name: String,
+    },
     /// A field of a form-encoded body (e.g. `metadata[toolguard_key]`).
-    FormField { name: String },
+    FormField {
+        /// The field's name, as written in the form.
+        name: String,
+    },
 }
 
 fn default_key_header() -> String {
@@ -105,11 +113,15 @@ fn default_key_header() -> String {
 pub struct RawDownstream {
     /// Scheme, host, optional port and optional base path: `https://api.stripe.com`.
     pub url: String,
+    /// Per-try deadline (default 10 000 ms).
     pub timeout_ms: Option<u64>,
+    /// Re-sends with the same key after a transport failure (default 2).
     pub max_retries: Option<u32>,
+    /// Wait before the first re-send, doubling after (default 200 ms).
     pub backoff_ms: Option<u64>,
     /// Whether the downstream deduplicates by key (default true).
     pub honours_keys: Option<bool>,
+    /// How long the downstream keeps an idempotency key (hours).
     pub retention_hours: Option<u64>,
     /// How long to keep reconciling an unknown outcome before answering.
     pub reconcile_ms: Option<u64>,
@@ -386,8 +398,10 @@ impl Default for PluginPolicy {
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
     #[serde(default)]
+    /// Downstreams by name, as written.
     pub downstreams: BTreeMap<String, RawDownstream>,
     #[serde(default)]
+    /// Each plugin's policy, as written.
     pub plugins: BTreeMap<String, RawPluginPolicy>,
 }
 
@@ -395,15 +409,22 @@ pub struct RawPolicy {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPluginPolicy {
+    /// The sha256 the reviewed component must have.
     pub sha256: Option<String>,
     #[serde(default)]
+    /// The effect class granted to each tool.
     pub tools: BTreeMap<String, RawToolPolicy>,
     #[serde(default)]
+    /// Where the plugin may reach.
     pub grants: Vec<Grant>,
+    /// Most sends per tool call (default 8).
     pub max_sends_per_call: Option<u32>,
+    /// Most irreversible calls per session per hour.
     pub max_irreversible_calls_per_session_hour: Option<u32>,
+    /// Most irreversible calls per principal per hour.
     pub max_irreversible_calls_per_principal_hour: Option<u32>,
     #[serde(default)]
+    /// Imports refused even though inert or sealed (packages or package/interface).
     pub deny_imports: Vec<String>,
 }
 
@@ -418,7 +439,9 @@ pub struct RawToolPolicy {
 /// The checked policy.
 #[derive(Debug, Clone, Default)]
 pub struct Policy {
+    /// The downstreams, checked.
     pub downstreams: Downstreams,
+    /// Each plugin's policy, checked.
     pub plugins: BTreeMap<String, PluginPolicy>,
 }
 

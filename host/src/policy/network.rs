@@ -23,6 +23,7 @@ pub struct TlsPolicy {
     /// … and its private key (PEM), from a file or an environment variable.
     /// Read at start, never visible to a plugin.
     pub client_key_file: Option<PathBuf>,
+    /// The environment variable holding the client certificate's private key (PEM).
     pub client_key_env: Option<String>,
     /// SHA-256 pins of certificates' SubjectPublicKeyInfo, base64 (an
     /// optional `sha256/` prefix is accepted): a certificate of the chain the
