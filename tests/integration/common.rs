@@ -120,12 +120,12 @@ pub fn serve_http(config: &Path, env: &[(&str, &str)]) -> Server {
 
 /// An MCP client making `tools/call` requests with the tool-call id and
 /// session in `_meta`.
-pub struct Mcp(toolguard::bench::host::McpClient);
+pub struct Mcp(toolguard::mcp::client::McpClient);
 
 impl Mcp {
     pub async fn connect(url: &str) -> Mcp {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        Mcp(toolguard::bench::host::McpClient::connect(url).await.unwrap())
+        Mcp(toolguard::mcp::client::McpClient::connect(url).await.unwrap())
     }
 
     /// `refund` under tool-call id `call_id`: the JSON-RPC result, or the transport error.

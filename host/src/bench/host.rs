@@ -7,6 +7,7 @@ use super::guarded::drive;
 use super::{Figure, Scale, Stats, ms, us};
 use crate::config::{ComponentSource, EngineConfig, PluginConfig};
 use crate::{CallRequest, Config, Runtime};
+use crate::mcp::client::McpClient;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,7 +80,7 @@ pub async fn mcp_http(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     let call = |client: Arc<McpClient>| {
         move |i: usize| {
             let client = client.clone();
-            async move { client.call_tool(i).await }
+            async move { call_text_stats(&client, i).await }
         }
     };
     let n = scale.n(2_000);
@@ -95,58 +96,12 @@ pub async fn mcp_http(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     ])
 }
 
-/// A minimal MCP client over Streamable HTTP: the 2025-11-25 handshake, then
-/// requests in its session (the benchmarks' and the tests' client).
-pub struct McpClient {
-    http: reqwest::Client,
-    url: String,
-    session: String,
-}
-
-impl McpClient {
-    /// Initialises a session with the server at `url` (its `/mcp` endpoint).
-    ///
-    /// # Errors
-    /// The server could not be reached or refused the handshake.
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let http = reqwest::Client::new();
-        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
-        let response = Self::post(&http, url, None, init.to_string()).await?;
-        let session = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-        response.bytes().await?;
-        let client = Self { http, url: url.into(), session };
-        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_string();
-        Self::post(&client.http, &client.url, Some(&client.session), initialized).await?.bytes().await?;
-        Ok(client)
-    }
-
-    async fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: String) -> anyhow::Result<reqwest::Response> {
-        let mut req = http
-            .post(url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-11-25")
-            .body(body);
-        if let Some(s) = session {
-            req = req.header("mcp-session-id", s);
-        }
-        Ok(req.send().await?.error_for_status()?)
-    }
-
-    /// Posts a JSON-RPC message in the session; the server's response.
-    ///
-    /// # Errors
-    /// The request failed or the server answered with an error status.
-    pub async fn send(&self, body: String) -> anyhow::Result<reqwest::Response> {
-        Self::post(&self.http, &self.url, Some(&self.session), body).await
-    }
-
-    async fn call_tool(&self, id: usize) -> Result<(), String> {
-        let body = format!(r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"p0_text_stats","arguments":{{"text":"a b c"}}}}}}"#, id + 1);
-        let response = self.send(body).await.map_err(|e| e.to_string())?;
-        let text = response.text().await.map_err(|e| e.to_string())?;
-        if text.contains("\"result\"") && !text.contains("\"isError\":true") { Ok(()) } else { Err(format!("unexpected answer: {text}")) }
-    }
+/// One `tools/call` of the read-only `p0_text_stats` over `client`.
+async fn call_text_stats(client: &McpClient, id: usize) -> Result<(), String> {
+    let body = format!(r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"p0_text_stats","arguments":{{"text":"a b c"}}}}}}"#, id + 1);
+    let response = client.send(body).await.map_err(|e| e.to_string())?;
+    let text = response.text().await.map_err(|e| e.to_string())?;
+    if text.contains("\"result\"") && !text.contains("\"isError\":true") { Ok(()) } else { Err(format!("unexpected answer: {text}")) }
 }
 
 /// The process's resident set size, in bytes.

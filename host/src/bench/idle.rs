@@ -3,7 +3,7 @@
 //! and then serving one guarded refund per second over MCP.
 
 use super::guarded::{null_provider, refund_config};
-use super::host::McpClient;
+use crate::mcp::client::McpClient;
 use super::unguarded::cpu_of_stat;
 use super::{Figure, Scale};
 use std::io::BufRead as _;

@@ -3,8 +3,11 @@
 //! are answered (2025-11-25 with its `initialize` handshake, and the
 //! stateless 2026-07-28). The tool-call and session ids that scope the
 //! guard's keys come from `_meta` (see [`ids`] and `docs/mcp.md`).
+//! [`client`] is the minimal Streamable HTTP client the benchmarks and the
+//! integration tests drive it with.
 
 mod delivery;
+pub mod client;
 pub mod http;
 pub mod ids;
 pub mod results;

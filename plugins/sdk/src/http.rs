@@ -10,12 +10,19 @@ use crate::wit::{self, Header, OutboundError, ToolError};
 /// It never carries an idempotency key or credentials: the host adds those
 /// (and refuses a request that tries to).
 #[derive(Debug, Clone)]
-pub struct Request(wit::Request);
+pub struct Request {
+    inner: wit::Request,
+    /// Why the request cannot be sent (a body that failed to serialise), if so.
+    broken: Option<String>,
+}
 
 impl Request {
     /// A request with `method` (`GET`, `HEAD`, `POST`, `PUT`, `PATCH`, `DELETE`) to absolute `url`.
     pub fn new(method: &str, url: impl Into<String>) -> Request {
-        Request(wit::Request { method: method.into(), url: url.into(), headers: Vec::new(), body: Vec::new() })
+        Request {
+            inner: wit::Request { method: method.into(), url: url.into(), headers: Vec::new(), body: Vec::new() },
+            broken: None,
+        }
     }
 
     /// A `GET` of `url`.
@@ -32,24 +39,28 @@ impl Request {
     pub fn query(mut self, pairs: &[(&str, &str)]) -> Request {
         let query = form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
         if !query.is_empty() {
-            self.0.url.push(if self.0.url.contains('?') { '&' } else { '?' });
-            self.0.url.push_str(&query);
+            self.inner.url.push(if self.inner.url.contains('?') { '&' } else { '?' });
+            self.inner.url.push_str(&query);
         }
         self
     }
 
     /// Adds a header (not the key header, not `Authorization`: the host owns those).
     pub fn header(mut self, name: &str, value: &str) -> Request {
-        self.0.headers.push(Header { name: name.into(), value: value.into() });
+        self.inner.headers.push(Header { name: name.into(), value: value.into() });
         self
     }
 
-    /// Sets a JSON body and its `Content-Type`.
-    pub fn json<T: Serialize>(self, body: &T) -> Request {
-        // Serialising a value whose `Serialize` fails is a bug in the plugin; an empty body is sent
-        // instead only if it does, and the downstream's answer says so.
-        let body = serde_json::to_vec(body).unwrap_or_default();
-        self.body("application/json", body)
+    /// Sets a JSON body and its `Content-Type`. If `body` cannot be written
+    /// as JSON, `send`/`fetch` answer `invalid` and nothing is sent.
+    pub fn json<T: Serialize>(mut self, body: &T) -> Request {
+        match serde_json::to_vec(body) {
+            Ok(body) => self.body("application/json", body),
+            Err(e) => {
+                self.broken = Some(format!("the JSON body could not be written: {e}; nothing was sent"));
+                self
+            }
+        }
     }
 
     /// Sets a form-encoded body (`application/x-www-form-urlencoded`), as Stripe-like APIs take.
@@ -60,21 +71,27 @@ impl Request {
 
     /// Sets a raw body with its `Content-Type`.
     pub fn body(mut self, content_type: &str, body: Vec<u8>) -> Request {
-        self.0.headers.retain(|h| !h.name.eq_ignore_ascii_case("content-type"));
-        self.0.headers.push(Header { name: "Content-Type".into(), value: content_type.into() });
-        self.0.body = body;
+        self.inner.headers.retain(|h| !h.name.eq_ignore_ascii_case("content-type"));
+        self.inner.headers.push(Header { name: "Content-Type".into(), value: content_type.into() });
+        self.inner.body = body;
         self
     }
 
     /// Sends it under the guard: checked against the grants, keyed and recorded
     /// by the host before it leaves; a repeat returns the recorded response.
     pub fn send(&self) -> Result<Response, OutboundError> {
-        wit::outbound::send(&self.0).map(Response)
+        self.check()?;
+        wit::outbound::send(&self.inner).map(Response)
     }
 
     /// Fetches it (`GET`/`HEAD` only): inside the grants, not keyed, not recorded.
     pub fn fetch(&self) -> Result<Response, OutboundError> {
-        wit::outbound::fetch(&self.0).map(Response)
+        self.check()?;
+        wit::outbound::fetch(&self.inner).map(Response)
+    }
+
+    fn check(&self) -> Result<(), OutboundError> {
+        self.broken.clone().map_or(Ok(()), |why| Err(OutboundError::Invalid(why)))
     }
 }
 
