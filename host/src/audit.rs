@@ -299,7 +299,8 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
     // Load it (compile, link, describe) when nothing above already rules it out.
     let mut tools = Vec::new();
     if reasons.iter().all(|r| !r.starts_with("sha256") && !r.starts_with("imports") && !r.starts_with("not a usable") && !r.starts_with("cannot read")) {
-        let engine = engine.fitted_to(crate::runtime::footprint_of(std::slice::from_ref(plugin)));
+        let needs = bytes.as_ref().ok().and_then(|b| crate::runtime::Footprint::of(b).ok()).unwrap_or_default();
+        let engine = engine.fitted_to(needs);
         let engine = &engine;
         let mut runtime = Runtime::new(engine, cache.to_path_buf()).map_err(|e| e.to_string())?;
         match runtime.add_plugin(plugin).await {

@@ -50,10 +50,27 @@ pub const LINKED: &[(&str, ImportClass, &str)] = &[
     ("wasi:filesystem/preopens", ImportClass::Inert, "inert: no preopened directories, so no file can be named"),
 ];
 
+/// An import name without its version: `wasi:io/poll@0.2.6` → `wasi:io/poll`.
+pub fn unversioned(name: &str) -> &str {
+    name.split_once('@').map_or(name, |(n, _)| n)
+}
+
+/// Whether import `name` (any version) is `entry` — a package such as
+/// `wasi:sockets` or an interface such as `wasi:sockets/tcp` — or lies in it.
+pub fn falls_under(name: &str, entry: &str) -> bool {
+    let name = unversioned(name);
+    name == entry || name.strip_prefix(entry).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The row of [`LINKED`] for `name` (any version), if the host links it.
+fn linked(name: &str) -> Option<&'static (&'static str, ImportClass, &'static str)> {
+    let name = unversioned(name);
+    LINKED.iter().find(|(linked, _, _)| *linked == name)
+}
+
 /// Why an import has the class it has (for the audit).
 pub fn why(name: &str) -> &'static str {
-    let unversioned = name.split_once('@').map_or(name, |(n, _)| n);
-    LINKED.iter().find(|(linked, _, _)| *linked == unversioned).map_or(
+    linked(name).map_or(
         "never linked: a component importing it is refused (`toolguard seal` composes a trapping stub under it)",
         |(_, _, why)| why,
     )
@@ -64,14 +81,11 @@ pub fn why(name: &str) -> &'static str {
 /// The version is ignored for WASI (the linker resolves semver-compatible
 /// versions); `toolguard:plugin` must be a 0.1.x version.
 pub fn classify(name: &str) -> ImportClass {
-    let (unversioned, version) = name.split_once('@').unwrap_or((name, ""));
-    if unversioned.starts_with("toolguard:") && !version.starts_with("0.1.") {
+    let version = name.split_once('@').map_or("", |(_, v)| v);
+    if name.starts_with("toolguard:") && !version.starts_with("0.1.") {
         return ImportClass::Forbidden;
     }
-    LINKED
-        .iter()
-        .find(|(linked, _, _)| *linked == unversioned)
-        .map_or(ImportClass::Forbidden, |(_, class, _)| *class)
+    linked(name).map_or(ImportClass::Forbidden, |(_, class, _)| *class)
 }
 
 /// The top-level imports of a component, in the order they appear.
@@ -104,17 +118,23 @@ pub fn component_imports(bytes: &[u8]) -> Result<Vec<String>, String> {
     Ok(imports)
 }
 
-/// The imports of `bytes` the host never links, or why the bytes are unusable.
-///
-/// # Errors
-/// As [`component_imports`].
-pub fn forbidden_imports(bytes: &[u8]) -> Result<Vec<String>, String> {
-    Ok(component_imports(bytes)?.into_iter().filter(|name| classify(name) == ImportClass::Forbidden).collect())
+/// Those of `imports` (from [`component_imports`]) the host never links.
+pub fn forbidden(imports: &[String]) -> Vec<String> {
+    imports.iter().filter(|name| classify(name) == ImportClass::Forbidden).cloned().collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_import_falls_under_its_package_and_interface_only() {
+        assert!(falls_under("wasi:sockets/tcp@0.2.9", "wasi:sockets"));
+        assert!(falls_under("wasi:sockets/tcp@0.2.9", "wasi:sockets/tcp"));
+        assert!(!falls_under("wasi:sockets/tcp-create-socket@0.2.9", "wasi:sockets/tcp"));
+        assert!(!falls_under("wasi:socketsx/tcp@0.2.9", "wasi:sockets"));
+        assert!(!falls_under("wasi:filesystem/types@0.2.9", "wasi:sockets"));
+    }
 
     #[test]
     fn classifies_by_interface_ignoring_wasi_versions() {

@@ -55,7 +55,7 @@ pub enum SealError {
 
 /// Whether an import name (any version) belongs to a sealed package.
 pub fn is_sealed_interface(name: &str) -> bool {
-    SEALED_PACKAGES.iter().any(|p| name.strip_prefix(p).is_some_and(|rest| rest.starts_with('/')))
+    SEALED_PACKAGES.iter().any(|p| crate::imports::falls_under(name, p))
 }
 
 /// Seals `bytes`: returns the composed component and what was sealed. A

@@ -370,11 +370,7 @@ impl PluginPolicy {
     /// The entry of [`PluginPolicy::deny_imports`] that `import` (a name
     /// such as `wasi:filesystem/types@0.2.9`) falls under, if any.
     pub fn denies_import(&self, import: &str) -> Option<&str> {
-        let unversioned = import.split_once('@').map_or(import, |(n, _)| n);
-        self.deny_imports
-            .iter()
-            .find(|d| unversioned == d.as_str() || unversioned.strip_prefix(d.as_str()).is_some_and(|r| r.starts_with('/')))
-            .map(String::as_str)
+        self.deny_imports.iter().find(|d| crate::imports::falls_under(import, d)).map(String::as_str)
     }
 }
 

@@ -257,13 +257,13 @@ impl Runtime {
         {
             return Err(LoadError::DigestMismatch { plugin: name, expected: expected.clone(), actual: digest });
         }
-        match crate::imports::forbidden_imports(&bytes) {
-            Err(reason) => return Err(LoadError::NotAComponent { plugin: name, reason }),
-            Ok(imports) if !imports.is_empty() => return Err(LoadError::ForbiddenImports { plugin: name, imports }),
-            Ok(_) => {}
+        // One validating parse serves both checks (a Python component is ~18 MB).
+        let imports = crate::imports::component_imports(&bytes).map_err(|reason| LoadError::NotAComponent { plugin: name.clone(), reason })?;
+        let forbidden = crate::imports::forbidden(&imports);
+        if !forbidden.is_empty() {
+            return Err(LoadError::ForbiddenImports { plugin: name, imports: forbidden });
         }
-        let denied: Vec<String> = crate::imports::component_imports(&bytes)
-            .unwrap_or_default()
+        let denied: Vec<String> = imports
             .into_iter()
             .chain(crate::seal::record_of(&bytes).map(|r| r.sealed).unwrap_or_default())
             .filter(|i| config.policy.denies_import(i).is_some())
