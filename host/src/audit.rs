@@ -8,10 +8,9 @@
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
 use crate::imports::{self, ImportClass};
-use crate::policy::{Downstreams, Effect};
+use crate::policy::{Budgets, Downstreams, Effect, EffectiveGrant, EffectivePolicy};
 use crate::runtime::{Runtime, ToolInfo};
 use serde::Serialize;
-use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
@@ -70,7 +69,7 @@ impl LimitsReport {
             max_header_name_bytes: wire::MAX_HEADER_NAME_BYTES,
             max_header_value_bytes: wire::MAX_HEADER_VALUE_BYTES,
             max_header_bytes: wire::MAX_HEADER_BYTES,
-            max_exact_number: crate::guard::keys::MAX_EXACT_NUMBER,
+            max_exact_number: crate::keys::MAX_EXACT_NUMBER,
             max_id_bytes: crate::runtime::MAX_ID_BYTES,
         }
     }
@@ -94,11 +93,11 @@ pub struct ComponentReport {
     /// Each tool: the effect claimed, the effect granted, whether reviewed.
     pub tools: Vec<ToolReport>,
     /// Where it may reach: one row per grant.
-    pub grants: Vec<GrantReport>,
+    pub grants: Vec<EffectiveGrant>,
     /// Credentials the host injects for it (never seen by the plugin).
     pub credentials: Vec<CredentialReport>,
     /// Its send and irreversible-call budgets.
-    pub budgets: BudgetReport,
+    pub budgets: Budgets,
     /// PASS or FAIL for this component.
     pub verdict: Verdict,
     /// Why it fails (empty on PASS).
@@ -146,42 +145,6 @@ pub struct ToolReport {
     pub may_send: bool,
 }
 
-/// One outbound grant.
-#[derive(Debug, Clone, Serialize)]
-pub struct GrantReport {
-    /// The downstream the grant points at.
-    pub downstream: String,
-    /// The URL prefix it opens: the downstream's origin and base path plus the path prefix.
-    pub url: String,
-    /// The HTTP methods it allows.
-    pub methods: Vec<String>,
-    /// Whether its paths may carry encoded separators, `%25` or `;` parameters.
-    pub allow_encoded_path: bool,
-    /// The largest request body a plugin may send to its downstream, in bytes.
-    pub max_request_bytes: usize,
-    /// How requests travel: `https`, `http (loopback)`, or `http (insecure_http)`.
-    pub transport: String,
-    /// The proxy they go through, if any.
-    pub proxy: Option<String>,
-    /// TLS as the policy sets it (for `https`).
-    pub tls: Option<TlsReport>,
-}
-
-/// A downstream's TLS, as the policy sets it (never a key).
-#[derive(Debug, Clone, Serialize)]
-pub struct TlsReport {
-    /// Whether the platform's root certificates are trusted.
-    pub platform_roots: bool,
-    /// An extra CA file the reviewer named, if any.
-    pub ca_file: Option<String>,
-    /// `file:PATH` or `env:NAME` of the client key, with the certificate file, for mutual TLS.
-    pub client_certificate: Option<String>,
-    /// How many SPKI pins the connection must match.
-    pub spki_pins: usize,
-    /// The minimum TLS version.
-    pub min_version: String,
-}
-
 /// A credential the host injects on a granted downstream.
 #[derive(Debug, Clone, Serialize)]
 pub struct CredentialReport {
@@ -193,17 +156,6 @@ pub struct CredentialReport {
     pub source: String,
     /// Whether it can be read right now.
     pub available: bool,
-}
-
-/// The plugin's budgets.
-#[derive(Debug, Clone, Serialize)]
-pub struct BudgetReport {
-    /// Most sends one tool call may make.
-    pub max_sends_per_call: u32,
-    /// Most irreversible calls per session per hour (none: unlimited).
-    pub max_irreversible_calls_per_session_hour: Option<u32>,
-    /// Most irreversible calls per principal per hour (none: unlimited).
-    pub max_irreversible_calls_per_principal_hour: Option<u32>,
 }
 
 /// Audits every plugin of `config`, then each extra component file.
@@ -298,24 +250,30 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
 
     // Load it (compile, link, describe) when nothing above already rules it out.
     let mut tools = Vec::new();
+    // Loaded, its effective policy is the one the host would enforce; refused,
+    // the policy's own part of it (no tools).
+    let mut effective = None;
     if reasons.iter().all(|r| !r.starts_with("sha256") && !r.starts_with("imports") && !r.starts_with("not a usable") && !r.starts_with("cannot read")) {
         let needs = bytes.as_ref().ok().and_then(|b| crate::runtime::Footprint::of(b).ok()).unwrap_or_default();
         let engine = engine.fitted_to(needs);
-        let engine = &engine;
-        let mut runtime = Runtime::new(engine, cache.to_path_buf()).map_err(|e| e.to_string())?;
+        let mut runtime = Runtime::new(&engine, cache.to_path_buf()).map_err(|e| e.to_string())?.with_downstreams(downstreams.clone());
         match runtime.add_plugin(plugin).await {
-            Ok(()) => tools = runtime.tools().map(|t| tool_report(t, policy.grants.is_empty())).collect(),
+            Ok(()) => {
+                tools = runtime.tools().map(|t| tool_report(t, policy.grants.is_empty())).collect();
+                effective = runtime.effective_policy(&plugin.name).cloned();
+            }
             Err(e) => reasons.push(e.to_string()),
         }
     }
+    let effective = effective.unwrap_or_else(|| EffectivePolicy::of(policy, Vec::new(), downstreams));
     for t in tools.iter().filter(|t| !t.reviewed && policy.reviewed) {
         notes.push(format!("the class of tool `{}` is not reviewed: enforced as {}", t.name, t.granted.as_str()));
     }
     for t in tools.iter().filter(|t| t.claimed != t.granted) {
         notes.push(format!("tool `{}` claims {} but is enforced as {}", t.name, t.claimed.as_str(), t.granted.as_str()));
     }
-    let grants = grant_reports(plugin, downstreams);
-    let credentials = credential_reports(plugin, downstreams);
+    let grants = effective.grants.clone();
+    let credentials = credential_reports(&effective, downstreams);
     for c in credentials.iter().filter(|c| !c.available) {
         notes.push(format!("the credential for `{}` ({}) is not available here; the host will not start without it", c.downstream, c.source));
     }
@@ -334,11 +292,7 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
         tools,
         grants,
         credentials,
-        budgets: BudgetReport {
-            max_sends_per_call: policy.max_sends_per_call,
-            max_irreversible_calls_per_session_hour: policy.max_irreversible_calls_per_session_hour,
-            max_irreversible_calls_per_principal_hour: policy.max_irreversible_calls_per_principal_hour,
-        },
+        budgets: effective.budgets,
         verdict,
         reasons,
         notes,
@@ -349,63 +303,16 @@ fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
     ToolReport { name: t.name.clone(), claimed: t.claimed, granted: t.effect, reviewed: t.reviewed, may_send: t.effect != Effect::ReadOnly && !no_grants }
 }
 
-fn grant_reports(plugin: &PluginConfig, downstreams: &Downstreams) -> Vec<GrantReport> {
-    plugin
-        .policy
-        .grants
+/// The credentials the host injects for a plugin, each with whether it can be read here now.
+fn credential_reports(effective: &EffectivePolicy, downstreams: &Downstreams) -> Vec<CredentialReport> {
+    effective
+        .credentials
         .iter()
-        .map(|g| {
-            let d = downstreams.get(&g.downstream);
-            let base = d.map_or_else(String::new, |d| d.origin.as_str().trim_end_matches('/').to_string());
-            let prefix = g.path_prefix.trim_start_matches('/');
-            GrantReport {
-                downstream: g.downstream.clone(),
-                url: format!("{base}/{prefix}"),
-                methods: g.methods.clone(),
-                allow_encoded_path: g.allow_encoded_path,
-                max_request_bytes: d.map_or(crate::policy::DEFAULT_MAX_REQUEST_BYTES, |d| d.max_request_bytes),
-                transport: d.map_or_else(String::new, |d| transport(d)),
-                proxy: d.and_then(|d| d.proxy.as_ref().map(|p| p.to_string())),
-                tls: d.filter(|d| d.origin.scheme() == "https").map(|d| tls_report(&d.tls)),
-            }
-        })
-        .collect()
-}
-
-/// How requests to `d` travel, in the audit's words.
-fn transport(d: &crate::policy::Downstream) -> String {
-    match d.origin.scheme() {
-        "https" => "https".into(),
-        _ if crate::policy::is_loopback(&d.origin) => "http (loopback)".into(),
-        _ => "http (insecure_http)".into(),
-    }
-}
-
-fn tls_report(t: &crate::policy::TlsPolicy) -> TlsReport {
-    let key = t.client_key_file.as_ref().map(|f| format!("file:{}", f.display())).or_else(|| t.client_key_env.as_ref().map(|v| format!("env:{v}")));
-    TlsReport {
-        platform_roots: t.platform_roots,
-        ca_file: t.ca_file.as_ref().map(|f| f.display().to_string()),
-        client_certificate: t.client_cert_file.as_ref().map(|c| format!("{} (key {})", c.display(), key.unwrap_or_default())),
-        spki_pins: t.spki_sha256.len(),
-        min_version: t.min_version.clone().unwrap_or_else(|| "1.2".into()),
-    }
-}
-
-fn credential_reports(plugin: &PluginConfig, downstreams: &Downstreams) -> Vec<CredentialReport> {
-    let mut names: Vec<&str> = plugin.policy.grants.iter().map(|g| g.downstream.as_str()).collect();
-    names.sort_unstable();
-    names.dedup();
-    names
-        .into_iter()
-        .filter_map(|name| {
-            let spec = downstreams.get(name)?.credential.as_ref()?;
-            Some(CredentialReport {
-                downstream: name.into(),
-                header: spec.header.clone(),
-                source: spec.source(),
-                available: spec.resolve().is_ok(),
-            })
+        .map(|c| CredentialReport {
+            downstream: c.downstream.clone(),
+            header: c.header.clone(),
+            source: c.source.clone(),
+            available: downstreams.get(&c.downstream).and_then(|d| d.credential.as_ref()).is_some_and(|spec| spec.resolve().is_ok()),
         })
         .collect()
 }
@@ -435,25 +342,6 @@ fn interfaces(bytes: &[u8]) -> Result<(Vec<InterfaceReport>, Vec<InterfaceReport
     };
     let world = &resolve.worlds[world];
     Ok((describe(&world.imports, true), describe(&world.exports, false)))
-}
-
-/// The effective grants of a loaded plugin, as recorded in the grant history.
-pub fn effective_grants(plugin: &PluginConfig, tools: &[&ToolInfo], downstreams: &Downstreams) -> Value {
-    let tools: Vec<Value> = tools.iter().map(|t| json!({ "name": t.name, "effect": t.effect, "reviewed": t.reviewed })).collect();
-    let credentials: Vec<Value> = credential_reports(plugin, downstreams)
-        .into_iter()
-        .map(|c| json!({ "downstream": c.downstream, "header": c.header, "source": c.source }))
-        .collect();
-    json!({
-        "tools": tools,
-        "grants": grant_reports(plugin, downstreams),
-        "credentials": credentials,
-        "budgets": {
-            "max_sends_per_call": plugin.policy.max_sends_per_call,
-            "max_irreversible_calls_per_session_hour": plugin.policy.max_irreversible_calls_per_session_hour,
-            "max_irreversible_calls_per_principal_hour": plugin.policy.max_irreversible_calls_per_principal_hour,
-        },
-    })
 }
 
 /// The human rendering of a report.

@@ -1,21 +1,24 @@
 //! toolguard runs third-party tools for AI agents as WebAssembly components
 //! and guarantees that no side effect happens twice or outside the guard.
 //!
-//! The pieces, one module per concept:
-//! - [`config`]: `toolguard.toml`, the operator's file (and the reviewer's `[policy]`).
-//! - [`audit`]: what each component can reach, against the policy.
-//! - [`imports`]: what a component imports, classified against the allowlist.
-//! - [`runtime`]: the engine, plugin loading and one sandboxed invocation.
-//! - [`outbound`]: the host side of the plugin's only way out.
-//! - [`guard`]: keys, admission, the attempt protocol, outbound HTTP.
+//! The pieces, one module per concept, each depending only on those listed
+//! before it (a test checks the module graph has no cycle;
+//! `docs/architecture.md` draws it):
+//! - [`error`], [`phases`], [`metrics`], [`schema`], [`imports`], [`builtin`]: leaves.
+//! - [`keys`]: what "the same action" means — canonical arguments, digests, keys.
 //! - [`ledger`]: tool calls, attempts and episodes, on RocksDB or PostgreSQL.
+//! - [`policy`]: effect classes, downstreams, grants, authorisation, and each
+//!   plugin's effective policy.
+//! - [`config`]: `toolguard.toml`, the operator's file (and the reviewer's `[policy]`).
+//! - [`guard`]: admission, the attempt protocol, reconciliation, recovery.
+//! - [`seal`]: trapping stubs composed under a component's network imports.
+//! - [`runtime`]: the engine, plugin loading, one sandboxed invocation, and
+//!   the `outbound` capability (the plugin's only way out, into the guard).
+//! - [`audit`]: what each component can reach, against the policy.
 //! - [`local`]: handing a call to the process that holds a data directory.
-//! - [`policy`]: downstreams and each plugin's outbound grants.
-//! - [`schema`]: JSON Schema validation of tool arguments and results.
-//! - [`error`]: the error kinds a caller sees.
-//! - [`builtin`]: the example plugins embedded in the binary.
+//! - [`telemetry`]: OpenTelemetry export of the guard's spans.
 //! - [`mcp`]: `toolguard serve`, the tools as an MCP server.
-//! - [`bench`]: `toolguard bench`, the performance figures ([`phases`]: its per-phase clocks).
+//! - [`bench`]: `toolguard bench`, the performance figures.
 //! - [`cli`]: the `toolguard` command line.
 #![warn(missing_docs)]
 
@@ -27,11 +30,11 @@ pub mod config;
 pub mod error;
 pub mod guard;
 pub mod imports;
+pub mod keys;
 pub mod ledger;
 pub mod local;
 pub mod mcp;
 pub mod metrics;
-pub mod outbound;
 pub mod phases;
 pub mod policy;
 pub mod runtime;

@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use toolguard::config::{ComponentSource, EngineConfig, PluginConfig};
-use toolguard::runtime::limits::Limits;
+use toolguard::config::Limits;
 use toolguard::{CallError, CallRequest, Runtime};
 
 /// Where the build script put the plugin components.

@@ -8,9 +8,9 @@
 use crate::common::{assert_good_tool_works, shared_cache, wasm};
 use serde_json::json;
 use toolguard::config::{ComponentSource, PluginConfig};
-use toolguard::runtime::limits::Limits;
+use toolguard::config::Limits;
 use toolguard::{CallRequest, Config, ErrorKind, LoadError, Runtime};
-use toolguard_sandbox::{Mode, Sandbox};
+use toolguard_sandbox::{Mode, PaymentsConfig, Sandbox};
 
 /// The provider's API key: only the host holds it (in a file the plugins cannot read).
 const SECRET: &str = "sk_test_5ecret_n0t_f0r_plug1ns";
@@ -28,17 +28,18 @@ async fn hostile_host() -> Hostile {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("api-key"), format!("{SECRET}\n")).unwrap();
     let url = sandbox.url();
+    let payments = PaymentsConfig {
+        timeout_ms: Some(2000),
+        downstream_extra: r#"credential = { prefix = "Bearer ", file = "api-key" }"#.into(),
+        ..PaymentsConfig::new(&url, wasm("payments").display().to_string())
+    };
     let text = format!(
         r#"
 data_dir = "data"
 compile_cache = {cache:?}
-
+{payments}
 [plugins.text-stats]
 component = {text_stats:?}
-[plugins.payments]
-component = {payments:?}
-[plugins.payments.config]
-api_base = "{url}"
 [plugins.rogue]
 component = {rogue:?}
 [plugins.rogue.config]
@@ -50,21 +51,8 @@ cpu_ms = 200
 memory_mb = 16
 max_result_bytes = 4096
 
-[policy.downstreams.payments]
-url = "{url}"
-timeout_ms = 2000
-key = [{{ transport = "header" }}, {{ transport = "form-field", name = "metadata[toolguard_key]" }}]
-credential = {{ prefix = "Bearer ", file = "api-key" }}
-
 [policy.plugins.text-stats.tools]
 text_stats = {{ effect = "read-only" }}
-[policy.plugins.payments.tools]
-refund = {{ effect = "irreversible" }}
-refund_status = {{ effect = "read-only" }}
-[[policy.plugins.payments.grants]]
-downstream = "payments"
-methods = ["POST", "GET"]
-path_prefix = "/v1/refunds"
 [policy.plugins.rogue]
 max_sends_per_call = 2
 [policy.plugins.rogue.tools]
@@ -81,7 +69,7 @@ path_prefix = "/v1/refunds"
 "#,
         cache = shared_cache().display().to_string(),
         text_stats = wasm("text-stats").display().to_string(),
-        payments = wasm("payments").display().to_string(),
+        payments = payments.toml(),
         rogue = wasm("rogue").display().to_string(),
         misbehave = wasm("misbehave").display().to_string(),
     );

@@ -2,7 +2,7 @@
 
 use crate::common::{self, plugin, shared_cache, wasm};
 use sha2::{Digest, Sha256};
-use toolguard::runtime::limits::Limits;
+use toolguard::config::Limits;
 use toolguard::{ErrorKind, LoadError, Runtime};
 
 /// The imports of a component whose package is not one the host links,

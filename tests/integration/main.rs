@@ -1,6 +1,7 @@
 //! Integration tests of the toolguard host: one test binary (wasmtime and
 //! RocksDB make every binary large), one module per area.
 
+mod architecture;
 mod audit;
 mod cli;
 mod cli_guard;

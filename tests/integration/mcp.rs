@@ -10,6 +10,7 @@ use crate::common::{serve_http, shared_cache, wasm};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use toolguard_sandbox::config::{KEY_HEADER_ONLY, PaymentsConfig};
 use toolguard_sandbox::{Mode, Sandbox};
 
 const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
@@ -102,30 +103,13 @@ fn refund_world(dir: &Path) -> (tokio::runtime::Runtime, Sandbox, PathBuf) {
     let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
     sandbox.add_payment_intent("pi_mcp", 100_000);
     let url = sandbox.url();
-    let text = format!(
-        r#"
-data_dir = "data"
-compile_cache = {cache:?}
-[plugins.payments]
-component = {payments:?}
-[plugins.payments.config]
-api_base = "{url}"
-[policy.downstreams.payments]
-url = "{url}"
-timeout_ms = 500
-reconcile_ms = 200
-key = [{{ transport = "header" }}]
-[policy.plugins.payments.tools]
-refund = {{ effect = "irreversible" }}
-refund_status = {{ effect = "read-only" }}
-[[policy.plugins.payments.grants]]
-downstream = "payments"
-methods = ["POST", "GET"]
-path_prefix = "/v1/refunds"
-"#,
-        cache = shared_cache().display().to_string(),
-        payments = wasm("payments").display().to_string(),
-    );
+    let payments = PaymentsConfig {
+        timeout_ms: Some(500),
+        reconcile_ms: Some(200),
+        key: KEY_HEADER_ONLY.into(),
+        ..PaymentsConfig::new(&url, wasm("payments").display().to_string())
+    };
+    let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}", shared_cache().display().to_string(), payments.toml());
     let config = write(dir, "refunds.toml", &text);
     (rt, sandbox, config)
 }

@@ -43,7 +43,7 @@ fn check_migrated(ledger: &Ledger, backend: &str) {
     // Keys derive from the ledger's secret: it must have survived, or a re-run would mint another key.
     for a in &attempts {
         let call = calls.iter().find(|c| c.call_id == a.call_id).unwrap();
-        let input = toolguard::guard::keys::KeyInput {
+        let input = toolguard::keys::KeyInput {
             session: &a.session,
             call_id: &a.call_id,
             tool: &a.tool,
@@ -51,7 +51,7 @@ fn check_migrated(ledger: &Ledger, backend: &str) {
             step: a.step,
             generation: a.generation,
         };
-        assert_eq!(toolguard::guard::keys::mint(ledger.secret(), input), a.key, "the same key for the same send");
+        assert_eq!(toolguard::keys::mint(ledger.secret(), input), a.key, "the same key for the same send");
     }
 }
 

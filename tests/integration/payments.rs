@@ -4,7 +4,7 @@
 
 use crate::common::{shared_cache, wasm};
 use toolguard::{CallError, CallOutput, CallRequest, Config, Runtime};
-use toolguard_sandbox::{Mode, Sandbox};
+use toolguard_sandbox::{Mode, PaymentsConfig, Sandbox};
 
 /// The payment intent most tests refund against, and its amount.
 pub const PI: &str = "pi_1001";
@@ -58,6 +58,16 @@ pub struct Harness {
 
 /// The config text of a host granted the sandbox at `url`.
 pub fn config_text(url: &str, data_dir: &std::path::Path, d: &Downstream) -> String {
+    let payments = PaymentsConfig {
+        timeout_ms: Some(d.timeout_ms),
+        max_retries: Some(d.max_retries),
+        backoff_ms: Some(d.backoff_ms),
+        reconcile_ms: Some(d.reconcile_ms),
+        retention_hours: Some(d.retention_hours),
+        key: d.key.into(),
+        refunds_per_session_hour: Some(d.refunds_per_session_hour),
+        ..PaymentsConfig::new(url, wasm("payments").display().to_string())
+    };
     format!(
         r#"
 data_dir = {data:?}
@@ -66,35 +76,11 @@ compile_cache = {cache:?}
 [limits]
 wall_ms = {wall}
 
-[plugins.payments]
-component = {payments:?}
-[plugins.payments.config]
-api_base = "{url}"
-
 [plugins.rogue]
 component = {rogue:?}
 [plugins.rogue.limits]
 max_args_bytes = 4194304
-
-[policy.downstreams.payments]
-url = "{url}"
-timeout_ms = {timeout}
-max_retries = {retries}
-backoff_ms = {backoff}
-reconcile_ms = {reconcile}
-retention_hours = {retention}
-key = {key}
-
-[policy.plugins.payments]
-max_irreversible_calls_per_session_hour = {per_hour}
-[policy.plugins.payments.tools]
-refund = {{ effect = "irreversible" }}
-refund_status = {{ effect = "read-only" }}
-[[policy.plugins.payments.grants]]
-downstream = "payments"
-methods = ["POST", "GET"]
-path_prefix = "/v1/refunds"
-
+{payments}
 [policy.plugins.rogue]
 max_sends_per_call = 4
 [[policy.plugins.rogue.grants]]
@@ -104,15 +90,8 @@ path_prefix = "/v1/refunds"
 "#,
         data = data_dir.display().to_string(),
         cache = shared_cache().display().to_string(),
-        timeout = d.timeout_ms,
-        retries = d.max_retries,
-        reconcile = d.reconcile_ms,
-        backoff = d.backoff_ms,
         wall = d.wall_ms,
-        per_hour = d.refunds_per_session_hour,
-        retention = d.retention_hours,
-        key = d.key,
-        payments = wasm("payments").display().to_string(),
+        payments = payments.toml(),
         rogue = wasm("rogue").display().to_string(),
     )
 }

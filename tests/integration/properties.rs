@@ -17,7 +17,8 @@ use serde_json::{Map, Value, json};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use toolguard::guard::{keys, wire};
+use toolguard::guard::wire;
+use toolguard::keys;
 use toolguard::policy::{Downstream, Downstreams, Grant, KeyTransport, RawDownstream, Refusal, authorize};
 
 /// Runs `test` on inputs from `strategy`: the short pass, or for

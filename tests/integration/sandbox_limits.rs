@@ -2,7 +2,7 @@
 //! call to a good tool on the same host succeeds.
 
 use crate::common::{self, call, plugin};
-use toolguard::runtime::limits::Limits;
+use toolguard::config::Limits;
 use toolguard::{ErrorKind, Runtime};
 
 /// text-stats (well-behaved) and misbehave (tight limits) on one host.

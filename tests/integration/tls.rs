@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use toolguard::{CallError, CallOutput, CallRequest, Config, ErrorKind, Runtime};
 use toolguard_sandbox::rustls;
+use toolguard_sandbox::config::{KEY_HEADER_ONLY, PaymentsConfig};
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 /// A test PKI in a temporary directory: a CA that signs the server's
@@ -282,13 +283,13 @@ async fn an_egress_proxy_carries_a_tunnel_and_never_sees_the_credential() {
 fn plain_http_beyond_loopback_is_refused_unless_allowed_and_the_audit_flags_it() {
     let dir = tempfile::tempdir().unwrap();
     let text = |url: &str, extra: &str| {
-        format!(
-            "data_dir = \"data\"\ncompile_cache = {:?}\n[plugins.payments]\ncomponent = {:?}\n[policy.downstreams.payments]\nurl = \"{url}\"\n{extra}\n\
-             [policy.plugins.payments.tools]\nrefund = {{ effect = \"irreversible\" }}\nrefund_status = {{ effect = \"read-only\" }}\n\
-             [[policy.plugins.payments.grants]]\ndownstream = \"payments\"\nmethods = [\"POST\"]\npath_prefix = \"/v1/refunds\"\n",
-            shared_cache().display().to_string(),
-            wasm("payments").display().to_string()
-        )
+        let payments = PaymentsConfig {
+            methods: vec!["POST"],
+            key: KEY_HEADER_ONLY.into(),
+            downstream_extra: extra.into(),
+            ..PaymentsConfig::new(url, wasm("payments").display().to_string())
+        };
+        format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}", shared_cache().display().to_string(), payments.toml())
     };
     let err = Config::parse(&text("http://payments.internal:8080", ""), "t.toml", dir.path()).unwrap_err();
     assert_eq!(err.field, "policy.downstreams.payments.url", "{err}");

@@ -12,7 +12,7 @@
 use super::guarded::{call_as_a_client, drive, null_provider, refund, refund_config, replay};
 use super::unguarded::measure_calls;
 use super::{Figure, Scale, ms};
-use crate::guard::keys;
+use crate::keys;
 use crate::ledger::{AttemptRecord, CallRecord, EpisodeOp, EpisodeRecord, Ledger, LedgerWrite, Prior};
 use crate::phases::{self, Phase};
 use crate::{Config, Runtime};

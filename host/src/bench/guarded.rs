@@ -5,7 +5,7 @@
 
 use super::disk::Bound;
 use super::{Figure, Scale, Stats, ms, us};
-use crate::guard::keys;
+use crate::keys;
 use crate::ledger::records::{AttemptRecord, CallRecord, StoredBody, StoredRequest};
 use crate::ledger::{Durability, Ledger, LedgerWrite, Prior};
 use crate::{CallRequest, Config, Runtime};
@@ -38,26 +38,9 @@ pub(crate) async fn null_provider() -> anyhow::Result<String> {
 /// The config of a host with the payments plugin granted `provider`, its
 /// data in `data_dir` (relative to the config's directory).
 pub(crate) fn refund_config(provider: &str) -> String {
-    format!(
-        r#"
-data_dir = "data"
-[engine]
-pool_instances = 320
-[plugins.payments]
-component = "builtin:payments"
-[plugins.payments.config]
-api_base = "{provider}"
-[policy.downstreams.payments]
-url = "{provider}"
-[policy.plugins.payments.tools]
-refund = {{ effect = "irreversible" }}
-refund_status = {{ effect = "read-only" }}
-[[policy.plugins.payments.grants]]
-downstream = "payments"
-methods = ["POST"]
-path_prefix = "/v1/refunds"
-"#
-    )
+    use toolguard_sandbox::config::{KEY_HEADER_ONLY, PaymentsConfig};
+    let payments = PaymentsConfig { methods: vec!["POST"], key: KEY_HEADER_ONLY.into(), ..PaymentsConfig::new(provider, "builtin:payments") };
+    format!("data_dir = \"data\"\n[engine]\npool_instances = 320\n{}", payments.toml())
 }
 
 /// A host with the payments plugin granted `provider`, its data in `dir`.
@@ -176,7 +159,8 @@ fn attempt(ledger: &Ledger, call: &CallRecord) -> AttemptRecord {
     let input = keys::KeyInput { session: &call.session, call_id: &call.call_id, tool: &call.tool, args_digest: &call.args_digest, step: 0, generation: 0 };
     let key = keys::mint(ledger.secret(), input);
     let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, b"payment_intent=pi_bench&amount=1500");
-    AttemptRecord::pending(call, key, 0, 0, fingerprint, "payments".into(), request)
+    let send = crate::ledger::records::PlannedSend { step: 0, generation: 0, fingerprint, downstream: "payments".into(), request };
+    AttemptRecord::pending(call, key, send)
 }
 
 /// (c): canonicalise, digest, mint, encode and an unsynced put, per call.

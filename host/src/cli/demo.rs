@@ -5,7 +5,7 @@
 
 use crate::error::CallError;
 use crate::{CallOutput, CallRequest, Config, Runtime};
-use toolguard_sandbox::{Fault, Mode, Sandbox};
+use toolguard_sandbox::{Fault, Mode, PaymentsConfig, Sandbox};
 
 /// The payment intent the demo refunds against, and its amount in cents.
 const PI: &str = "pi_demo";
@@ -31,28 +31,8 @@ pub async fn run() -> u8 {
 }
 
 fn config_text(url: &str) -> String {
-    format!(
-        r#"
-[plugins.payments]
-component = "builtin:payments"
-[plugins.payments.config]
-api_base = "{url}"
-
-[policy.downstreams.payments]
-url = "{url}"
-timeout_ms = {DEADLINE_MS}
-reconcile_ms = {RECONCILE_MS}
-key = [{{ transport = "header", name = "Idempotency-Key" }}, {{ transport = "form-field", name = "metadata[toolguard_key]" }}]
-
-[policy.plugins.payments.tools]
-refund = {{ effect = "irreversible" }}
-refund_status = {{ effect = "read-only" }}
-[[policy.plugins.payments.grants]]
-downstream = "payments"
-methods = ["POST", "GET"]
-path_prefix = "/v1/refunds"
-"#
-    )
+    let payments = PaymentsConfig { timeout_ms: Some(DEADLINE_MS), reconcile_ms: Some(RECONCILE_MS), ..PaymentsConfig::new(url, "builtin:payments") };
+    payments.toml()
 }
 
 /// Narrates the scenario; `Ok(false)` if a count came out wrong.

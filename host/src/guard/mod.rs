@@ -6,61 +6,51 @@
 //! outcome is resolved against the provider — re-sent with the same key or
 //! reconciled by the plugin — never guessed.
 //!
-//! - [`keys`]: what "the same action" means.
-//! - [`wire`]: refusals and key injection.
-//! - [`transport`]: retries and classification of one send.
-//! - [`hold`]: the hold rule — episodes of identical irreversible calls.
-//! - [`attempt`]: the attempt protocol of `send`, and `fetch`.
-//! - [`recover`]: resolving unsettled attempts at start-up.
+//! One file per protocol step, in the order `docs/guard.md` tells them:
+//! - [`admit`]: admission — replay, conflict, and (in [`hold`]) the hold rule.
+//! - [`send`]: a send — mint the key, write the pending attempt, drive it.
+//! - [`drive`]: one attempt on the wire and its outcome recorded.
+//! - [`reconcile`]: an unknown outcome looked up at the provider.
+//! - [`finish`]: the call completed, and what its caller was told.
+//! - [`recover`]: unsettled attempts resolved at start-up.
+//!
+//! Beside them: [`claim`] (the lock and, on a shared ledger, the claim every
+//! step that acts on a call takes), [`message`] (the guard's request,
+//! response and error types), [`wire`] (refusals and key injection),
+//! [`transport`] (retries and classification of one send), [`direct`]
+//! (`fetch`, unrecorded), [`tls`] (each downstream's HTTP client).
 
-mod attempt;
+mod admit;
+mod claim;
+mod direct;
+mod drive;
+mod finish;
 mod hold;
-pub mod keys;
+mod message;
 mod outgoing;
-mod replay;
-pub mod tls;
+mod reconcile;
 pub mod recover;
+mod replay;
+mod send;
+pub mod tls;
 pub mod transport;
 pub mod wire;
 
-pub use attempt::{CallGuard, fetch};
-pub(crate) use attempt::{send_unguarded, wit_state};
+pub use admit::Admission;
+pub use direct::fetch;
+pub(crate) use direct::send_unguarded;
 pub use hold::DEFAULT_HOLD_WAIT;
+pub use message::{Request, Response, SendError, Unsettled};
+pub use reconcile::{Reconciled, Reconciler};
 pub use recover::{RecoveryReport, ToolRules};
+pub use send::CallGuard;
 
 use crate::error::{CallError, ErrorKind};
-use crate::ledger::records::{CallRecord, CallState, StoredOutcome, StoredResponse, now_ms};
-use crate::ledger::{AttemptRecord, Claim, Durability, Ledger, LedgerWrite};
-use crate::policy::{Downstreams, Grant};
-use crate::runtime::Effect;
-use crate::runtime::bindings::types::AttemptInfo;
-use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
+use crate::policy::{Downstreams, Effect, Grant};
+use crate::ledger::Ledger;
+use serde_json::Value;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-
-/// The lock a run of one tool call (session, call id) holds; also the lock
-/// under which the guard decides about one action (session, tool, digest).
-type CallLock = Arc<tokio::sync::Mutex<()>>;
-
-/// Locks by name, each dropped from the map once nobody holds or waits for it.
-#[derive(Default)]
-struct Locks<K>(Mutex<HashMap<K, CallLock>>);
-
-impl<K: std::hash::Hash + Eq> Locks<K> {
-    fn get(&self, key: K) -> CallLock {
-        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.retain(|_, l| Arc::strong_count(l) > 1);
-        map.entry(key).or_default().clone()
-    }
-
-    /// Whether the lock of `key` is held right now.
-    fn held(&self, key: &K) -> bool {
-        let map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.get(key).is_some_and(|l| l.try_lock().is_err())
-    }
-}
 
 /// Shared by all tool calls of a host: the ledger, the downstreams and their HTTP clients.
 pub struct Guard {
@@ -69,12 +59,12 @@ pub struct Guard {
     clients: BTreeMap<String, reqwest::Client>,
     downstreams: Downstreams,
     /// One lock per tool call in progress: concurrent duplicates wait for it.
-    in_flight: Locks<(String, String)>,
+    in_flight: claim::Locks<(String, String)>,
     /// One lock per irreversible action being decided about (hold rule).
-    actions: Locks<(String, String, String)>,
+    actions: claim::Locks<(String, String, String)>,
     /// One lock per budget being spent: on a host's own ledger, what makes
     /// counting and recording a use one step.
-    budgets: Locks<String>,
+    budgets: claim::Locks<String>,
     /// Definitive answers of irreversible calls on their way to their caller.
     outgoing: outgoing::Outgoing,
     /// Recently completed calls: their outcomes never change, so replaying
@@ -83,9 +73,6 @@ pub struct Guard {
     /// This host's name in claims on a shared ledger: unique per process.
     host: String,
 }
-
-/// How often a host waits for another host's run of the same tool call.
-const CLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The tool call as the guard identifies it.
 #[derive(Debug, Clone)]
@@ -140,54 +127,12 @@ pub struct Budget {
 /// The window of every budget.
 pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
 
-/// What admission decided.
-#[allow(clippy::large_enum_variant, reason = "one per tool call, moved once into the run")]
-pub enum Admission {
-    /// The call completed before: its stored outcome, no plugin run.
-    Replay(StoredOutcome),
-    /// Run the plugin under this call guard.
-    Run(CallGuard),
-}
-
-/// How starting a run came out (on a shared ledger, after claiming the call).
-#[allow(clippy::large_enum_variant, reason = "one per tool call")]
-enum Started {
-    Admitted(Admission),
-    /// Another host runs this call now; the lock back, to wait and retry.
-    Busy(tokio::sync::OwnedMutexGuard<()>),
-    /// An identical later call superseded it meanwhile; the lock back, to decide again.
-    Superseded(tokio::sync::OwnedMutexGuard<()>),
-}
-
-/// What looking an attempt up at its provider found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reconciled {
-    /// The provider has it; the response it stands for.
-    Found(StoredResponse),
-    /// The provider has no record of it.
-    NotFound,
-    /// The look-up failed or could not tell; why.
-    StillUnknown(String),
-}
-
-/// Looks attempts up at their provider: a plugin's `reconcile` export.
-pub trait Reconciler: Send + Sync {
-    /// Looks `attempt`, made by `tool` with canonical `args`, up.
-    fn reconcile<'a>(&'a self, tool: &'a str, args: &'a Value, attempt: &'a AttemptRecord) -> Pin<Box<dyn Future<Output = Reconciled> + Send + 'a>>;
-}
-
-/// Runs a ledger operation `f` on the blocking pool, so it never blocks an
-/// async worker. The hot path uses [`Ledger::read`] and
-/// [`Ledger::commit_async`] instead; this serves claims and recovery.
-pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("a ledger task panicked")
-}
-
 impl Guard {
     /// A guard over `ledger` that may reach `downstreams`.
     ///
     /// # Errors
-    /// The HTTP client cannot be built (no TLS roots, for instance).
+    /// A credential cannot be read or sent, or an HTTP client cannot be
+    /// built (no TLS roots, for instance).
     pub fn new(ledger: Ledger, downstreams: Downstreams) -> Result<Self, String> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         // Credentials are read now, once: a missing one stops the host at start.
@@ -209,8 +154,17 @@ impl Guard {
         }
         let downstreams = resolved;
         let clients = downstreams.iter().map(|(name, d)| Ok((name.clone(), tls::client(d)?))).collect::<Result<_, String>>()?;
-        let host = host_id();
-        Ok(Self { ledger, clients, downstreams, in_flight: Locks::default(), actions: Locks::default(), budgets: Locks::default(), outgoing: outgoing::Outgoing::default(), completed: Mutex::default(), host })
+        Ok(Self {
+            ledger,
+            clients,
+            downstreams,
+            in_flight: claim::Locks::default(),
+            actions: claim::Locks::default(),
+            budgets: claim::Locks::default(),
+            outgoing: outgoing::Outgoing::default(),
+            completed: Mutex::default(),
+            host: claim::host_id(),
+        })
     }
 
     /// The ledger the guard records into.
@@ -230,218 +184,11 @@ impl Guard {
     pub fn hold_wait(&self, grants: &[Grant]) -> std::time::Duration {
         grants.iter().filter_map(|g| self.downstreams.get(&g.downstream)).map(|d| d.reconcile_window).max().unwrap_or(DEFAULT_HOLD_WAIT)
     }
-
-    /// Admits a tool call: waits for a duplicate in progress, then replays a
-    /// completed call, refuses changed arguments, applies the hold rule to an
-    /// irreversible one ([`hold`]), or lets the plugin run.
-    ///
-    /// # Errors
-    /// `conflict` when the call id was used with another tool or arguments;
-    /// `held` under the hold rule; `internal` when the ledger cannot be read.
-    pub async fn admit(self: &Arc<Self>, id: CallIdentity, rules: CallRules) -> Result<Admission, CallError> {
-        let cached = self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id.session, &id.call_id);
-        // A hit with other arguments falls through to the ledger, which holds
-        // what the conflict error shows.
-        if let Some(done) = cached
-            && done.tool == id.tool
-            && done.args_digest == id.args_digest
-        {
-            return Ok(Admission::Replay((*done.outcome).clone()));
-        }
-        let mut lock = self.call_lock(&id.session, &id.call_id).lock_owned().await;
-        if rules.effect == Effect::Irreversible {
-            return self.admit_irreversible(id, rules, lock).await;
-        }
-        loop {
-            let (session, call_id) = (id.session.clone(), id.call_id.clone());
-            let existing = self
-                .ledger
-                .read(move |ledger| match ledger.call(&session, &call_id)? {
-                    None => Ok(ledger.expired(&session, &call_id)?.map_or(Lookup::New, Lookup::Expired)),
-                    Some(r) => Ok(Lookup::Found(Box::new(r))),
-                })
-                .await
-                .map_err(internal)?;
-            let (record, persisted) = match existing {
-                Lookup::Expired(at) => return Err(expired(&id.call_id, at)),
-                Lookup::Found(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id, &r)),
-                Lookup::Found(r) if r.state == CallState::Completed && r.outcome.is_some() => return Ok(self.replay(*r)),
-                Lookup::Found(r) => (*r, true),
-                Lookup::New => (CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone()), false),
-            };
-            match self.start(record, persisted, &rules, lock).await? {
-                Started::Admitted(admission) => return Ok(admission),
-                Started::Busy(back) | Started::Superseded(back) => {
-                    lock = back;
-                    tokio::time::sleep(CLAIM_POLL).await;
-                }
-            }
-        }
-    }
-
-    /// Starts the run of `record` under `lock`: at once on a host's own
-    /// ledger (the lock is the claim); on a shared one after claiming the
-    /// call, so no other host runs it at the same time.
-    async fn start(self: &Arc<Self>, record: CallRecord, persisted: bool, rules: &CallRules, lock: tokio::sync::OwnedMutexGuard<()>) -> Result<Started, CallError> {
-        if !self.ledger.shared() {
-            return Ok(Started::Admitted(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules.clone(), lock))));
-        }
-        let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + rules.lease_ms), ..record };
-        let ledger = self.ledger.clone();
-        Ok(match blocking(move || ledger.claim_call(&claim, now_ms())).await.map_err(internal)? {
-            Claim::Run { record, persisted } => Started::Admitted(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules.clone(), lock))),
-            Claim::Completed(r) => Started::Admitted(self.replay(r)),
-            Claim::Conflict(r) => return Err(conflict_with(&r.call_id, &r)),
-            Claim::Busy(_) => Started::Busy(lock),
-            Claim::Superseded(_) => Started::Superseded(lock),
-        })
-    }
-
-    /// The lock of tool call (session, call id).
-    fn call_lock(&self, session: &str, call_id: &str) -> CallLock {
-        self.in_flight.get((session.to_string(), call_id.to_string()))
-    }
-
-    /// The lock under which the guard decides about `id`'s action.
-    fn action_lock(&self, id: &CallIdentity) -> CallLock {
-        self.actions.get((id.session.clone(), id.tool.clone(), id.args_digest.clone()))
-    }
-
-    /// A completed call's stored outcome, remembered for the next replay.
-    fn replay(&self, record: CallRecord) -> Admission {
-        self.remember(&record);
-        Admission::Replay(record.outcome.expect("completed calls carry their outcome"))
-    }
-
-    /// Keeps a completed call's outcome for fast replays.
-    fn remember(&self, record: &CallRecord) {
-        self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(record);
-    }
-
-    /// Ends this host's claim on a call that did not complete, so another host
-    /// may retry it at once (a no-op on a host's own ledger).
-    pub(crate) async fn release(&self, record: &CallRecord) {
-        if !self.ledger.shared() {
-            return;
-        }
-        let (ledger, session, call_id, host) = (self.ledger.clone(), record.session.clone(), record.call_id.clone(), self.host.clone());
-        if let Err(e) = blocking(move || ledger.release_call(&session, &call_id, &host)).await {
-            tracing::warn!(error = %e, call_id = %record.call_id, "could not release a tool call's claim; it lapses with its lease");
-        }
-    }
-
-    /// Ends a run that did not complete its call: its outcome writes land,
-    /// then its claim (on a shared ledger) is released.
-    async fn end_uncompleted(&self, call: &mut CallGuard) {
-        call.flush().await;
-        self.release(call.record()).await;
-    }
-
-    /// Whether a run of tool call (session, call id) holds its lock right now.
-    fn in_progress(&self, session: &str, call_id: &str) -> bool {
-        self.in_flight.held(&(session.to_string(), call_id.to_string()))
-    }
-
-    /// Ends a tool call: an unsettled send makes it `outcome-unknown` whatever
-    /// the plugin returned; a result (or a tool-reported failure) completes it.
-    pub async fn finish(&self, mut call: CallGuard, result: Result<Value, CallError>) -> Result<Value, CallError> {
-        if let Some(info) = call.take_unsettled() {
-            self.end_uncompleted(&mut call).await;
-            let message = match &result {
-                Err(e) if e.kind == ErrorKind::OutcomeUnknown => e.message.clone(),
-                _ => info.message.clone(),
-            };
-            return Err(CallError::new(ErrorKind::OutcomeUnknown, message).with_detail(attempt_detail(&info)));
-        }
-        let outcome = match &result {
-            Ok(value) => StoredOutcome::Result(value.clone()),
-            Err(e) if e.kind == ErrorKind::ToolFailed => StoredOutcome::error(e),
-            Err(_) => {
-                self.end_uncompleted(&mut call).await;
-                return result;
-            }
-        };
-        let mut record = call.record().clone();
-        record.state = CallState::Completed;
-        record.outcome = Some(outcome);
-        record.completed_ms = Some(now_ms());
-        // Completed: no claim is needed any more.
-        (record.owner, record.lease_until_ms) = (None, None);
-        // Buffered: a lost completion is rebuilt by re-running the plugin,
-        // whose sends replay from their recorded attempts.
-        // Queued behind the outcomes of the call's sends, so waiting for it
-        // usually finds those written already.
-        let completion = self.ledger.queue(LedgerWrite::new().call(record.clone()), Durability::Buffered);
-        call.flush().await;
-        match completion.wait().await {
-            Ok(()) => self.remember(&record),
-            Err(e) => tracing::warn!(error = %e, call_id = %record.call_id, "could not record the completed tool call; a replay will re-run it"),
-        }
-        if record.episode.is_some() {
-            self.outgoing.leaving((record.session.clone(), record.tool.clone(), record.args_digest.clone()), &record.call_id);
-        }
-        result
-    }
 }
 
-/// What the ledger holds under a tool call's id.
-enum Lookup {
-    Found(Box<CallRecord>),
-    /// Pruned at this time.
-    Expired(u64),
-    New,
-}
-
-/// The refusal of a call whose record was pruned at `pruned_ms`.
-fn expired(call_id: &str, pruned_ms: u64) -> CallError {
-    CallError::new(
-        ErrorKind::Expired,
-        format!(
-            "tool call `{call_id}` is older than the ledger keeps (its record was pruned at {pruned_ms} ms since the epoch, \
-             by the retention policy); it was not run again, and its outcome is no longer kept. Nothing was sent"
-        ),
-    )
-    .with_detail(json!({ "pruned_ms": pruned_ms }))
-}
-
-fn conflict(id: &CallIdentity, first: &CallRecord) -> CallError {
-    conflict_with(&id.call_id, first)
-}
-
-fn conflict_with(call_id: &str, first: &CallRecord) -> CallError {
-    CallError::new(
-        ErrorKind::Conflict,
-        format!(
-            "tool call `{call_id}` was first made as `{}` with other arguments; a changed request needs a new tool-call id. Nothing was sent",
-            first.tool
-        ),
-    )
-    .with_detail(json!({ "first_args": first.args, "first_tool": first.tool }))
-}
-
-/// `hostname-pid-random`: names this process in claims, unique even when a
-/// host restarts with the same pid.
-fn host_id() -> String {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "host".into(), |s| s.trim().to_string());
-    let mut nonce = [0u8; 4];
-    let _ = getrandom::fill(&mut nonce);
-    format!("{name}-{}-{}", std::process::id(), hex::encode(nonce))
-}
-
+/// A ledger failure during admission: nothing was run.
 fn internal(e: crate::ledger::LedgerError) -> CallError {
     CallError::new(ErrorKind::Internal, format!("{e}; nothing was run"))
-}
-
-/// The structured detail of an `outcome-unknown` error.
-pub(crate) fn attempt_detail(info: &AttemptInfo) -> Value {
-    use crate::runtime::bindings::types::AttemptState as S;
-    let state = match info.state {
-        S::Pending => "pending",
-        S::Succeeded => "succeeded",
-        S::Failed => "failed",
-        S::Unknown => "unknown",
-    };
-    json!({ "key": info.key, "step": info.step, "state": state, "tries": info.tries })
 }
 
 /// Test-only crash points: when `TOOLGUARD_FAILPOINT` names this point, the

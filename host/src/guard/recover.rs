@@ -4,10 +4,12 @@
 //! key while the downstream still keeps keys, else reconciled by its plugin.
 //! Nothing here ever mints a key.
 
-use super::{Guard, Reconciler, blocking};
-use crate::policy::Grant;
+use super::claim::blocking;
+use super::drive::{Drive, Driven};
+use super::{Guard, Reconciler};
 use crate::ledger::records::now_ms;
 use crate::ledger::{AttemptRecord, AttemptState, CallRecord, Claim, Resolution};
+use crate::policy::Grant;
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -155,7 +157,7 @@ impl Guard {
     /// revoked), nothing is sent — the credential must never go to an origin
     /// that is not granted — and the attempt is left to an operator.
     async fn resolve_attempt(&self, attempt: AttemptRecord, rules: Option<&ToolRules>, lease_ms: u64) -> Result<Resolved, crate::ledger::LedgerError> {
-        let _held = self.call_lock(&attempt.session, &attempt.call_id).lock_owned().await;
+        let _held = self.lock_call(&attempt.session, &attempt.call_id).await;
         let (ledger, session, call_id, key) = (self.ledger.clone(), attempt.session.clone(), attempt.call_id.clone(), attempt.key.clone());
         let (call, current) = blocking(move || Ok::<_, crate::ledger::LedgerError>((ledger.call(&session, &call_id)?, ledger.attempt(&key)?))).await?;
         let Some(call) = call else {
@@ -187,23 +189,17 @@ impl Guard {
         };
         // On a shared ledger, take the call over first: a host that runs it
         // now keeps it; one that died has let its claim lapse.
-        let claimed = self.ledger.shared();
-        if claimed {
-            let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + lease_ms), ..call.clone() };
-            let ledger = self.ledger.clone();
-            if let Claim::Busy(_) = blocking(move || ledger.claim_call(&claim, now_ms())).await? {
-                return Ok(Resolved::RunningElsewhere);
-            }
+        if let Claim::Busy(_) = self.claim(call.clone(), true, lease_ms).await? {
+            return Ok(Resolved::RunningElsewhere);
         }
-        let driven = self.drive(&mut attempt, &downstream, rules.reconciler.as_deref(), &call, true, &mut None, None).await;
-        if claimed {
-            self.release(&call).await;
-        }
+        let drive = Drive { attempt: &mut attempt, downstream: &downstream, reconciler: rules.reconciler.as_deref(), call: &call, possibly_sent: true };
+        let driven = self.drive(drive, None).await;
+        self.release(&call).await;
         Ok(match driven {
-            super::attempt::Driven::Answered(_) => Resolved::Settled,
-            super::attempt::Driven::Unsettled(info) if attempt.resolution == Some(Resolution::ReconciledNotFound) => Resolved::NeedsOperator(info.message),
-            super::attempt::Driven::Unsettled(info) => Resolved::Unresolved(info.message),
-            super::attempt::Driven::NotSent(why) => Resolved::Unresolved(why),
+            Driven::Answered(_) => Resolved::Settled,
+            Driven::Unsettled(info) if attempt.resolution == Some(Resolution::ReconciledNotFound) => Resolved::NeedsOperator(info.message),
+            Driven::Unsettled(info) => Resolved::Unresolved(info.message),
+            Driven::NotSent(why) => Resolved::Unresolved(why),
         })
     }
 }

@@ -50,7 +50,7 @@ pub(super) fn to_2(ledger: &Ledger) -> Result<(), LedgerError> {
         Err(e) if !e.is_conflict() => return Err(e),
         _ => {}
     }
-    ledger.backend.set_schema("2").map_err(|m| ledger.err(m))?;
+    ledger.backend.set_schema("2").map_err(|e| ledger.backend_err(e))?;
     tracing::info!(ledger = %ledger.location(), episodes = opened, "ledger migrated from schema 1 to 2");
     Ok(())
 }
@@ -62,16 +62,16 @@ pub(super) fn to_2(ledger: &Ledger) -> Result<(), LedgerError> {
 /// may migrate at once while others serve; an entry read from a record
 /// that changed since is harmless (pruning re-checks each unit).
 pub(super) fn to_3(ledger: &Ledger) -> Result<(), LedgerError> {
-    ledger.backend.backfill_episode_index().map_err(|m| ledger.err(m))?;
+    ledger.backend.backfill_episode_index().map_err(|e| ledger.backend_err(e))?;
     let calls = ledger.calls(None)?.into_iter().filter_map(|c| RetireEntry::of_call(&c));
-    let episodes = ledger.backend.episodes().map_err(|m| ledger.err(m))?;
+    let episodes = ledger.backend.episodes().map_err(|e| ledger.backend_err(e))?;
     let closed = episodes.iter().filter(|e| e.closed).map(|e| RetireEntry::of_close(e, e.closed_ms.unwrap_or(e.opened_ms)));
     let entries: Vec<RetireEntry> = calls.chain(closed).collect();
     for chunk in entries.chunks(1_000) {
         let write = chunk.iter().cloned().fold(LedgerWrite::new(), LedgerWrite::retiring);
         ledger.commit(write, Durability::Synced)?;
     }
-    ledger.backend.set_schema("3").map_err(|m| ledger.err(m))?;
+    ledger.backend.set_schema("3").map_err(|e| ledger.backend_err(e))?;
     tracing::info!(ledger = %ledger.location(), retiring = entries.len(), "ledger migrated from schema 2 to 3");
     Ok(())
 }

@@ -10,6 +10,10 @@
 //! Durability is chosen per write ([`Durability`]); why each write is synced
 //! or not is in `docs/ledger.md`.
 
+mod backend;
+mod checks;
+mod claim;
+mod error;
 mod migrate;
 pub mod postgres;
 pub mod records;
@@ -17,94 +21,25 @@ pub mod retention;
 pub mod rocks;
 #[cfg(test)]
 mod suite;
+mod write;
 
+pub use checks::sent_nothing;
+pub use claim::Claim;
+pub use error::LedgerError;
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
 pub(crate) use rocks::simulate_slow_fsync;
+pub use write::{Charge, EpisodeOp, LedgerWrite, Prior, Superseding};
 
-use crate::guard::keys::KeySecret;
-use retention::{LedgerStats, Removal, RetireEntry};
+use crate::keys::KeySecret;
+use backend::{Backend, Pending};
+use error::BackendError;
 use std::path::Path;
 use std::sync::Arc;
-
-/// A ledger operation failed; the message names where the ledger lives.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("ledger at {location}: {message}")]
-pub struct LedgerError {
-    location: String,
-    message: String,
-    /// A conditional write found the ledger changed ([`BackendError::Conflict`]),
-    /// or another process holds it ([`BackendError::Busy`]).
-    conflict: bool,
-    busy: bool,
-    /// A budget of the write was spent ([`BackendError::Refused`]).
-    refused: bool,
-}
-
-impl LedgerError {
-    fn at(location: &str, message: String) -> Self {
-        Self { location: location.to_string(), message, conflict: false, busy: false, refused: false }
-    }
-
-    fn of(location: &str, e: BackendError) -> Self {
-        match e {
-            BackendError::Conflict(message) => Self { conflict: true, ..Self::at(location, message) },
-            BackendError::Busy(message) => Self { busy: true, ..Self::at(location, message) },
-            BackendError::Refused(message) => Self { refused: true, ..Self::at(location, message) },
-            BackendError::Failed(message) => Self::at(location, message),
-        }
-    }
-
-    /// Whether a conditional write was refused because the ledger changed
-    /// under it (another call or host got there first): re-read and decide again.
-    pub fn is_conflict(&self) -> bool {
-        self.conflict
-    }
-
-    /// Whether another process holds the (embedded) ledger right now.
-    pub fn is_busy(&self) -> bool {
-        self.busy
-    }
-
-    /// Whether a budget of the write was spent; the message says which.
-    pub fn is_refused(&self) -> bool {
-        self.refused
-    }
-
-    /// What went wrong, without where the ledger lives.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-/// Why a backend's operation failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BackendError {
-    /// A condition of the write did not hold (an episode opened or handed
-    /// over by someone else first, a call no longer supersedable); nothing
-    /// of the write was applied.
-    Conflict(String),
-    /// Another process holds the database (RocksDB's lock).
-    Busy(String),
-    /// A budget charged by the write was spent; nothing of it was applied.
-    Refused(String),
-    /// Anything else; nothing of the write was applied.
-    Failed(String),
-}
-
-impl From<String> for BackendError {
-    fn from(message: String) -> Self {
-        Self::Failed(message)
-    }
-}
 
 /// The schema version this code reads and writes: 2 added episodes, 3
 /// retention (`docs/ledger.md`, "Schema versions"); older ones are migrated
 /// on open.
 pub(crate) const SCHEMA: &str = "3";
-
-/// A backend's message for "this read needs the disk", under
-/// [`rocks::memory_only`]; [`Ledger::read`] then retries on the blocking pool.
-pub(crate) const NEEDS_IO: &str = "the read needs the disk";
 
 /// Whether a write waits for the WAL to reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,86 +49,6 @@ pub enum Durability {
     /// In the WAL and memtable; survives a process crash, not a power loss.
     /// (PostgreSQL commits every write durably.)
     Buffered,
-}
-
-/// What a ledger backend stores and finds; errors are plain messages, which
-/// [`Ledger`] prefixes with the ledger's location.
-pub(crate) trait Backend: Send + Sync {
-    /// The schema version and the key secret, both created on a new ledger
-    /// when `create` (then at [`SCHEMA`]).
-    fn meta(&self, create: bool) -> Result<(String, [u8; 32]), String>;
-    /// Records that the ledger now holds schema `version`.
-    fn set_schema(&self, version: &str) -> Result<(), String>;
-    /// Episode `episode` of the action (session, tool, args digest), or its
-    /// latest episode when `None`.
-    fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, String>;
-    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String>;
-    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String>;
-    /// The latest generation's attempt at `step`.
-    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, String>;
-    /// The current attempt of each step, by step.
-    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, String>;
-    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, String>;
-    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String>;
-    fn attempts(&self) -> Result<Vec<AttemptRecord>, String>;
-    fn record_grants(&self, record: &GrantRecord) -> Result<bool, String>;
-    fn grant_history(&self) -> Result<Vec<GrantRecord>, String>;
-    /// Applies `write` atomically, if its conditions hold.
-    fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), BackendError>;
-    /// Queues `write` for the backend's writer thread, if it has one.
-    fn enqueue(&self, _write: &LedgerWrite, _durability: Durability) -> Option<Result<rocks::Ticket, BackendError>> {
-        None
-    }
-    /// Whether reads under [`rocks::memory_only`] answer from memory (or
-    /// fail with [`NEEDS_IO`]) instead of blocking.
-    fn memory_reads(&self) -> bool {
-        false
-    }
-    /// Whether other hosts share this ledger: then calls are claimed.
-    fn shared(&self) -> bool {
-        false
-    }
-    /// Claims `call` for `call.owner` until `call.lease_until_ms`, in one
-    /// conditional write (see [`Ledger::claim_call`]).
-    fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, String>;
-    /// Ends `owner`'s claim on a call, if it still holds it.
-    fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), String>;
-    /// Memory the backend holds in this process, in bytes, if it knows.
-    fn memory_usage(&self) -> u64 {
-        0
-    }
-    /// fsyncs of the write-ahead log by this process, if the backend has one.
-    fn wal_syncs(&self) -> Option<u64> {
-        None
-    }
-    /// Finishes the housekeeping a bulk load leaves (RocksDB: flush and
-    /// compact everything; PostgreSQL: `VACUUM ANALYZE`).
-    fn settle(&self) -> Result<(), String> {
-        Ok(())
-    }
-    /// `toolguard bench` only: copies every record of session `seed` into
-    /// sessions `{prefix}{n}` for n in `from..=to`, server-side; `false` if
-    /// the backend has no such fast path (the bench then writes each copy).
-    fn replicate_for_bench(&self, _seed: &str, _prefix: &str, _from: u64, _to: u64) -> Result<bool, String> {
-        Ok(false)
-    }
-    /// Retire-index entries older than `before_ms` that sort after `after`,
-    /// oldest first, at most `limit`.
-    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String>;
-    /// Applies `removal` atomically.
-    fn remove(&self, removal: &Removal) -> Result<(), String>;
-    /// When (session, call id) was pruned, if it was.
-    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, String>;
-    /// Every call of episode `episode` of the action (session, tool, args digest).
-    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, String>;
-    /// Removes budget uses made before `before_ms`; returns how many.
-    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, String>;
-    /// What the ledger holds ([`LedgerStats`]).
-    fn stats(&self) -> Result<LedgerStats, String>;
-    /// Every episode (for migrations).
-    fn episodes(&self) -> Result<Vec<EpisodeRecord>, String>;
-    /// Indexes the calls of each episode (schema 2 → 3).
-    fn backfill_episode_index(&self) -> Result<(), String>;
 }
 
 /// 32 bytes from the OS for a new ledger's key secret.
@@ -238,7 +93,7 @@ impl Ledger {
     /// There is no ledger in `dir`, or it cannot be read.
     pub fn open_read_only(dir: &Path) -> Result<Self, LedgerError> {
         let location = dir.display().to_string();
-        let backend = rocks::Rocks::open_read_only(dir).map_err(|message| LedgerError::at(&location, message))?;
+        let backend = rocks::Rocks::open_read_only(dir).map_err(|e| LedgerError::of(&location, e))?;
         Self::init(Arc::new(backend), location, false)
     }
 
@@ -250,7 +105,7 @@ impl Ledger {
     /// incompatible schema.
     pub fn connect(url: &str) -> Result<Self, LedgerError> {
         let location = postgres::redacted(url);
-        let backend = postgres::Postgres::connect(url).map_err(|message| LedgerError::at(&location, message))?;
+        let backend = postgres::Postgres::connect(url).map_err(|e| LedgerError::of(&location, e))?;
         Self::init(Arc::new(backend), location, true)
     }
 
@@ -271,7 +126,7 @@ impl Ledger {
     /// and reads the key secret.
     fn init(backend: Arc<dyn Backend>, location: String, writable: bool) -> Result<Self, LedgerError> {
         let failed = |message| LedgerError::at(&location, message);
-        let (schema, secret) = backend.meta(writable).map_err(failed)?;
+        let (schema, secret) = backend.meta(writable).map_err(|e| LedgerError::of(&location, e))?;
         let ledger = Self { backend, location: location.clone().into(), secret: KeySecret(secret), counts: Arc::default() };
         match schema.as_str() {
             SCHEMA => {}
@@ -311,7 +166,7 @@ impl Ledger {
     /// # Errors
     /// The read failed or the record is damaged.
     pub fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, LedgerError> {
-        self.backend.episode(session, tool, args_digest, episode).map_err(|m| self.err(m))
+        self.backend.episode(session, tool, args_digest, episode).map_err(|e| self.backend_err(e))
     }
 
     /// The tool call (session, call id), if recorded.
@@ -319,7 +174,7 @@ impl Ledger {
     /// # Errors
     /// The read failed or the record is damaged.
     pub fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, LedgerError> {
-        self.backend.call(session, call_id).map_err(|m| self.err(m))
+        self.backend.call(session, call_id).map_err(|e| self.backend_err(e))
     }
 
     /// The attempt with idempotency key `key`, if recorded.
@@ -327,7 +182,7 @@ impl Ledger {
     /// # Errors
     /// The read failed or the record is damaged.
     pub fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, LedgerError> {
-        self.backend.attempt(key).map_err(|m| self.err(m))
+        self.backend.attempt(key).map_err(|e| self.backend_err(e))
     }
 
     /// The current attempt at `step` of a tool call (the latest key of that step).
@@ -335,7 +190,7 @@ impl Ledger {
     /// # Errors
     /// The read failed or the record is damaged.
     pub fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, LedgerError> {
-        self.backend.attempt_at(session, call_id, step).map_err(|m| self.err(m))
+        self.backend.attempt_at(session, call_id, step).map_err(|e| self.backend_err(e))
     }
 
     /// Settles an unsettled attempt as never sent, on an operator's word; the
@@ -362,7 +217,7 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        self.backend.attempts_of_call(session, call_id).map_err(|m| self.err(m))
+        self.backend.attempts_of_call(session, call_id).map_err(|e| self.backend_err(e))
     }
 
     /// Tool calls, in (session, call id) order; only those of `session` if given.
@@ -370,7 +225,7 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, LedgerError> {
-        self.backend.calls(session).map_err(|m| self.err(m))
+        self.backend.calls(session).map_err(|e| self.backend_err(e))
     }
 
     /// Attempts in `state`.
@@ -378,7 +233,7 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, LedgerError> {
-        self.backend.attempts_in_state(state).map_err(|m| self.err(m))
+        self.backend.attempts_in_state(state).map_err(|e| self.backend_err(e))
     }
 
     /// Every attempt, in key order.
@@ -386,7 +241,7 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn attempts(&self) -> Result<Vec<AttemptRecord>, LedgerError> {
-        self.backend.attempts().map_err(|m| self.err(m))
+        self.backend.attempts().map_err(|e| self.backend_err(e))
     }
 
     /// Records that `record.plugin` runs `record.digest` with `record.grants`,
@@ -396,7 +251,7 @@ impl Ledger {
     /// # Errors
     /// A read or the write failed.
     pub fn record_grants(&self, record: &GrantRecord) -> Result<bool, LedgerError> {
-        let written = self.backend.record_grants(record).map_err(|m| self.err(m))?;
+        let written = self.backend.record_grants(record).map_err(|e| self.backend_err(e))?;
         if written {
             self.counts[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -408,7 +263,7 @@ impl Ledger {
     /// # Errors
     /// A read failed or a record is damaged.
     pub fn grant_history(&self) -> Result<Vec<GrantRecord>, LedgerError> {
-        self.backend.grant_history().map_err(|m| self.err(m))
+        self.backend.grant_history().map_err(|e| self.backend_err(e))
     }
 
     /// Applies `write` atomically with the given durability.
@@ -432,9 +287,10 @@ impl Ledger {
         &self,
         read: impl Fn(&Ledger) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
-        if self.backend.memory_reads() {
-            match rocks::memory_only(|| read(self)) {
-                Err(e) if e.message == NEEDS_IO && !e.conflict && !e.busy && !e.refused => {}
+        let mut answered = None;
+        if self.backend.read_from_memory(&mut || answered = Some(read(self))) {
+            match answered.expect("read_from_memory ran the read") {
+                Err(e) if e.needs_io() => {}
                 answered => return answered,
             }
         }
@@ -491,7 +347,7 @@ impl Ledger {
     /// # Errors
     /// The ledger cannot be read or written.
     pub fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, LedgerError> {
-        self.backend.claim_call(call, now_ms).map_err(|m| self.err(m))
+        self.backend.claim_call(call, now_ms).map_err(|e| self.backend_err(e))
     }
 
     /// Ends `owner`'s claim on (session, call id), if it still holds it.
@@ -499,7 +355,7 @@ impl Ledger {
     /// # Errors
     /// The write failed.
     pub fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), LedgerError> {
-        self.backend.release_call(session, call_id, owner).map_err(|m| self.err(m))
+        self.backend.release_call(session, call_id, owner).map_err(|e| self.backend_err(e))
     }
 
     /// The backend's own estimate of the memory it holds here, in bytes
@@ -514,12 +370,12 @@ impl Ledger {
     /// # Errors
     /// The backend failed.
     pub fn settle(&self) -> Result<(), LedgerError> {
-        self.backend.settle().map_err(|m| self.err(m))
+        self.backend.settle().map_err(|e| self.backend_err(e))
     }
 
     /// `toolguard bench` only: see `Backend::replicate_for_bench`.
     pub(crate) fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, LedgerError> {
-        self.backend.replicate_for_bench(seed, prefix, from, to).map_err(|m| self.err(m))
+        self.backend.replicate_for_bench(seed, prefix, from, to).map_err(|e| self.backend_err(e))
     }
 
     /// fsyncs of the write-ahead log by this process (RocksDB), if known:
@@ -547,7 +403,7 @@ pub struct QueuedWrite {
 }
 
 enum Waiting {
-    Writer(rocks::Ticket),
+    Writer(Pending),
     Pool(tokio::task::JoinHandle<Result<(), BackendError>>),
     Failed(BackendError),
 }
@@ -559,48 +415,13 @@ impl QueuedWrite {
     /// The write failed; nothing of it was applied.
     pub async fn wait(self) -> Result<(), LedgerError> {
         let written = match self.waiting {
-            Waiting::Writer(ticket) => ticket.wait().await.map_err(BackendError::Failed),
+            Waiting::Writer(pending) => pending.await,
             Waiting::Pool(task) => task.await.unwrap_or_else(|e| Err(BackendError::Failed(format!("the ledger write panicked: {e}")))),
             Waiting::Failed(e) => Err(e),
         };
         written.map_err(|e| self.ledger.backend_err(e))?;
         self.ledger.count(self.durability);
         Ok(())
-    }
-}
-
-/// How claiming a tool call came out.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Claim {
-    /// Ours to run: the call as the ledger now holds it (or the new record),
-    /// and whether it is in the ledger yet.
-    Run {
-        /// The call as the ledger holds it (or the new record).
-        record: CallRecord,
-        /// Whether it is in the ledger yet.
-        persisted: bool,
-    },
-    /// It completed before: replay its outcome.
-    Completed(CallRecord),
-    /// It was made before with another tool or arguments.
-    Conflict(CallRecord),
-    /// Another host runs it now; its claim is live.
-    Busy(CallRecord),
-    /// An identical later call took its place in its episode: it never runs again.
-    Superseded(CallRecord),
-}
-
-impl Claim {
-    /// How an existing record (`Some`) or none classifies for `call`, on a
-    /// ledger only this host writes.
-    fn of_existing(call: &CallRecord, existing: Option<CallRecord>) -> Self {
-        match existing {
-            None => Self::Run { record: call.clone(), persisted: false },
-            Some(r) if r.tool != call.tool || r.args_digest != call.args_digest => Self::Conflict(r),
-            Some(r) if r.state == CallState::Completed && r.outcome.is_some() => Self::Completed(r),
-            Some(r) if r.superseded_by.is_some() => Self::Superseded(r),
-            Some(r) => Self::Run { record: r, persisted: true },
-        }
     }
 }
 
@@ -611,158 +432,5 @@ pub enum LedgerLocation {
     Dir(std::path::PathBuf),
     /// A PostgreSQL URL, shared by every host that names it.
     Postgres(String),
-}
-
-/// Records to write together, atomically; with conditions (an episode
-/// opened or handed over, a call superseded) the whole write is refused
-/// with a conflict ([`LedgerError::is_conflict`]) if one does not hold.
-#[derive(Debug, Default, Clone)]
-pub struct LedgerWrite {
-    calls: Vec<CallRecord>,
-    attempts: Vec<(AttemptRecord, Prior)>,
-    episodes: Vec<EpisodeOp>,
-    /// (session, call id, what its caller was told): set on the stored record.
-    reports: Vec<(String, String, Reported)>,
-    superseding: Option<Superseding>,
-    charges: Vec<Charge>,
-    /// Retire-index entries to add beside those the records imply (migrations).
-    retire: Vec<RetireEntry>,
-}
-
-/// One use of a budget, recorded with the write that spends it; the write is
-/// refused whole ([`LedgerError::is_refused`]) if the budget's `scope`
-/// already holds `max` uses at or after `since_ms`. Scopes are opaque
-/// strings the guard builds (a plugin and a session, or a principal).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Charge {
-    /// What the budget counts (session or principal, tool).
-    pub scope: String,
-    /// Most spends in the window.
-    pub max: u32,
-    /// The window's start (Unix ms).
-    pub since_ms: u64,
-    /// This spend's time (Unix ms).
-    pub at_ms: u64,
-    /// The call spending it (a repeat of it spends nothing more).
-    pub call_id: String,
-    /// What the budget is, for the refusal's message.
-    pub what: String,
-}
-
-/// A change to an episode record.
-#[derive(Debug, Clone, PartialEq)]
-pub enum EpisodeOp {
-    /// Creates it; refused if that episode of the action exists already.
-    Open(EpisodeRecord),
-    /// Makes `record.executor` its executor; refused unless `from` still is.
-    Hand {
-        /// The episode with its new executor.
-        record: EpisodeRecord,
-        /// The executor it must still have.
-        from: String,
-    },
-    /// Marks it closed at `at_ms` (a no-op if it is closed already).
-    Close {
-        /// The episode.
-        record: EpisodeRecord,
-        /// When it closed (Unix ms).
-        at_ms: u64,
-    },
-}
-
-impl EpisodeOp {
-    /// The episode this changes.
-    pub fn record(&self) -> &EpisodeRecord {
-        match self {
-            Self::Open(record) | Self::Hand { record, .. } | Self::Close { record, .. } => record,
-        }
-    }
-}
-
-/// The condition of a write that supersedes an episode's executor: the
-/// call (`session`, `call_id`) is not completed, holds no live claim at
-/// `now_ms`, and has no attempt that may have taken effect.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Superseding {
-    /// The call's session.
-    pub session: String,
-    /// The call's tool-call id.
-    pub call_id: String,
-    /// Now (Unix ms): the expiry is measured from here.
-    pub now_ms: u64,
-}
-
-/// Whether `attempts` prove their call sent nothing that could have taken
-/// effect: none, or each settled as never sent (by the transport or an operator).
-pub fn sent_nothing(attempts: &[AttemptRecord]) -> bool {
-    attempts.iter().all(|a| a.state == AttemptState::Failed && a.response.is_none())
-}
-
-/// What the ledger held under an attempt's key before a write replaces it.
-/// Knowing it lets a write touch only the index entries that change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Prior {
-    /// Not known: every index entry is rewritten.
-    Unread,
-    /// Nothing: the key is new.
-    Absent,
-    /// The attempt, in this state (read or written by the caller).
-    Was(AttemptState),
-}
-
-impl LedgerWrite {
-    /// An empty write.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds (or replaces) a tool call record.
-    pub fn call(mut self, call: CallRecord) -> Self {
-        self.calls.push(call);
-        self
-    }
-
-    /// Adds (or replaces) an attempt record, keeping its indexes right.
-    pub fn attempt(self, attempt: AttemptRecord) -> Self {
-        self.attempt_over(attempt, Prior::Unread)
-    }
-
-    /// Adds an attempt record over what `prior` says the ledger holds for its
-    /// key. A wrong `prior` leaves stale index entries, which reads skip.
-    pub fn attempt_over(mut self, attempt: AttemptRecord, prior: Prior) -> Self {
-        self.attempts.push((attempt, prior));
-        self
-    }
-
-    /// Adds a change to an episode.
-    pub fn episode(mut self, op: EpisodeOp) -> Self {
-        self.episodes.push(op);
-        self
-    }
-
-    /// Records what the caller of (session, call id) was told, on its stored
-    /// record (a no-op if there is none).
-    pub fn reported(mut self, session: &str, call_id: &str, reported: Reported) -> Self {
-        self.reports.push((session.into(), call_id.into(), reported));
-        self
-    }
-
-    /// Makes the write conditional on `call` being supersedable (see [`Superseding`]).
-    pub fn superseding(mut self, call: Superseding) -> Self {
-        self.superseding = Some(call);
-        self
-    }
-
-    /// Adds an entry to the retire index (a migration's backfill).
-    pub(crate) fn retiring(mut self, entry: RetireEntry) -> Self {
-        self.retire.push(entry);
-        self
-    }
-
-    /// Spends one use of a budget with this write (see [`Charge`]).
-    pub fn charge(mut self, charge: Charge) -> Self {
-        self.charges.push(charge);
-        self
-    }
 }
 

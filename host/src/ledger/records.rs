@@ -374,11 +374,29 @@ pub struct AttemptRecord {
     pub updated_ms: u64,
 }
 
+/// A send about to be recorded: where it stands in its tool call, the
+/// request as the plugin made it (the host's headers are added on the wire)
+/// with its fingerprint, and the downstream it goes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedSend {
+    /// Its step within the tool call.
+    pub step: u32,
+    /// Its key generation (0 unless an operator declared an earlier key never sent).
+    pub generation: u32,
+    /// The request's fingerprint (`crate::keys::request_fingerprint`).
+    pub fingerprint: String,
+    /// The downstream's name.
+    pub downstream: String,
+    /// The request.
+    pub request: StoredRequest,
+}
+
 impl AttemptRecord {
-    /// A new attempt at `step` of `call`, pending and never tried: what is
-    /// written before its request leaves.
-    pub fn pending(call: &CallRecord, key: String, step: u32, generation: u32, fingerprint: String, downstream: String, request: StoredRequest) -> Self {
+    /// A new attempt of `call`, sent as `send` with idempotency key `key`,
+    /// pending and never tried: what is written before its request leaves.
+    pub fn pending(call: &CallRecord, key: String, send: PlannedSend) -> Self {
         let now = now_ms();
+        let PlannedSend { step, generation, fingerprint, downstream, request } = send;
         Self {
             key,
             session: call.session.clone(),

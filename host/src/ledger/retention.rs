@@ -18,7 +18,8 @@
 //! id), so a later call under the same id is refused as `expired`, never run
 //! afresh. `docs/ledger.md` ("Retention") gives the safety argument.
 
-use super::{AttemptRecord, Backend, CallRecord, CallState, EpisodeRecord, Ledger, LedgerError};
+use crate::ledger::error::failed;
+use super::{AttemptRecord, Backend, BackendError, CallRecord, CallState, EpisodeRecord, Ledger, LedgerError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -161,13 +162,13 @@ impl Ledger {
         let mut report = PruneReport::default();
         let mut after: Option<RetireEntry> = None;
         loop {
-            let page = backend.retire_page(cutoff_ms, after.as_ref(), PAGE).map_err(|m| self.err(m))?;
+            let page = backend.retire_page(cutoff_ms, after.as_ref(), PAGE).map_err(|e| self.backend_err(e))?;
             let Some(last) = page.last().cloned() else { break };
             for entry in page {
                 report.examined += 1;
-                match plan(backend, entry, now_ms).map_err(|m| self.err(m))? {
+                match plan(backend, entry, now_ms).map_err(|e| self.backend_err(e))? {
                     Some(removal) => {
-                        backend.remove(&removal).map_err(|m| self.err(m))?;
+                        backend.remove(&removal).map_err(|e| self.backend_err(e))?;
                         report.calls += removal.calls.len() as u64;
                         report.attempts += removal.attempts.len() as u64;
                         report.episodes += u64::from(removal.episode.is_some());
@@ -177,7 +178,7 @@ impl Ledger {
             }
             after = Some(last);
         }
-        report.budget_uses = backend.forget_budget_before(now_ms.saturating_sub(2 * BUDGET_WINDOW_MS)).map_err(|m| self.err(m))?;
+        report.budget_uses = backend.forget_budget_before(now_ms.saturating_sub(2 * BUDGET_WINDOW_MS)).map_err(|e| self.backend_err(e))?;
         Ok(report)
     }
 
@@ -186,7 +187,7 @@ impl Ledger {
     /// # Errors
     /// The ledger cannot be read.
     pub fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, LedgerError> {
-        self.backend.expired(session, call_id).map_err(|m| self.err(m))
+        self.backend.expired(session, call_id).map_err(|e| self.backend_err(e))
     }
 
     /// Counts, bytes and the oldest call (reads the whole ledger).
@@ -194,14 +195,14 @@ impl Ledger {
     /// # Errors
     /// The ledger cannot be read.
     pub fn stats(&self) -> Result<LedgerStats, LedgerError> {
-        self.backend.stats().map_err(|m| self.err(m))
+        self.backend.stats().map_err(|e| self.backend_err(e))
     }
 }
 
 /// The removal of `entry`'s unit, if every check holds; `None` keeps it.
 /// A unit that no longer exists yields a removal of the index entry alone.
-fn plan(backend: &dyn Backend, entry: RetireEntry, now_ms: u64) -> Result<Option<Removal>, String> {
-    let unit: Unit = serde_json::from_str(&entry.unit).map_err(|e| format!("damaged retire entry: {e}"))?;
+fn plan(backend: &dyn Backend, entry: RetireEntry, now_ms: u64) -> Result<Option<Removal>, BackendError> {
+    let unit: Unit = serde_json::from_str(&entry.unit).map_err(|e| failed(format!("damaged retire entry: {e}")))?;
     let mut removal = Removal { entry, calls: Vec::new(), attempts: Vec::new(), episode: None, pruned_ms: now_ms };
     let calls = match unit {
         Unit::Call { session, call_id } => match backend.call(&session, &call_id)? {

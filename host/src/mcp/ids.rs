@@ -62,8 +62,8 @@ pub fn fallback_call_id(side_effects: bool, tool: &str, args_json: &str, config:
         MissingCallId::Refuse => None,
         MissingCallId::DeriveFromArguments => {
             let args: Value = serde_json::from_str(args_json).ok()?;
-            let canonical = crate::guard::keys::canonical_args(&args).ok()?;
-            Some(format!("derived-{tool}-{}", &crate::guard::keys::args_digest(&canonical)[..32]))
+            let canonical = crate::keys::canonical_args(&args).ok()?;
+            Some(format!("derived-{tool}-{}", &crate::keys::args_digest(&canonical)[..32]))
         }
     }
 }

@@ -2,7 +2,7 @@
 //! interruption driven by a ticker thread, and the pooling allocator with a
 //! logged fallback to on-demand allocation.
 
-use super::limits::EPOCH_TICK_MS;
+use crate::config::limits::EPOCH_TICK_MS;
 use crate::config::EngineConfig;
 use std::time::Duration;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
@@ -10,6 +10,11 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 /// Bytes of each memory and table slot reset in place rather than decommitted
 /// (64 KiB measured best: larger spends more on memset than it saves).
 const KEEP_RESIDENT: usize = 64 << 10;
+
+/// Sandboxes reserved for reconciliations, beyond the invocation slots: a
+/// reconcile runs while its invocation holds a slot, so it must never wait
+/// for one.
+pub const RECONCILE_SLOTS: u32 = 16;
 
 /// How the engine allocates instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +52,7 @@ pub fn build(cfg: &EngineConfig) -> anyhow::Result<(Engine, Allocator)> {
 fn pool(cfg: &EngineConfig) -> PoolingAllocationConfig {
     // Invocations plus the reconciliations that may run while they wait.
     // Room for `n` of the largest component loaded (see `EngineConfig::fitted_to`).
-    let n = cfg.pool_instances + super::sandbox::RECONCILE_SLOTS;
+    let n = cfg.pool_instances + RECONCILE_SLOTS;
     let room = cfg.component_room();
     let mut p = PoolingAllocationConfig::new();
     p.total_component_instances(n)

@@ -9,27 +9,9 @@
 
 use wasmparser::{Instance, Parser, Payload};
 
-/// The pool resources one instantiation of a component takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Footprint {
-    /// Core module instances it creates (every `instantiate`, at any depth).
-    pub core_instances: u32,
-    /// Linear memories its core modules define.
-    pub memories: u32,
-    /// Tables its core modules define.
-    pub tables: u32,
-}
+pub use crate::config::Footprint;
 
 impl Footprint {
-    /// The larger of each count in `self` and `other`.
-    pub fn max(self, other: Self) -> Self {
-        Self {
-            core_instances: self.core_instances.max(other.core_instances),
-            memories: self.memories.max(other.memories),
-            tables: self.tables.max(other.tables),
-        }
-    }
-
     /// Reads the footprint of a component's bytes: an upper bound on what
     /// wasmtime's pooling allocator will count for it.
     ///

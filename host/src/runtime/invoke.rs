@@ -2,14 +2,15 @@
 //! admitted by the guard (replayed if completed), one sandboxed run, the
 //! result checked and recorded.
 
-use super::bindings::{Plugin, types};
+use super::bindings::Plugin;
+use super::outbound::{Mode, wit};
 use super::plugin::ToolInfo;
 use super::reconcile::PluginReconciler;
 use super::sandbox::Slot;
-use super::state::CallContext;
 use super::{CallOutput, CallRequest, Runtime};
 use crate::error::{CallError, ErrorKind};
-use crate::guard::{Admission, CallIdentity, CallRules, Reconciler, keys};
+use crate::guard::{Admission, CallIdentity, CallRules, Reconciler};
+use crate::keys;
 use crate::ledger::{Reported, StoredOutcome};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -43,7 +44,7 @@ impl Runtime {
                     effect: tool.effect,
                     grants: plugin.ctx.grants.clone(),
                     reconciler: PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>),
-                    max_sends: plugin.ctx.max_sends_per_call,
+                    max_sends: plugin.policy.budgets.max_sends_per_call,
                     budgets: budgets(plugin, req),
                     // The wall clock cuts a run off, so nothing is sent after it.
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
@@ -58,13 +59,17 @@ impl Runtime {
                 }
             }
         };
-        let unguarded = self.unguarded && !read_only;
-        let call = CallContext { session: req.session.clone(), call_id: req.call_id.clone(), tool: tool.name.clone(), read_only, unguarded };
+        let mode = match call_guard {
+            Some(call) => Mode::Guarded(call),
+            None if read_only => Mode::ReadOnly(tool.name.clone()),
+            None if self.unguarded => Mode::Unguarded,
+            None => Mode::NoCall,
+        };
         let name = tool.plugin_tool.clone();
         let run = crate::phases::time(crate::phases::Phase::Run);
         let (returned, call_guard) = self
             .core
-            .sandboxed(plugin, call, call_guard, Slot::Invoke, move |store, instance| {
+            .sandboxed(plugin, mode, Slot::Invoke, move |store, instance| {
                 Box::pin(async move {
                     let bindings = Plugin::new(&mut *store, &instance)?;
                     bindings.toolguard_plugin_tool().call_invoke(store, &name, &canonical).await
@@ -74,7 +79,7 @@ impl Runtime {
         drop(run);
         let result = match returned {
             Ok(Ok(text)) => check_result(&text, plugin.ctx.limits.max_result_bytes, tool),
-            Ok(Err(e)) => Err(tool_error(e)),
+            Ok(Err(e)) => Err(wit::tool_error(e)),
             Err(fault) => Err(fault.into()),
         };
         let result = match (self.core.guard.get(), call_guard) {
@@ -127,12 +132,13 @@ impl Runtime {
 /// and per authenticated principal, as its policy sets them.
 fn budgets(plugin: &super::plugin::LoadedPlugin, req: &CallRequest) -> Vec<crate::guard::Budget> {
     let name = &plugin.ctx.name;
-    let per_session = plugin.ctx.max_irreversible_calls_per_session_hour.map(|max| crate::guard::Budget {
+    let limits = plugin.policy.budgets;
+    let per_session = limits.max_irreversible_calls_per_session_hour.map(|max| crate::guard::Budget {
         scope: json!(["session", name, req.session]).to_string(),
         max,
         what: format!("this session's budget of irreversible calls of `{name}` (max_irreversible_calls_per_session_hour = {max})"),
     });
-    let per_principal = plugin.ctx.max_irreversible_calls_per_principal_hour.zip(req.principal.as_ref()).map(|(max, principal)| crate::guard::Budget {
+    let per_principal = limits.max_irreversible_calls_per_principal_hour.zip(req.principal.as_ref()).map(|(max, principal)| crate::guard::Budget {
         scope: json!(["principal", name, principal]).to_string(),
         max,
         what: format!("principal `{principal}`'s budget of irreversible calls of `{name}` (max_irreversible_calls_per_principal_hour = {max})"),
@@ -192,25 +198,6 @@ fn replayed(stored: StoredOutcome) -> Result<CallOutput, CallError> {
                 map.insert("replayed".into(), Value::Bool(true));
             }
             Err(CallError::new(kind, message).with_detail(detail))
-        }
-    }
-}
-
-/// The error a plugin reported, under the kind the caller expects.
-fn tool_error(e: types::ToolError) -> CallError {
-    use types::{OutboundError as O, ToolError as T};
-    match e {
-        T::InvalidArgs(m) => CallError::new(ErrorKind::InvalidArgs, m),
-        T::Failed(m) => CallError::new(ErrorKind::ToolFailed, m),
-        T::Outbound(O::Denied(m)) => CallError::new(ErrorKind::Denied, m),
-        T::Outbound(O::Conflict(m)) => CallError::new(ErrorKind::Conflict, m),
-        T::Outbound(O::Transport(m)) => CallError::new(ErrorKind::Transport, m),
-        T::Outbound(O::Invalid(m)) => CallError::new(ErrorKind::InvalidRequest, m),
-        T::Outbound(O::Held(h)) => CallError::new(ErrorKind::Held, h.message)
-            .with_detail(json!({ "earlier_call_id": h.earlier_call_id })),
-        T::Outbound(O::OutcomeUnknown(a)) => {
-            let detail = crate::guard::attempt_detail(&a);
-            CallError::new(ErrorKind::OutcomeUnknown, a.message).with_detail(detail)
         }
     }
 }

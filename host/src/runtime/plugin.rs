@@ -1,10 +1,12 @@
 //! A loaded plugin and the tools it offers, checked once at load.
 
 use super::bindings::{PluginPre, types};
-use super::state::{HostState, PluginContext};
+use super::context::PluginContext;
+use super::state::HostState;
 use crate::error::LoadError;
 use crate::schema::Schema;
 pub use crate::policy::Effect;
+use crate::policy::{EffectivePolicy, ToolClass};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -47,6 +49,13 @@ pub struct ToolInfo {
     pub output_schema: Option<Schema>,
 }
 
+impl ToolInfo {
+    /// The tool's enforced class, as its plugin's effective policy lists it.
+    pub fn class(&self) -> ToolClass {
+        ToolClass { name: self.name.clone(), effect: self.effect, reviewed: self.reviewed }
+    }
+}
+
 /// A compiled, linked plugin ready to instantiate.
 pub(crate) struct LoadedPlugin {
     /// Name, settings and limits shared by its invocations.
@@ -57,6 +66,8 @@ pub(crate) struct LoadedPlugin {
     pub pre: PluginPre<HostState>,
     /// Its `reconcile` export, if it has one (checked at load).
     pub reconcile: Option<wasmtime::component::ComponentExportIndex>,
+    /// What the reviewer's policy lets it do (its tools' classes once described).
+    pub policy: Arc<EffectivePolicy>,
 }
 
 /// Checks what `describe` returned and turns it into tools, each with the

@@ -3,12 +3,12 @@
 //! invocation that needs it waits in a send, or during recovery.
 
 use super::bindings::types;
+use super::outbound::{Mode, wit};
 use super::plugin::LoadedPlugin;
 use super::sandbox::{Core, Slot};
-use super::state::CallContext;
-use crate::guard::{Reconciled, Reconciler, keys};
+use crate::guard::{Reconciled, Reconciler};
+use crate::keys;
 use crate::ledger::AttemptRecord;
-use crate::ledger::records::{StoredBody, StoredResponse};
 use serde_json::Value;
 use std::future::Future;
 use std::pin::Pin;
@@ -53,39 +53,21 @@ impl Reconciler for PluginReconciler {
             let Ok(args) = keys::canonical_args(args) else {
                 return Reconciled::StillUnknown("the recorded arguments cannot be canonicalised".into());
             };
-            let wit = types::Attempt {
-                key: attempt.key.clone(),
-                step: attempt.step,
-                state: crate::guard::wit_state(attempt.state),
-                request: types::Request {
-                    method: attempt.request.method.clone(),
-                    url: attempt.request.url.clone(),
-                    headers: attempt.request.headers.iter().map(|(n, v)| types::Header { name: n.clone(), value: v.clone() }).collect(),
-                    body: attempt.request.body.to_bytes(),
-                },
-                tries: attempt.tries,
-            };
-            let call = CallContext { session: attempt.session.clone(), call_id: attempt.call_id.clone(), tool: tool.to_string(), read_only: false, unguarded: false };
+            let attempt = wit::attempt(attempt);
             // The plugin knows its tools without the host's prefix.
             let own = tool.strip_prefix(&*self.plugin.ctx.tool_prefix).unwrap_or(tool);
             let (func, tool) = (self.func, own.to_string());
             let (found, _) = self
                 .core
-                .sandboxed(&self.plugin, call, None, Slot::Reconcile, move |store, instance| {
+                .sandboxed(&self.plugin, Mode::NoCall, Slot::Reconcile, move |store, instance| {
                     Box::pin(async move {
                         let f = typed(store, &instance, &func)?;
-                        Ok(f.call_async(&mut *store, (tool, args, wit)).await?.0)
+                        Ok(f.call_async(&mut *store, (tool, args, attempt)).await?.0)
                     })
                 })
                 .await;
             match found {
-                Ok(types::Reconciliation::Found(r)) => Reconciled::Found(StoredResponse {
-                    status: r.status,
-                    headers: r.headers.into_iter().map(|h| (h.name, h.value)).collect(),
-                    body: StoredBody::from_bytes(&r.body),
-                }),
-                Ok(types::Reconciliation::NotFound) => Reconciled::NotFound,
-                Ok(types::Reconciliation::StillUnknown(why)) => Reconciled::StillUnknown(why),
+                Ok(found) => wit::reconciliation(found),
                 Err(fault) => Reconciled::StillUnknown(format!("reconcile failed: {fault}")),
             }
         })

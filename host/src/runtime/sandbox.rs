@@ -5,7 +5,8 @@
 
 use super::engine::Allocator;
 use super::plugin::LoadedPlugin;
-use super::state::{CallContext, HostState};
+use super::outbound::{Mode, Outbound};
+use super::state::HostState;
 use crate::error::{CallError, ErrorKind};
 use crate::guard::{CallGuard, Guard};
 use std::future::Future;
@@ -15,11 +16,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use wasmtime::component::Instance;
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
-
-/// Sandboxes reserved for reconciliations, beyond the invocation slots: a
-/// reconcile runs while its invocation holds a slot, so it must never wait
-/// for one.
-pub const RECONCILE_SLOTS: u32 = 16;
 
 /// The guest-side part of a sandboxed run, given the store and a fresh instance.
 pub(crate) type GuestCall<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<R>> + Send + 'a>>;
@@ -77,20 +73,20 @@ pub(crate) struct Core {
 
 impl Core {
     /// Runs `body` against a fresh instance of `plugin` in a fresh store,
-    /// under the plugin's limits. The store is dropped when this returns; the
-    /// call guard (if one was given) is handed back for `Guard::finish`.
+    /// under the plugin's limits, its `send` as `mode` allows. The store is
+    /// dropped when this returns; the call guard (if `mode` had one) is
+    /// handed back for `Guard::finish`.
     pub(crate) async fn sandboxed<R>(
         &self,
         plugin: &LoadedPlugin,
-        call: CallContext,
-        call_guard: Option<CallGuard>,
+        mode: Mode,
         slot: Slot,
         body: impl for<'a> FnOnce(&'a mut Store<HostState>, Instance) -> GuestCall<'a, R>,
     ) -> (Result<R, Fault>, Option<CallGuard>) {
         let slots = if slot == Slot::Invoke { &self.slots } else { &self.reconcile_slots };
         let _slot = slots.acquire().await.expect("the slot semaphores are never closed");
         let limits = plugin.ctx.limits;
-        let mut store = self.new_store(plugin, call, call_guard);
+        let mut store = self.new_store(plugin, mode);
         let run = async {
             let started = std::time::Instant::now();
             let instance = plugin.pre.instance_pre().instantiate_async(&mut store).await?;
@@ -106,13 +102,14 @@ impl Core {
                 plugin.ctx.name, limits.wall_ms
             ))),
         };
-        (result, store.data_mut().call_guard.take())
+        (result, store.data_mut().outbound.take_call())
     }
 
     /// A fresh store for one invocation, its limiter and CPU budget armed.
-    fn new_store(&self, plugin: &LoadedPlugin, call: CallContext, call_guard: Option<CallGuard>) -> Store<HostState> {
+    fn new_store(&self, plugin: &LoadedPlugin, mode: Mode) -> Store<HostState> {
         self.sandboxes.fetch_add(1, Ordering::Relaxed);
-        let state = HostState::new(plugin.ctx.clone(), call, call_guard, self.guard.get().cloned());
+        let outbound = Outbound::new(plugin.ctx.clone(), self.guard.get().cloned(), mode);
+        let state = HostState::new(plugin.ctx.clone(), outbound);
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         let budget = plugin.ctx.limits.cpu_ticks();
@@ -136,7 +133,7 @@ impl Core {
 /// Names the limit or trap behind `error`, preferring what the host itself recorded.
 fn classify(error: &wasmtime::Error, state: &HostState) -> Fault {
     let plugin = &state.plugin.name;
-    if let Some(limit) = &state.limit_hit {
+    if let Some(limit) = state.limit_hit() {
         return Fault::Limit(limit.clone());
     }
     if let Some(wanted) = state.limiter.refused {

@@ -1,56 +1,15 @@
 //! The per-invocation store state: a fresh one for every tool invocation,
 //! dropped with its store when the invocation ends.
 
-use super::limits::{Limits, MemoryLimiter};
-use crate::guard::CallGuard;
-use crate::policy::Grant;
+use super::context::PluginContext;
+use super::limits::MemoryLimiter;
+use super::outbound::{Outbound, OutboundView};
 use super::wasi::{self, PluginLog};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-/// What one plugin's invocations share: its name, settings and limits.
-#[derive(Debug)]
-pub struct PluginContext {
-    /// The plugin's configured name.
-    pub name: Arc<str>,
-    /// Prepended to its tools' names as served.
-    pub tool_prefix: Arc<str>,
-    /// Non-secret settings served by `outbound.config`.
-    pub settings: BTreeMap<String, String>,
-    /// The limits each invocation runs under.
-    pub limits: Limits,
-    /// What one instance of it takes: its store may create that much, no more.
-    pub footprint: super::Footprint,
-    /// What `outbound` may reach.
-    pub grants: Arc<[Grant]>,
-    /// Sends one tool call may make.
-    pub max_sends_per_call: u32,
-    /// Calls of its irreversible tools one session may make per hour.
-    pub max_irreversible_calls_per_session_hour: Option<u32>,
-    /// Calls of its irreversible tools one authenticated principal may make per hour.
-    pub max_irreversible_calls_per_principal_hour: Option<u32>,
-}
-
-/// Who is calling: the ids the guard scopes its keys to.
-#[derive(Debug, Clone, Default)]
-pub struct CallContext {
-    /// The agent session (conversation).
-    pub session: String,
-    /// The model's tool-call id.
-    pub call_id: String,
-    /// The tool being invoked.
-    pub tool: String,
-    /// Whether the tool is read-only: it runs without the guard's records
-    /// and its `send` is denied.
-    pub read_only: bool,
-    /// `toolguard bench`'s baseline only: `send` bypasses the guard
-    /// ([`crate::Runtime`]'s crate-private `unguarded_for_bench`).
-    pub(crate) unguarded: bool,
-}
-
-/// The state of one store: WASI context, limits and the call it serves.
+/// The state of one store: WASI context, limits and the outbound capability.
 pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
@@ -58,14 +17,8 @@ pub struct HostState {
     pub limiter: MemoryLimiter,
     /// The plugin this invocation runs.
     pub plugin: Arc<PluginContext>,
-    /// The call this invocation serves (empty for `describe`).
-    pub call: CallContext,
-    /// The guard's state for this tool call (`None`: no guard, or `describe`).
-    pub call_guard: Option<CallGuard>,
-    /// The guard, for fetches made without a tool call guard.
-    pub guard: Option<Arc<crate::guard::Guard>>,
-    /// Outbound calls made so far.
-    pub outbound_calls: u32,
+    /// The plugin's only way out, and the call it serves.
+    pub outbound: Outbound,
     /// Epoch ticks of guest execution so far.
     pub cpu_ticks: u64,
     /// The limit that stopped the invocation, if one did.
@@ -75,8 +28,8 @@ pub struct HostState {
 }
 
 impl HostState {
-    /// A fresh state for one invocation of `plugin` serving `call`.
-    pub fn new(plugin: Arc<PluginContext>, call: CallContext, call_guard: Option<CallGuard>, guard: Option<Arc<crate::guard::Guard>>) -> Self {
+    /// A fresh state for one invocation of `plugin`, reaching out through `outbound`.
+    pub(crate) fn new(plugin: Arc<PluginContext>, outbound: Outbound) -> Self {
         let stdout = PluginLog::new(plugin.name.clone(), false);
         let stderr = PluginLog::new(plugin.name.clone(), true);
         Self {
@@ -84,10 +37,7 @@ impl HostState {
             table: ResourceTable::new(),
             limiter: MemoryLimiter::new(plugin.limits.memory_bytes(), plugin.footprint),
             plugin,
-            call,
-            call_guard,
-            guard,
-            outbound_calls: 0,
+            outbound,
             cpu_ticks: 0,
             limit_hit: None,
             stdout,
@@ -100,11 +50,16 @@ impl HostState {
         self.stderr.tail()
     }
 
-    /// Records that `limit` stopped the invocation and returns the trap to raise.
-    pub fn stop(&mut self, limit: String) -> wasmtime::Error {
-        let error = wasmtime::Error::msg(limit.clone());
-        self.limit_hit.get_or_insert(limit);
-        error
+    /// The limit that stopped the invocation, if one did (the host's own
+    /// limits first, then the outbound budget).
+    pub fn limit_hit(&self) -> Option<&String> {
+        self.limit_hit.as_ref().or(self.outbound.limit_hit.as_ref())
+    }
+}
+
+impl OutboundView for HostState {
+    fn outbound(&mut self) -> &mut Outbound {
+        &mut self.outbound
     }
 }
 

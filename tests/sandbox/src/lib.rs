@@ -10,10 +10,12 @@
 //! `GET /v1/refunds?payment_intent=…`, `GET /v1/refunds/{id}`.
 //! Control endpoints live under `/_sandbox` (see [`http`]).
 
+pub mod config;
 mod http;
 mod provider;
 mod tickets;
 
+pub use config::PaymentsConfig;
 pub use provider::{Fault, Mode, PaymentIntent, Refund};
 pub use tickets::Ticket;
 

@@ -4,11 +4,13 @@
 //! recorded calls take minutes, not hours of round trips. Each copy differs
 //! from its seed only in the session and (for attempts) the key.
 
+use crate::ledger::error::failed;
 use super::Postgres;
+use crate::ledger::BackendError;
 
 /// Copies every row of session `seed` into sessions `{prefix}{g}` for g in
 /// `from..=to`, in one transaction.
-pub(super) fn replicate(pg: &Postgres, seed: &str, prefix: &str, from: i64, to: i64) -> Result<(), String> {
+pub(super) fn replicate(pg: &Postgres, seed: &str, prefix: &str, from: i64, to: i64) -> Result<(), BackendError> {
     // The session as it appears in a record's JSON, before and after.
     let moved = |column: &str| format!("replace({column}, '\"session\":\"' || $1 || '\"', '\"session\":\"' || $2 || g || '\"')");
     let statements = [
@@ -38,9 +40,9 @@ pub(super) fn replicate(pg: &Postgres, seed: &str, prefix: &str, from: i64, to: 
         ),
     ];
     let mut client = pg.client()?;
-    let mut tx = client.transaction().map_err(|e| e.to_string())?;
+    let mut tx = client.transaction().map_err(failed)?;
     for sql in &statements {
-        tx.execute(sql.as_str(), &[&seed, &prefix, &from, &to]).map_err(|e| e.to_string())?;
+        tx.execute(sql.as_str(), &[&seed, &prefix, &from, &to]).map_err(failed)?;
     }
-    tx.commit().map_err(|e| e.to_string())
+    tx.commit().map_err(failed)
 }

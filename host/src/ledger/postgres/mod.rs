@@ -34,8 +34,9 @@ mod bench;
 mod retention;
 mod tls;
 
+use crate::ledger::error::failed;
 use super::retention::{LedgerStats, Removal, RetireEntry};
-use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior};
+use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior, checks};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::Row;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -155,7 +156,7 @@ pub(crate) fn redacted(url: &str) -> String {
 
 impl Postgres {
     /// Connects to `url` and creates or migrates the schema.
-    pub(crate) fn connect(url: &str) -> Result<Self, String> {
+    pub(crate) fn connect(url: &str) -> Result<Self, BackendError> {
         let (config, tls) = tls::config(url)?;
         let manager = PostgresConnectionManager::new(config, tls);
         let pool = Pool::builder()
@@ -172,16 +173,16 @@ impl Postgres {
         Ok(this)
     }
 
-    fn client(&self) -> Result<PooledConnection<PostgresConnectionManager<MakeRustlsConnect>>, String> {
+    fn client(&self) -> Result<PooledConnection<PostgresConnectionManager<MakeRustlsConnect>>, BackendError> {
         let pool = self.pool.as_ref().expect("the pool lives until drop");
-        pool.get().map_err(|e| format!("no connection to PostgreSQL: {e}"))
+        pool.get().map_err(|e| failed(format!("no connection to PostgreSQL: {e}")))
     }
 
     /// Creates the tables a new database lacks, and those of later schema
     /// versions an older one lacks. Hosts starting together may race on
     /// `CREATE … IF NOT EXISTS` (the catalogue's own unique index), so a
     /// failed attempt is retried.
-    fn migrate(&self) -> Result<(), String> {
+    fn migrate(&self) -> Result<(), BackendError> {
         let current = self.client()?.query("SELECT value FROM toolguard_meta WHERE name = 'schema'", &[]);
         if current.is_ok_and(|rows| rows.iter().any(|r| r.get::<_, Vec<u8>>(0) == super::SCHEMA.as_bytes())) {
             return Ok(());
@@ -194,23 +195,23 @@ impl Postgres {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(format!("cannot create the ledger's tables: {last}"))
+        Err(format!("cannot create the ledger's tables: {last}").into())
     }
 
-    fn query(&self, sql: &str, params: &[&(dyn r2d2_postgres::postgres::types::ToSql + Sync)]) -> Result<Vec<Row>, String> {
-        self.client()?.query(sql, params).map_err(|e| e.to_string())
+    fn query(&self, sql: &str, params: &[&(dyn r2d2_postgres::postgres::types::ToSql + Sync)]) -> Result<Vec<Row>, BackendError> {
+        self.client()?.query(sql, params).map_err(failed)
     }
 
-    fn records<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Vec<T>, String> {
-        rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>("record")).map_err(|e| format!("damaged record: {e}"))).collect()
+    fn records<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Vec<T>, BackendError> {
+        rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>("record")).map_err(|e| failed(format!("damaged record: {e}")))).collect()
     }
 
-    fn one<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Option<T>, String> {
+    fn one<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Option<T>, BackendError> {
         Ok(Self::records(rows)?.into_iter().next())
     }
 
     /// Call records with their claim from the columns (a claim updates only those).
-    fn calls_of(rows: &[Row]) -> Result<Vec<CallRecord>, String> {
+    fn calls_of(rows: &[Row]) -> Result<Vec<CallRecord>, BackendError> {
         let mut calls: Vec<CallRecord> = Self::records(rows)?;
         for (call, row) in calls.iter_mut().zip(rows) {
             call.owner = row.get("owner");
@@ -236,12 +237,12 @@ impl CallRow<'_> {
     }
 }
 
-fn call_row(call: &CallRecord) -> Result<CallRow<'_>, String> {
+fn call_row(call: &CallRecord) -> Result<CallRow<'_>, BackendError> {
     Ok(CallRow {
         call,
         completed: call.state == CallState::Completed,
-        lease_until: i64::try_from(call.lease_until_ms.unwrap_or(0)).map_err(|e| e.to_string())?,
-        record: serde_json::to_string(call).map_err(|e| e.to_string())?,
+        lease_until: i64::try_from(call.lease_until_ms.unwrap_or(0)).map_err(failed)?,
+        record: serde_json::to_string(call).map_err(failed)?,
         episode: call.episode.map(big).transpose()?,
     })
 }
@@ -265,29 +266,29 @@ fn off_async<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 }
 
 /// A step or generation as SQL's INTEGER.
-fn int(n: u32) -> Result<i32, String> {
-    i32::try_from(n).map_err(|_| format!("{n} is too large for the ledger"))
+fn int(n: u32) -> Result<i32, BackendError> {
+    i32::try_from(n).map_err(|_| failed(format!("{n} is too large for the ledger")))
 }
 
 impl Backend for Postgres {
-    fn settle(&self) -> Result<(), String> {
-        self.client()?.batch_execute("VACUUM ANALYZE").map_err(|e| e.to_string())
+    fn settle(&self) -> Result<(), BackendError> {
+        self.client()?.batch_execute("VACUUM ANALYZE").map_err(failed)
     }
 
-    fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, String> {
+    fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, BackendError> {
         off_async(|| bench::replicate(self, seed, prefix, from as i64, to as i64)).map(|()| true)
     }
 
-    fn meta(&self, create: bool) -> Result<(String, [u8; 32]), String> {
+    fn meta(&self, create: bool) -> Result<(String, [u8; 32]), BackendError> {
         off_async(|| {
             let mut client = self.client()?;
             if create {
                 let insert = "INSERT INTO toolguard_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
-                client.execute(insert, &[&"schema", &super::SCHEMA.as_bytes()]).map_err(|e| e.to_string())?;
+                client.execute(insert, &[&"schema", &super::SCHEMA.as_bytes()]).map_err(failed)?;
                 // The first host to get here sets the secret; every other reads it.
-                client.execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(|e| e.to_string())?;
+                client.execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(failed)?;
             }
-            let rows = client.query("SELECT name, value FROM toolguard_meta", &[]).map_err(|e| e.to_string())?;
+            let rows = client.query("SELECT name, value FROM toolguard_meta", &[]).map_err(failed)?;
             let value = |name: &str| rows.iter().find(|r| r.get::<_, &str>("name") == name).map(|r| r.get::<_, Vec<u8>>("value"));
             let schema = value("schema").ok_or("the ledger has no schema record")?;
             let secret = value("secret").and_then(|s| s.try_into().ok()).ok_or("the key secret is missing or damaged")?;
@@ -295,14 +296,14 @@ impl Backend for Postgres {
         })
     }
 
-    fn set_schema(&self, version: &str) -> Result<(), String> {
+    fn set_schema(&self, version: &str) -> Result<(), BackendError> {
         off_async(|| {
             let sql = "UPDATE toolguard_meta SET value = $1 WHERE name = 'schema'";
-            self.client()?.execute(sql, &[&version.as_bytes()]).map(|_| ()).map_err(|e| e.to_string())
+            self.client()?.execute(sql, &[&version.as_bytes()]).map(|_| ()).map_err(failed)
         })
     }
 
-    fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, String> {
+    fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, BackendError> {
         off_async(|| {
             let rows = match episode {
                 Some(n) => {
@@ -319,27 +320,27 @@ impl Backend for Postgres {
         })
     }
 
-    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String> {
+    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
             Ok(Self::calls_of(&self.query(sql, &[&session, &call_id])?)?.pop())
         })
     }
 
-    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String> {
+    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, BackendError> {
         off_async(|| {
             Self::one(&self.query("SELECT record FROM toolguard_attempts WHERE key = $1", &[&key])?)
         })
     }
 
-    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, String> {
+    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2 AND step = $3 ORDER BY generation DESC LIMIT 1";
             Self::one(&self.query(sql, &[&session, &call_id, &int(step)?])?)
         })
     }
 
-    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, String> {
+    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record FROM toolguard_attempts a WHERE session = $1 AND call_id = $2 AND generation = \
                        (SELECT max(generation) FROM toolguard_attempts b WHERE b.session = a.session AND b.call_id = a.call_id AND b.step = a.step) \
@@ -348,7 +349,7 @@ impl Backend for Postgres {
         })
     }
 
-    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, String> {
+    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, BackendError> {
         off_async(|| {
             // The RocksDB backend's order: length-prefixed session, then call id.
             let order = "ORDER BY octet_length(session), session COLLATE \"C\", octet_length(call_id), call_id COLLATE \"C\"";
@@ -360,36 +361,36 @@ impl Backend for Postgres {
         })
     }
 
-    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String> {
+    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record FROM toolguard_attempts WHERE state = $1 ORDER BY key COLLATE \"C\"";
             Self::records(&self.query(sql, &[&state.as_str()])?)
         })
     }
 
-    fn attempts(&self) -> Result<Vec<AttemptRecord>, String> {
+    fn attempts(&self) -> Result<Vec<AttemptRecord>, BackendError> {
         off_async(|| {
             Self::records(&self.query("SELECT record FROM toolguard_attempts ORDER BY key COLLATE \"C\"", &[])?)
         })
     }
 
-    fn record_grants(&self, record: &GrantRecord) -> Result<bool, String> {
+    fn record_grants(&self, record: &GrantRecord) -> Result<bool, BackendError> {
         off_async(|| {
             let latest: Option<GrantRecord> = Self::one(&self.query(
                 "SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1",
                 &[&record.plugin],
             )?)?;
-            if latest.is_some_and(|last| last.digest == record.digest && last.grants == record.grants) {
+            if !checks::grants_changed(latest.as_ref(), record) {
                 return Ok(false);
             }
-            let value = serde_json::to_string(record).map_err(|e| e.to_string())?;
-            let at = i64::try_from(record.recorded_ms).map_err(|e| e.to_string())?;
+            let value = serde_json::to_string(record).map_err(failed)?;
+            let at = i64::try_from(record.recorded_ms).map_err(failed)?;
             let sql = "INSERT INTO toolguard_grant_history (plugin, recorded_ms, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
-            Ok(self.client()?.execute(sql, &[&record.plugin, &at, &value]).map_err(|e| e.to_string())? == 1)
+            Ok(self.client()?.execute(sql, &[&record.plugin, &at, &value]).map_err(failed)? == 1)
         })
     }
 
-    fn grant_history(&self) -> Result<Vec<GrantRecord>, String> {
+    fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError> {
         off_async(|| {
             Self::records(&self.query("SELECT record FROM toolguard_grant_history ORDER BY recorded_ms, plugin COLLATE \"C\"", &[])?)
         })
@@ -399,49 +400,49 @@ impl Backend for Postgres {
         true
     }
 
-    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String> {
+    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, BackendError> {
         off_async(|| self.retire_page_of(before_ms, after, limit))
     }
 
-    fn remove(&self, removal: &Removal) -> Result<(), String> {
+    fn remove(&self, removal: &Removal) -> Result<(), BackendError> {
         off_async(|| self.remove_unit(removal))
     }
 
-    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, String> {
+    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, BackendError> {
         off_async(|| self.expired_at(session, call_id))
     }
 
-    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, String> {
+    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
             Self::calls_of(&self.query(sql, &[&session, &tool, &args_digest, &big(episode)?])?)
         })
     }
 
-    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, String> {
+    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, BackendError> {
         off_async(|| {
             let sql = "DELETE FROM toolguard_budget WHERE at_ms < $1";
-            self.client()?.execute(sql, &[&big(before_ms)?]).map_err(|e| e.to_string())
+            self.client()?.execute(sql, &[&big(before_ms)?]).map_err(failed)
         })
     }
 
-    fn stats(&self) -> Result<LedgerStats, String> {
+    fn stats(&self) -> Result<LedgerStats, BackendError> {
         off_async(|| self.figures())
     }
 
-    fn episodes(&self) -> Result<Vec<EpisodeRecord>, String> {
+    fn episodes(&self) -> Result<Vec<EpisodeRecord>, BackendError> {
         off_async(|| Self::records(&self.query("SELECT record FROM toolguard_episodes", &[])?))
     }
 
-    fn backfill_episode_index(&self) -> Result<(), String> {
+    fn backfill_episode_index(&self) -> Result<(), BackendError> {
         off_async(|| {
             let sql = "UPDATE toolguard_calls SET episode = (record::jsonb ->> 'episode')::bigint \
                        WHERE episode IS NULL AND record::jsonb ? 'episode'";
-            self.client()?.execute(sql, &[]).map(|_| ()).map_err(|e| e.to_string())
+            self.client()?.execute(sql, &[]).map(|_| ()).map_err(failed)
         })
     }
 
-    fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, String> {
+    fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, BackendError> {
         off_async(|| {
             // Insert, or take over a call that is not completed, is the same
             // action, and whose claim has lapsed or is already ours: one statement,
@@ -456,11 +457,11 @@ impl Backend for Postgres {
                  RETURNING record"
             );
             let row = call_row(call)?;
-            let now = i64::try_from(now_ms).map_err(|e| e.to_string())?;
+            let now = i64::try_from(now_ms).map_err(failed)?;
             let mut params = row.params().to_vec();
             params.push(&now);
             let mut client = self.client()?;
-            let claimed = client.query(&sql, &params).map_err(|e| e.to_string())?;
+            let claimed = client.query(&sql, &params).map_err(failed)?;
             if let Some(mut record) = Self::one::<CallRecord>(&claimed)? {
                 // Taken over: the stored record, with our claim.
                 record.owner.clone_from(&call.owner);
@@ -468,7 +469,7 @@ impl Backend for Postgres {
                 return Ok(Claim::Run { record, persisted: true });
             }
             let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
-            let existing = Self::calls_of(&client.query(sql, &[&call.session, &call.call_id]).map_err(|e| e.to_string())?)?.pop();
+            let existing = Self::calls_of(&client.query(sql, &[&call.session, &call.call_id]).map_err(failed)?)?.pop();
             let Some(existing) = existing else { return Err("the call vanished while being claimed; retry".into()) };
             Ok(match Claim::of_existing(call, Some(existing)) {
                 Claim::Run { record, .. } => Claim::Busy(record),
@@ -477,49 +478,45 @@ impl Backend for Postgres {
         })
     }
 
-    fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), String> {
+    fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), BackendError> {
         off_async(|| {
             let sql = "UPDATE toolguard_calls SET lease_until = 0 WHERE session = $1 AND call_id = $2 AND owner = $3";
-            self.client()?.execute(sql, &[&session, &call_id, &owner]).map(|_| ()).map_err(|e| e.to_string())
+            self.client()?.execute(sql, &[&session, &call_id, &owner]).map(|_| ()).map_err(failed)
         })
     }
 
     fn commit(&self, write: &LedgerWrite, _durability: Durability) -> Result<(), BackendError> {
         off_async(|| {
             let mut client = self.client()?;
-            let mut tx = client.transaction().map_err(|e| e.to_string())?;
+            let mut tx = client.transaction().map_err(failed)?;
             if let Some(s) = &write.superseding {
                 // The call's row stays locked until the commit: a host claiming it
                 // waits, then finds it superseded (the claim's condition).
                 let sql = "SELECT completed, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2 FOR UPDATE";
-                let row = tx.query_opt(sql, &[&s.session, &s.call_id]).map_err(|e| e.to_string())?;
-                let now = i64::try_from(s.now_ms).map_err(|e| e.to_string())?;
+                let row = tx.query_opt(sql, &[&s.session, &s.call_id]).map_err(failed)?;
+                let now = i64::try_from(s.now_ms).map_err(failed)?;
                 let free = row.is_some_and(|r| !r.get::<_, bool>("completed") && r.get::<_, i64>("lease_until") <= now);
                 let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2";
-                let attempts: Vec<AttemptRecord> = Self::records(&tx.query(sql, &[&s.session, &s.call_id]).map_err(|e| e.to_string())?)?;
-                if !free || !super::sent_nothing(&attempts) {
-                    return Err(BackendError::Conflict(format!("tool call `{}` can no longer be superseded", s.call_id)));
-                }
+                let attempts: Vec<AttemptRecord> = Self::records(&tx.query(sql, &[&s.session, &s.call_id]).map_err(failed)?)?;
+                checks::supersedable(s, free, &attempts)?;
             }
             for c in &write.charges {
                 // One row per budget, locked until the commit: charges of one budget queue here.
                 tx.execute("INSERT INTO toolguard_budget_scopes (scope) VALUES ($1) ON CONFLICT DO NOTHING", &[&c.scope])
-                    .map_err(|e| e.to_string())?;
-                tx.query("SELECT scope FROM toolguard_budget_scopes WHERE scope = $1 FOR UPDATE", &[&c.scope]).map_err(|e| e.to_string())?;
+                    .map_err(failed)?;
+                tx.query("SELECT scope FROM toolguard_budget_scopes WHERE scope = $1 FOR UPDATE", &[&c.scope]).map_err(failed)?;
                 let sql = "SELECT count(*) FROM (SELECT 1 FROM toolguard_budget WHERE scope = $1 AND at_ms >= $2 LIMIT $3) used";
-                let used: i64 = tx.query_one(sql, &[&c.scope, &big(c.since_ms)?, &i64::from(c.max)]).map_err(|e| e.to_string())?.get(0);
-                if used >= i64::from(c.max) {
-                    return Err(BackendError::Refused(format!("{} is spent ({} in the last hour)", c.what, c.max)));
-                }
+                let used: i64 = tx.query_one(sql, &[&c.scope, &big(c.since_ms)?, &i64::from(c.max)]).map_err(failed)?.get(0);
+                checks::within_budget(c, u64::try_from(used).unwrap_or(0))?;
                 let sql = "INSERT INTO toolguard_budget (scope, at_ms, call_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
-                tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(|e| e.to_string())?;
+                tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(failed)?;
             }
             for call in &write.calls {
                 let sql = format!(
                     "{INSERT_CALL} ON CONFLICT (session, call_id) DO UPDATE SET completed = EXCLUDED.completed, owner = EXCLUDED.owner, \
                      lease_until = EXCLUDED.lease_until, record = EXCLUDED.record, episode = EXCLUDED.episode"
                 );
-                tx.execute(&sql, &call_row(call)?.params()).map_err(|e| e.to_string())?;
+                tx.execute(&sql, &call_row(call)?.params()).map_err(failed)?;
                 if let Some(entry) = RetireEntry::of_call(call) {
                     retention::add_retire(&mut tx, &entry)?;
                 }
@@ -528,7 +525,7 @@ impl Backend for Postgres {
                 retention::add_retire(&mut tx, entry)?;
             }
             for (a, prior) in &write.attempts {
-                let value = serde_json::to_string(a).map_err(|e| e.to_string())?;
+                let value = serde_json::to_string(a).map_err(failed)?;
                 let params: [&(dyn r2d2_postgres::postgres::types::ToSql + Sync); 9] =
                     [&a.key, &a.session, &a.call_id, &int(a.step)?, &int(a.generation)?, &a.tool, &a.args_digest, &a.state.as_str(), &value];
                 let insert = "INSERT INTO toolguard_attempts (key, session, call_id, step, generation, tool, args_digest, state, record) \
@@ -537,7 +534,7 @@ impl Backend for Postgres {
                     // A new attempt is claimed, not overwritten: if another host
                     // recorded it first, nothing of this write applies (and so
                     // nothing is sent).
-                    let inserted = tx.execute(&format!("{insert} ON CONFLICT DO NOTHING"), &params).map_err(|e| e.to_string())?;
+                    let inserted = tx.execute(&format!("{insert} ON CONFLICT DO NOTHING"), &params).map_err(failed)?;
                     if inserted == 0 {
                         return Err(BackendError::Conflict(format!(
                             "attempt `{}` (step {} of tool call `{}`) was already recorded by another host; nothing was sent — retry the tool call",
@@ -546,42 +543,42 @@ impl Backend for Postgres {
                     }
                 } else {
                     let upsert = format!("{insert} ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record");
-                    tx.execute(&upsert, &params).map_err(|e| e.to_string())?;
+                    tx.execute(&upsert, &params).map_err(failed)?;
                 }
             }
             for (session, call_id, reported) in &write.reports {
                 let sql = "UPDATE toolguard_calls SET record = (record::jsonb || jsonb_build_object('reported', $3::text))::text \
                            WHERE session = $1 AND call_id = $2";
-                tx.execute(sql, &[session, call_id, &reported.as_str()]).map_err(|e| e.to_string())?;
+                tx.execute(sql, &[session, call_id, &reported.as_str()]).map_err(failed)?;
             }
             for op in &write.episodes {
                 let r = op.record();
-                let (n, record) = (big(r.episode)?, serde_json::to_string(r).map_err(|e| e.to_string())?);
+                let (n, record) = (big(r.episode)?, serde_json::to_string(r).map_err(failed)?);
                 let key: [&(dyn r2d2_postgres::postgres::types::ToSql + Sync); 4] = [&r.session, &r.tool, &r.args_digest, &n];
                 let changed = match op {
                     EpisodeOp::Open(_) => {
                         let sql = "INSERT INTO toolguard_episodes (session, tool, args_digest, episode, executor, closed, record) \
                                    VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
-                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &r.executor, &r.closed, &record]).map_err(|e| e.to_string())?
+                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &r.executor, &r.closed, &record]).map_err(failed)?
                     }
                     EpisodeOp::Hand { from, .. } => {
                         let sql = "UPDATE toolguard_episodes SET executor = $5, \
                                    record = (record::jsonb || jsonb_build_object('executor', $5::text))::text \
                                    WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND executor = $6";
-                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &r.executor, from]).map_err(|e| e.to_string())?
+                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &r.executor, from]).map_err(failed)?
                     }
                     EpisodeOp::Close { at_ms, .. } => {
                         let sql = "UPDATE toolguard_episodes SET closed = true, \
                                    record = (record::jsonb || jsonb_build_object('closed', true, 'closed_ms', $5::bigint))::text \
                                    WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND NOT closed";
-                        if tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(|e| e.to_string())? == 1 {
+                        if tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(failed)? == 1 {
                             retention::add_retire(&mut tx, &RetireEntry::of_close(r, *at_ms))?;
                         }
                         continue;
                     }
                 };
                 if changed == 0 {
-                    return Err(BackendError::Conflict(format!("episode {} of `{}` changed under this write", r.episode, r.tool)));
+                    return Err(checks::episode_changed(r));
                 }
             }
             tx.commit().map_err(|e| BackendError::Failed(e.to_string()))
@@ -590,6 +587,6 @@ impl Backend for Postgres {
 }
 
 /// An episode number or time as SQL's BIGINT.
-fn big(n: u64) -> Result<i64, String> {
-    i64::try_from(n).map_err(|_| format!("{n} is too large for the ledger"))
+fn big(n: u64) -> Result<i64, BackendError> {
+    i64::try_from(n).map_err(|_| failed(format!("{n} is too large for the ledger")))
 }

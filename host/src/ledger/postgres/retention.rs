@@ -1,14 +1,16 @@
 //! Retention on PostgreSQL: the retire index, tombstones and the figures of
 //! `ledger stats` (see [`crate::ledger::retention`]).
 
+use crate::ledger::error::failed;
 use super::{Postgres, big};
+use crate::ledger::BackendError;
 use crate::ledger::retention::{LedgerStats, Removal, RetireEntry, tombstone};
 use r2d2_postgres::postgres::Transaction;
 
 /// Adds `entry` to the retire index inside `tx` (a no-op if it is there).
-pub(super) fn add_retire(tx: &mut Transaction<'_>, entry: &RetireEntry) -> Result<(), String> {
+pub(super) fn add_retire(tx: &mut Transaction<'_>, entry: &RetireEntry) -> Result<(), BackendError> {
     let sql = "INSERT INTO toolguard_retire (at_ms, unit) VALUES ($1, $2) ON CONFLICT DO NOTHING";
-    tx.execute(sql, &[&big(entry.at_ms)?, &entry.unit]).map(|_| ()).map_err(|e| e.to_string())
+    tx.execute(sql, &[&big(entry.at_ms)?, &entry.unit]).map(|_| ()).map_err(failed)
 }
 
 /// The count in the first column of the first row.
@@ -18,7 +20,7 @@ fn count(rows: &[r2d2_postgres::postgres::Row]) -> u64 {
 
 impl Postgres {
     /// Entries of the retire index older than `before_ms`, after `after`.
-    pub(super) fn retire_page_of(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String> {
+    pub(super) fn retire_page_of(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, BackendError> {
         let (from_ms, from_unit) = after.map_or((-1, String::new()), |a| (i64::try_from(a.at_ms).unwrap_or(i64::MAX), a.unit.clone()));
         let sql = "SELECT at_ms, unit FROM toolguard_retire WHERE at_ms < $1 \
                    AND (at_ms > $2 OR (at_ms = $2 AND unit COLLATE \"C\" > $3)) \
@@ -29,33 +31,33 @@ impl Postgres {
     }
 
     /// Applies `removal` in one transaction.
-    pub(super) fn remove_unit(&self, removal: &Removal) -> Result<(), String> {
+    pub(super) fn remove_unit(&self, removal: &Removal) -> Result<(), BackendError> {
         let mut client = self.client()?;
-        let mut tx = client.transaction().map_err(|e| e.to_string())?;
+        let mut tx = client.transaction().map_err(failed)?;
         let pruned = big(removal.pruned_ms)?;
         for (session, call_id) in &removal.calls {
-            tx.execute("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[session, call_id]).map_err(|e| e.to_string())?;
-            tx.execute("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[session, call_id]).map_err(|e| e.to_string())?;
+            tx.execute("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[session, call_id]).map_err(failed)?;
+            tx.execute("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[session, call_id]).map_err(failed)?;
             let sql = "INSERT INTO toolguard_expired (call_digest, pruned_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING";
-            tx.execute(sql, &[&tombstone(session, call_id).as_slice(), &pruned]).map_err(|e| e.to_string())?;
+            tx.execute(sql, &[&tombstone(session, call_id).as_slice(), &pruned]).map_err(failed)?;
         }
         if let Some((session, tool, digest, n)) = &removal.episode {
             let sql = "DELETE FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
-            tx.execute(sql, &[session, tool, digest, &big(*n)?]).map_err(|e| e.to_string())?;
+            tx.execute(sql, &[session, tool, digest, &big(*n)?]).map_err(failed)?;
         }
         let sql = "DELETE FROM toolguard_retire WHERE at_ms = $1 AND unit = $2";
-        tx.execute(sql, &[&big(removal.entry.at_ms)?, &removal.entry.unit]).map_err(|e| e.to_string())?;
-        tx.commit().map_err(|e| e.to_string())
+        tx.execute(sql, &[&big(removal.entry.at_ms)?, &removal.entry.unit]).map_err(failed)?;
+        tx.commit().map_err(failed)
     }
 
     /// When (session, call id) was pruned, if it was.
-    pub(super) fn expired_at(&self, session: &str, call_id: &str) -> Result<Option<u64>, String> {
+    pub(super) fn expired_at(&self, session: &str, call_id: &str) -> Result<Option<u64>, BackendError> {
         let rows = self.query("SELECT pruned_ms FROM toolguard_expired WHERE call_digest = $1", &[&tombstone(session, call_id).as_slice()])?;
         Ok(rows.first().and_then(|r| u64::try_from(r.get::<_, i64>(0)).ok()))
     }
 
     /// The figures of `ledger stats`.
-    pub(super) fn figures(&self) -> Result<LedgerStats, String> {
+    pub(super) fn figures(&self) -> Result<LedgerStats, BackendError> {
         let mut stats = LedgerStats::default();
         for row in self.query("SELECT completed, count(*) FROM toolguard_calls GROUP BY completed", &[])? {
             let state = if row.get::<_, bool>(0) { "completed" } else { "admitted" };

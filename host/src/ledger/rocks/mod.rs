@@ -22,42 +22,34 @@
 //! - `expired`: 16-byte digest of (session, call id) → time pruned: the
 //!   tombstones of pruned calls.
 //!
+//! Their keys are built in [`keys`]; the indexes are kept in [`index`].
+//!
 //! Synced writes fsync the WAL; buffered ones reach the WAL and the memtables
 //! only. Writes from async callers go to one writer thread ([`Writer`]),
 //! which commits everything queued while it was busy as one batch with at
 //! most one fsync: group commit without a thread per waiting writer. Reads
 //! from async callers may be answered from memory only ([`memory_only`]).
 
+mod index;
+mod keys;
 mod retention;
+#[cfg(test)]
+mod tests;
 mod writer;
 pub(crate) use writer::simulate_slow_fsync;
 
-pub(crate) use writer::Ticket;
-use writer::{Job, Writer};
+use crate::ledger::error::failed;
+use keys::*;
+use writer::{Job, Ticket, Writer};
 
+use super::backend::Pending;
 use super::retention::{LedgerStats, Removal, RetireEntry};
-use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior};
+use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, checks};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
 use std::cell::Cell;
 use std::path::Path;
 use std::sync::Arc;
 
-const CF_META: &str = "meta";
-const CF_CALLS: &str = "calls";
-const CF_ATTEMPTS: &str = "attempts";
-const CF_BY_STATE: &str = "attempts_by_state";
-const CF_CALL_ATTEMPTS: &str = "call_attempts";
-const CF_GRANT_HISTORY: &str = "grant_history";
-const CF_UNSETTLED: &str = "unsettled";
-const CF_EPISODES: &str = "episodes";
-const CF_BUDGET: &str = "budget";
-const CF_EPISODE_CALLS: &str = "episode_calls";
-const CF_RETIRE: &str = "retire";
-const CF_EXPIRED: &str = "expired";
-const ALL_CFS: [&str; 12] = [
-    CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED, CF_EPISODES, CF_BUDGET, CF_EPISODE_CALLS,
-    CF_RETIRE, CF_EXPIRED,
-];
 /// Memory all memtables together may use before RocksDB flushes them.
 const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 
@@ -111,7 +103,7 @@ thread_local! {
 
 /// Runs `f` with this thread's RocksDB reads answered from memory only
 /// (memtables and block cache): a read that would touch the disk fails with
-/// [`super::NEEDS_IO`] instead of blocking.
+/// [`BackendError::NeedsIo`] instead of blocking.
 pub(crate) fn memory_only<T>(f: impl FnOnce() -> T) -> T {
     struct Reset(bool);
     impl Drop for Reset {
@@ -131,14 +123,14 @@ fn read_options() -> ReadOptions {
     o
 }
 
-fn db_error(e: &rocksdb::Error) -> String {
-    if e.kind() == rocksdb::ErrorKind::Incomplete { super::NEEDS_IO.to_string() } else { e.to_string() }
+fn db_error(e: &rocksdb::Error) -> BackendError {
+    if e.kind() == rocksdb::ErrorKind::Incomplete { BackendError::NeedsIo } else { BackendError::Failed(e.to_string()) }
 }
 
 impl Rocks {
     /// Opens (creating if needed) the database in `dir`.
     pub(crate) fn open(dir: &Path) -> Result<Self, BackendError> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the directory: {e}"))?;
+        std::fs::create_dir_all(dir).map_err(|e| failed(format!("cannot create the directory: {e}")))?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -155,13 +147,13 @@ impl Rocks {
     }
 
     /// Opens an existing database read-only (works while a host holds it).
-    pub(crate) fn open_read_only(dir: &Path) -> Result<Self, String> {
+    pub(crate) fn open_read_only(dir: &Path) -> Result<Self, BackendError> {
         if !dir.join("CURRENT").exists() {
             return Err("no ledger here yet (nothing has been recorded)".into());
         }
         // A ledger of an older schema lacks the newer families; reads of them find nothing.
-        let families = DB::list_cf(&Options::default(), dir).map_err(|e| e.to_string())?;
-        let db = DB::open_cf_for_read_only(&Options::default(), dir, families, false).map_err(|e| e.to_string())?;
+        let families = DB::list_cf(&Options::default(), dir).map_err(failed)?;
+        let db = DB::open_cf_for_read_only(&Options::default(), dir, families, false).map_err(failed)?;
         Ok(Self { writer: None, db: Arc::new(db), opts: None, dir: dir.to_path_buf() })
     }
 
@@ -169,16 +161,16 @@ impl Rocks {
         self.db.cf_handle(name).expect("every column family is opened with the database")
     }
 
-    fn get_json<T: serde::de::DeserializeOwned>(&self, cf: &str, key: &[u8]) -> Result<Option<T>, String> {
+    fn get_json<T: serde::de::DeserializeOwned>(&self, cf: &str, key: &[u8]) -> Result<Option<T>, BackendError> {
         // Only a read-only open of an older schema lacks a family.
         let Some(family) = self.db.cf_handle(cf) else { return Ok(None) };
         match self.db.get_cf_opt(family, key, &read_options()).map_err(|e| db_error(&e))? {
-            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("damaged record: {e}")),
+            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| failed(format!("damaged record: {e}"))),
             None => Ok(None),
         }
     }
 
-    fn scan<T>(&self, cf: &str, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Option<T>) -> Result<Vec<T>, String> {
+    fn scan<T>(&self, cf: &str, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Option<T>) -> Result<Vec<T>, BackendError> {
         let mut out = Vec::new();
         let Some(family) = self.db.cf_handle(cf) else { return Ok(out) };
         // An upper bound stops RocksDB at the prefix's end even when deleted
@@ -198,7 +190,7 @@ impl Rocks {
     }
 
     /// How many keys under `prefix` sort at or after `from`, counting at most `max`.
-    fn count_from(&self, cf: &str, prefix: &[u8], from: &[u8], max: usize) -> Result<usize, String> {
+    fn count_from(&self, cf: &str, prefix: &[u8], from: &[u8], max: usize) -> Result<usize, BackendError> {
         let Some(family) = self.db.cf_handle(cf) else { return Ok(0) };
         let mut opts = read_options();
         if let Some(upper) = prefix_successor(prefix) {
@@ -215,12 +207,12 @@ impl Rocks {
         Ok(n)
     }
 
-    fn attempts_by_key(&self, keys: &[String]) -> Result<Vec<AttemptRecord>, String> {
+    fn attempts_by_key(&self, keys: &[String]) -> Result<Vec<AttemptRecord>, BackendError> {
         keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
     }
 
-    fn records<T: serde::de::DeserializeOwned>(raw: &[Vec<u8>]) -> Result<Vec<T>, String> {
-        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| format!("damaged record: {e}"))).collect()
+    fn records<T: serde::de::DeserializeOwned>(raw: &[Vec<u8>]) -> Result<Vec<T>, BackendError> {
+        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| failed(format!("damaged record: {e}")))).collect()
     }
 
     /// `write` as one RocksDB batch, after checking its conditions against
@@ -230,37 +222,35 @@ impl Rocks {
     fn batch(&self, write: &LedgerWrite) -> Result<WriteBatch, BackendError> {
         if let Some(s) = &write.superseding {
             let call: Option<CallRecord> = self.get_json(CF_CALLS, &call_key(&s.session, &s.call_id))?;
-            if call.is_none_or(|c| c.state == CallState::Completed) || !super::sent_nothing(&self.attempts_of_call(&s.session, &s.call_id)?) {
-                return Err(BackendError::Conflict(format!("tool call `{}` can no longer be superseded", s.call_id)));
-            }
+            // One host writes this ledger: no other host's claim to check.
+            let free = call.is_some_and(|c| c.state != CallState::Completed);
+            checks::supersedable(s, free, &self.attempts_of_call(&s.session, &s.call_id)?)?;
         }
         let mut batch = WriteBatch::default();
         for c in &write.charges {
             let prefix = length_prefixed(&c.scope);
             let from = [prefix.as_slice(), &c.since_ms.to_be_bytes()].concat();
-            if self.count_from(CF_BUDGET, &prefix, &from, c.max as usize)? >= c.max as usize {
-                return Err(BackendError::Refused(format!("{} is spent ({} in the last hour)", c.what, c.max)));
-            }
+            checks::within_budget(c, self.count_from(CF_BUDGET, &prefix, &from, c.max as usize)? as u64)?;
             let key = [prefix.as_slice(), &c.at_ms.to_be_bytes(), c.call_id.as_bytes()].concat();
             batch.put_cf(self.cf(CF_BUDGET), key, []);
         }
         for call in &write.calls {
-            let value = serde_json::to_vec(call).map_err(|e| e.to_string())?;
+            let value = serde_json::to_vec(call).map_err(failed)?;
             batch.put_cf(self.cf(CF_CALLS), call_key(&call.session, &call.call_id), value);
             self.index_call(&mut batch, call);
         }
         for entry in &write.retire {
-            batch.put_cf(self.cf(CF_RETIRE), retention::retire_key(entry), []);
+            batch.put_cf(self.cf(CF_RETIRE), retire_key(entry), []);
         }
         for (session, call_id, reported) in &write.reports {
             let key = call_key(session, call_id);
             if let Some(mut call) = self.get_json::<CallRecord>(CF_CALLS, &key)? {
                 call.reported = *reported;
-                batch.put_cf(self.cf(CF_CALLS), key, serde_json::to_vec(&call).map_err(|e| e.to_string())?);
+                batch.put_cf(self.cf(CF_CALLS), key, serde_json::to_vec(&call).map_err(failed)?);
             }
         }
         for (attempt, prior) in &write.attempts {
-            let value = serde_json::to_vec(attempt).map_err(|e| e.to_string())?;
+            let value = serde_json::to_vec(attempt).map_err(failed)?;
             batch.put_cf(self.cf(CF_ATTEMPTS), attempt.key.as_bytes(), value);
             self.index(&mut batch, attempt, *prior);
         }
@@ -273,67 +263,44 @@ impl Rocks {
                 (EpisodeOp::Hand { record, from }, Some(old)) if old.executor == *from => EpisodeRecord { executor: record.executor.clone(), ..old },
                 (EpisodeOp::Close { .. }, Some(old)) if old.closed => continue,
                 (EpisodeOp::Close { at_ms, .. }, Some(old)) => {
-                    batch.put_cf(self.cf(CF_RETIRE), retention::retire_key(&RetireEntry::of_close(&old, *at_ms)), []);
+                    batch.put_cf(self.cf(CF_RETIRE), retire_key(&RetireEntry::of_close(&old, *at_ms)), []);
                     EpisodeRecord { closed: true, closed_ms: Some(*at_ms), ..old }
                 }
                 (EpisodeOp::Close { .. }, None) => continue,
-                _ => return Err(BackendError::Conflict(format!("episode {} of `{}` changed under this write", r.episode, r.tool))),
+                _ => return Err(checks::episode_changed(r)),
             };
-            batch.put_cf(self.cf(CF_EPISODES), key, serde_json::to_vec(&new).map_err(|e| e.to_string())?);
+            batch.put_cf(self.cf(CF_EPISODES), key, serde_json::to_vec(&new).map_err(failed)?);
         }
         Ok(batch)
-    }
-
-    /// Keeps the attempt indexes right. With the prior state known only what
-    /// changed is touched; otherwise every other state's entry is deleted blind.
-    fn index(&self, batch: &mut WriteBatch, attempt: &AttemptRecord, prior: Prior) {
-        let by_state = |state: AttemptState| [&[state.tag()], attempt.key.as_bytes()].concat();
-        let stale: &[AttemptState] = match prior {
-            Prior::Absent => &[],
-            Prior::Was(state) if state == attempt.state => &[],
-            Prior::Was(ref state) => std::slice::from_ref(state),
-            Prior::Unread => &AttemptState::ALL,
-        };
-        for state in stale.iter().filter(|s| **s != attempt.state) {
-            batch.delete_cf(self.cf(CF_BY_STATE), by_state(*state));
-        }
-        if prior != Prior::Was(attempt.state) {
-            batch.put_cf(self.cf(CF_BY_STATE), by_state(attempt.state), []);
-        }
-        if !matches!(prior, Prior::Was(_)) {
-            let mut by_call = call_key(&attempt.session, &attempt.call_id);
-            by_call.extend_from_slice(&attempt.step.to_be_bytes());
-            batch.put_cf(self.cf(CF_CALL_ATTEMPTS), by_call, attempt.key.as_bytes());
-        }
     }
 }
 
 impl Backend for Rocks {
-    fn meta(&self, create: bool) -> Result<(String, [u8; 32]), String> {
+    fn meta(&self, create: bool) -> Result<(String, [u8; 32]), BackendError> {
         let meta = self.cf(CF_META);
-        let schema = match self.db.get_cf(meta, b"schema").map_err(|e| e.to_string())? {
+        let schema = match self.db.get_cf(meta, b"schema").map_err(failed)? {
             Some(v) => String::from_utf8_lossy(&v).into_owned(),
             None if create => {
                 let mut batch = WriteBatch::default();
                 batch.put_cf(meta, b"secret", super::new_secret()?);
                 batch.put_cf(meta, b"schema", super::SCHEMA);
-                self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| e.to_string())?;
+                self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)?;
                 super::SCHEMA.to_string()
             }
             None => return Err("the ledger has no schema record".into()),
         };
-        let secret = self.db.get_cf(meta, b"secret").map_err(|e| e.to_string())?;
+        let secret = self.db.get_cf(meta, b"secret").map_err(failed)?;
         let secret = secret.as_deref().and_then(|s| s.try_into().ok()).ok_or("the key secret is missing or damaged")?;
         Ok((schema, secret))
     }
 
-    fn set_schema(&self, version: &str) -> Result<(), String> {
+    fn set_schema(&self, version: &str) -> Result<(), BackendError> {
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_META), b"schema", version);
-        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| e.to_string())
+        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)
     }
 
-    fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, String> {
+    fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, BackendError> {
         match episode {
             Some(n) => self.get_json(CF_EPISODES, &episode_key(session, tool, args_digest, n)),
             // An action has a few episodes at most: the last of them is the latest.
@@ -341,15 +308,15 @@ impl Backend for Rocks {
         }
     }
 
-    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, String> {
+    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, BackendError> {
         self.get_json(CF_CALLS, &call_key(session, call_id))
     }
 
-    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, String> {
+    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, BackendError> {
         self.get_json(CF_ATTEMPTS, key.as_bytes())
     }
 
-    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, String> {
+    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, BackendError> {
         let mut index = call_key(session, call_id);
         index.extend_from_slice(&step.to_be_bytes());
         match self.db.get_cf_opt(self.cf(CF_CALL_ATTEMPTS), index, &read_options()).map_err(|e| db_error(&e))? {
@@ -358,42 +325,42 @@ impl Backend for Rocks {
         }
     }
 
-    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, String> {
+    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, BackendError> {
         let keys = self.scan(CF_CALL_ATTEMPTS, &call_key(session, call_id), |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
         self.attempts_by_key(&keys)
     }
 
-    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, String> {
+    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, BackendError> {
         let prefix = session.map(session_prefix).unwrap_or_default();
         Self::records(&self.scan(CF_CALLS, &prefix, |_, v| Some(v.to_vec()))?)
     }
 
-    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, String> {
+    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, BackendError> {
         let keys = self.scan(CF_BY_STATE, &[state.tag()], |k, _| Some(String::from_utf8_lossy(&k[1..]).into_owned()))?;
         Ok(self.attempts_by_key(&keys)?.into_iter().filter(|a| a.state == state).collect())
     }
 
-    fn attempts(&self) -> Result<Vec<AttemptRecord>, String> {
+    fn attempts(&self) -> Result<Vec<AttemptRecord>, BackendError> {
         Self::records(&self.scan(CF_ATTEMPTS, &[], |_, v| Some(v.to_vec()))?)
     }
 
-    fn record_grants(&self, record: &GrantRecord) -> Result<bool, String> {
+    fn record_grants(&self, record: &GrantRecord) -> Result<bool, BackendError> {
         let mut prefix = record.plugin.as_bytes().to_vec();
         prefix.push(0);
         let history: Vec<GrantRecord> = self.scan(CF_GRANT_HISTORY, &prefix, |_, v| serde_json::from_slice(v).ok())?;
-        if history.last().is_some_and(|last| last.digest == record.digest && last.grants == record.grants) {
+        if !checks::grants_changed(history.last(), record) {
             return Ok(false);
         }
         let mut key = prefix;
         key.extend_from_slice(&record.recorded_ms.to_be_bytes());
-        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+        let value = serde_json::to_vec(record).map_err(failed)?;
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_GRANT_HISTORY), key, value);
-        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| e.to_string())?;
+        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)?;
         Ok(true)
     }
 
-    fn grant_history(&self) -> Result<Vec<GrantRecord>, String> {
+    fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError> {
         let mut all: Vec<GrantRecord> = Self::records(&self.scan(CF_GRANT_HISTORY, &[], |_, v| Some(v.to_vec()))?)?;
         all.sort_by_key(|r| r.recorded_ms);
         Ok(all)
@@ -403,7 +370,7 @@ impl Backend for Rocks {
         self.db.write_opt(self.batch(write)?, &write_options(durability)).map_err(|e| BackendError::Failed(e.to_string()))
     }
 
-    fn enqueue(&self, write: &LedgerWrite, durability: Durability) -> Option<Result<Ticket, BackendError>> {
+    fn enqueue(&self, write: &LedgerWrite, durability: Durability) -> Option<Result<Pending, BackendError>> {
         let writer = self.writer.as_ref()?;
         let queue = writer.queue.as_ref()?;
         let (done, result) = tokio::sync::oneshot::channel();
@@ -413,50 +380,57 @@ impl Backend for Rocks {
             Err(e) => return Some(Err(e)),
         };
         let ticket = Ticket { result, sync, syncing: writer.syncing.clone() };
-        Some(queue.send(job).map(|()| ticket).map_err(|_| BackendError::Failed("the ledger's writer thread has stopped".into())))
+        if queue.send(job).is_err() {
+            return Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
+        }
+        Some(Ok(Box::pin(async move { ticket.wait().await.map_err(BackendError::Failed) })))
     }
 
-    fn memory_reads(&self) -> bool {
-        self.writer.is_some()
+    fn read_from_memory(&self, read: &mut dyn FnMut()) -> bool {
+        if self.writer.is_none() {
+            return false;
+        }
+        memory_only(read);
+        true
     }
 
-    fn claim_call(&self, call: &CallRecord, _now_ms: u64) -> Result<Claim, String> {
+    fn claim_call(&self, call: &CallRecord, _now_ms: u64) -> Result<Claim, BackendError> {
         Ok(Claim::of_existing(call, self.call(&call.session, &call.call_id)?))
     }
 
-    fn release_call(&self, _session: &str, _call_id: &str, _owner: &str) -> Result<(), String> {
+    fn release_call(&self, _session: &str, _call_id: &str, _owner: &str) -> Result<(), BackendError> {
         Ok(())
     }
 
-    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String> {
+    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, BackendError> {
         self.retire_page_of(before_ms, after, limit)
     }
 
-    fn remove(&self, removal: &Removal) -> Result<(), String> {
+    fn remove(&self, removal: &Removal) -> Result<(), BackendError> {
         self.remove_unit(removal)
     }
 
-    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, String> {
+    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, BackendError> {
         self.expired_at(session, call_id)
     }
 
-    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, String> {
+    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, BackendError> {
         self.calls_of_episode(session, tool, args_digest, episode)
     }
 
-    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, String> {
+    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, BackendError> {
         self.forget_budget(before_ms)
     }
 
-    fn stats(&self) -> Result<LedgerStats, String> {
+    fn stats(&self) -> Result<LedgerStats, BackendError> {
         self.figures()
     }
 
-    fn episodes(&self) -> Result<Vec<EpisodeRecord>, String> {
+    fn episodes(&self) -> Result<Vec<EpisodeRecord>, BackendError> {
         self.all_episodes()
     }
 
-    fn backfill_episode_index(&self) -> Result<(), String> {
+    fn backfill_episode_index(&self) -> Result<(), BackendError> {
         Rocks::backfill_episode_index(self)
     }
 
@@ -464,8 +438,8 @@ impl Backend for Rocks {
         self.opts.as_ref().map(|o| o.get_ticker_count(rocksdb::statistics::Ticker::WalFileSynced))
     }
 
-    fn settle(&self) -> Result<(), String> {
-        self.db.flush().map_err(|e| e.to_string())?;
+    fn settle(&self) -> Result<(), BackendError> {
+        self.db.flush().map_err(failed)?;
         for name in ALL_CFS {
             self.db.compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
         }
@@ -486,53 +460,6 @@ fn write_options(durability: Durability) -> WriteOptions {
     o
 }
 
-fn session_prefix(session: &str) -> Vec<u8> {
-    length_prefixed(session)
-}
-
-/// `field` after its length: no field can run into the next.
-fn length_prefixed(field: &str) -> Vec<u8> {
-    let mut k = (field.len() as u32).to_be_bytes().to_vec();
-    k.extend_from_slice(field.as_bytes());
-    k
-}
-
-fn call_key(session: &str, call_id: &str) -> Vec<u8> {
-    let mut k = session_prefix(session);
-    k.extend_from_slice(&(call_id.len() as u32).to_be_bytes());
-    k.extend_from_slice(call_id.as_bytes());
-    k
-}
-
-/// The smallest key greater than every key starting with `prefix`, if any.
-fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut upper = prefix.to_vec();
-    while let Some(last) = upper.pop() {
-        if last < u8::MAX {
-            upper.push(last + 1);
-            return Some(upper);
-        }
-    }
-    None
-}
-
-/// Length-prefixed (session, tool, args digest): one action, whatever its call id.
-fn action_prefix(session: &str, tool: &str, args_digest: &str) -> Vec<u8> {
-    let mut k = Vec::new();
-    for field in [session, tool, args_digest] {
-        k.extend_from_slice(&(field.len() as u32).to_be_bytes());
-        k.extend_from_slice(field.as_bytes());
-    }
-    k
-}
-
-/// An action's prefix, then the episode number: episodes sort by number.
-fn episode_key(session: &str, tool: &str, args_digest: &str, episode: u64) -> Vec<u8> {
-    let mut k = action_prefix(session, tool, args_digest);
-    k.extend_from_slice(&episode.to_be_bytes());
-    k
-}
-
 fn describe_open_error(e: &rocksdb::Error) -> BackendError {
     let text = e.to_string();
     // RocksDB reports its LOCK file held by another process as an I/O error naming the lock.
@@ -540,187 +467,5 @@ fn describe_open_error(e: &rocksdb::Error) -> BackendError {
         BackendError::Busy(format!("{text} — another toolguard process holds this ledger"))
     } else {
         BackendError::Failed(text)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::writer::commit_group;
-    use super::*;
-    use std::sync::atomic::AtomicBool;
-
-    #[test]
-    fn prefix_successor_bounds_exactly_the_prefix() {
-        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
-        assert_eq!(prefix_successor(&[1, 0xff]), Some(vec![2]));
-        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
-        assert_eq!(prefix_successor(b""), None);
-    }
-
-    #[test]
-    fn scans_stay_inside_their_prefix_past_many_tombstones() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Rocks::open(dir.path()).unwrap();
-        let cf = ledger.cf(CF_EPISODES);
-        for i in 0..1_000u32 {
-            let key = [b"b", &i.to_be_bytes()[..]].concat();
-            ledger.db.put_cf(cf, &key, b"x").unwrap();
-            ledger.db.delete_cf(cf, &key).unwrap();
-        }
-        ledger.db.put_cf(cf, b"a1", b"x").unwrap();
-        ledger.db.put_cf(cf, b"c1", b"y").unwrap();
-        assert_eq!(ledger.scan(CF_EPISODES, b"a", |k, _| Some(k.to_vec())).unwrap(), vec![b"a1".to_vec()]);
-        assert!(ledger.scan(CF_EPISODES, b"b", |k, _| Some(k.to_vec())).unwrap().is_empty());
-    }
-
-    fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
-        crate::ledger::suite::attempt(call_id, 0, 0, state)
-    }
-
-    fn indexes(ledger: &Rocks) -> Vec<Vec<u8>> {
-        [CF_BY_STATE, CF_CALL_ATTEMPTS]
-            .iter()
-            .flat_map(|cf| ledger.scan(cf, &[], |k, v| Some([cf.as_bytes(), k, v].concat())).unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn writes_over_a_known_prior_leave_the_same_indexes_as_blind_writes() {
-        use AttemptState::*;
-        let paths: [&[AttemptState]; 5] =
-            [&[Pending, Succeeded], &[Pending, Unknown, Succeeded], &[Pending, Failed, Pending, Unknown], &[Pending, Pending, Failed], &[Pending, Unknown, Unknown, Failed]];
-        for path in paths {
-            let (precise, blind) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-            let (precise, blind) = (Rocks::open(precise.path()).unwrap(), Rocks::open(blind.path()).unwrap());
-            let mut prior = Prior::Absent;
-            for (i, state) in path.iter().enumerate() {
-                for (call_id, ledger) in [("a", &precise), ("b", &precise), ("a", &blind), ("b", &blind)] {
-                    let write_prior = if std::ptr::eq(ledger, &precise) { prior } else { Prior::Unread };
-                    ledger.commit(&LedgerWrite::new().attempt_over(attempt(call_id, *state), write_prior), Durability::Buffered).unwrap();
-                }
-                prior = Prior::Was(*state);
-                assert_eq!(indexes(&precise), indexes(&blind), "path {path:?}, after step {i}");
-                assert_eq!(precise.attempts_in_state(*state).unwrap().len(), 2);
-            }
-        }
-    }
-
-    fn job(ledger: &Rocks, write: &LedgerWrite, sync: bool) -> (Job, tokio::sync::oneshot::Receiver<Result<(), String>>) {
-        let (done, result) = tokio::sync::oneshot::channel();
-        (Job { batch: ledger.batch(write).unwrap(), sync, done }, result)
-    }
-
-    #[test]
-    fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Rocks::open(dir.path()).unwrap();
-        let (mut group, mut results) = (Vec::new(), Vec::new());
-        for i in 0..64 {
-            let write = LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}"))).attempt_over(attempt(&format!("c{i}"), AttemptState::Pending), Prior::Absent);
-            // One synced write among buffered ones makes the whole group synced.
-            let (j, r) = job(&ledger, &write, i == 40);
-            group.push(j);
-            results.push(r);
-        }
-        // The same attempt again, later in the group: the later write wins.
-        let (j, r) = job(&ledger, &LedgerWrite::new().attempt_over(attempt("c7", AttemptState::Succeeded), Prior::Was(AttemptState::Pending)), false);
-        group.push(j);
-        results.push(r);
-        let syncs = ledger.wal_syncs().unwrap();
-        commit_group(&ledger.db, group, &AtomicBool::new(false));
-        assert_eq!(ledger.wal_syncs().unwrap() - syncs, 1, "65 writes, one fsync");
-        assert!(results.iter_mut().all(|r| r.try_recv() == Ok(Ok(()))), "every writer is told");
-        assert_eq!(ledger.calls(Some("s")).unwrap().len(), 64);
-        assert_eq!(ledger.attempts_in_state(AttemptState::Pending).unwrap().len(), 63);
-        assert_eq!(ledger.attempt_at("s", "c7", 0).unwrap().unwrap().state, AttemptState::Succeeded);
-        assert_eq!(indexes(&ledger).len(), 64 * 2, "one by-state and one by-call entry per attempt");
-    }
-
-    #[test]
-    fn writes_queued_while_the_writer_is_busy_share_its_next_fsync() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Rocks::open(dir.path()).unwrap();
-        let write = |i: usize| LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}")));
-        // Built first, then queued back to back: far faster than the writer
-        // commits even one, so all but the first few wait for it together.
-        let jobs: Vec<_> = (0..64).map(|i| job(&ledger, &write(i), true)).collect();
-        let syncs = ledger.wal_syncs().unwrap();
-        let queue = ledger.writer.as_ref().unwrap().queue.as_ref().unwrap();
-        let results: Vec<_> = jobs.into_iter().map(|(j, r)| queue.send(j).map(|()| r).unwrap()).collect();
-        for r in results {
-            assert_eq!(r.blocking_recv().unwrap(), Ok(()));
-        }
-        let fsyncs = ledger.wal_syncs().unwrap() - syncs;
-        assert!((1..=8).contains(&fsyncs), "64 synced writes queued at once took {fsyncs} fsyncs");
-        assert_eq!(ledger.calls(Some("s")).unwrap().len(), 64);
-    }
-
-    #[test]
-    fn a_read_that_needs_the_disk_is_answered_off_the_async_workers() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let ledger = Rocks::open(dir.path()).unwrap();
-            ledger.commit(&LedgerWrite::new().call(crate::ledger::suite::call("s", "c1")), Durability::Synced).unwrap();
-            ledger.db.flush_cf(ledger.cf(CF_CALLS)).unwrap();
-        }
-        {
-            // Reopened: the record is in a table file, not in memory.
-            let ledger = Rocks::open(dir.path()).unwrap();
-            assert_eq!(memory_only(|| ledger.call("s", "c1")), Err(crate::ledger::NEEDS_IO.to_string()));
-            assert!(ledger.call("s", "c1").unwrap().is_some(), "a plain read goes to the disk");
-        }
-        let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
-        let found = runtime.block_on(ledger.read(|l| l.call("s", "c1"))).unwrap();
-        assert_eq!(found.map(|c| c.call_id), Some("c1".to_string()), "retried on the blocking pool");
-    }
-
-    #[test]
-    fn queued_writes_land_in_the_order_they_were_queued() {
-        use AttemptState::*;
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
-        runtime.block_on(async {
-            // One attempt through its states, queued back to back; only the last is waited for.
-            let mut prior = Prior::Absent;
-            let mut last = None;
-            for state in [Pending, Unknown, Succeeded] {
-                last = Some(ledger.queue(LedgerWrite::new().attempt_over(attempt("c1", state), prior), Durability::Buffered));
-                prior = Prior::Was(state);
-            }
-            last.unwrap().wait().await.unwrap();
-            let found = ledger.read(|l| l.attempt_at("s", "c1", 0)).await.unwrap();
-            assert_eq!(found.map(|a| a.state), Some(Succeeded));
-            assert!(ledger.read(|l| l.attempts_in_state(Unknown)).await.unwrap().is_empty(), "settled last");
-        });
-    }
-
-    #[test]
-    fn closing_the_ledger_lands_every_queued_write_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        runtime.block_on(async {
-            let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
-            for i in 0..20 {
-                // Queued and never waited for.
-                drop(ledger.queue(LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}"))), Durability::Buffered));
-            }
-        });
-        // The directory's lock is free again, so the writer thread is gone.
-        let reopened = crate::ledger::Ledger::open(dir.path()).unwrap();
-        assert_eq!(reopened.calls(Some("s")).unwrap().len(), 20);
-    }
-
-    #[test]
-    fn reads_skip_index_entries_a_wrong_prior_left_behind() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Rocks::open(dir.path()).unwrap();
-        ledger.commit(&LedgerWrite::new().attempt_over(attempt("a", AttemptState::Pending), Prior::Absent), Durability::Buffered).unwrap();
-        // Claims it was Unknown, so the Pending entries stay behind.
-        let wrong = Prior::Was(AttemptState::Unknown);
-        ledger.commit(&LedgerWrite::new().attempt_over(attempt("a", AttemptState::Succeeded), wrong), Durability::Buffered).unwrap();
-        assert!(ledger.attempts_in_state(AttemptState::Pending).unwrap().is_empty());
-        assert_eq!(ledger.attempts_in_state(AttemptState::Succeeded).unwrap().len(), 1);
     }
 }

@@ -1,39 +1,18 @@
-//! Retention on RocksDB: the retire index, tombstones, the episode-calls
-//! index and the figures of `ledger stats` (see [`crate::ledger::retention`]).
+//! Retention on RocksDB: pruning through the retire index, tombstones,
+//! and the figures of `ledger stats` (see [`crate::ledger::retention`]).
 
-use super::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALLS, CF_CALL_ATTEMPTS, CF_EPISODES, CF_EPISODE_CALLS, CF_EXPIRED, CF_RETIRE};
-use super::{Rocks, call_key, db_error, episode_key, read_options, write_options};
+use crate::ledger::error::failed;
+use super::keys::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALLS, CF_CALL_ATTEMPTS, CF_EPISODES, CF_EPISODE_CALLS, CF_EXPIRED, CF_RETIRE};
+use super::keys::{call_key, episode_call_key, episode_key, retire_key};
+use super::{Rocks, db_error, read_options, write_options};
 use crate::ledger::retention::{LedgerStats, Removal, RetireEntry, tombstone};
-use crate::ledger::{AttemptState, CallRecord, CallState, Durability, EpisodeRecord};
+use crate::ledger::{AttemptState, BackendError, CallRecord, CallState, Durability, EpisodeRecord};
 use rocksdb::{IteratorMode, WriteBatch};
 use serde::Deserialize;
 
-/// The retire index's key of `entry`: time, then the unit.
-pub(super) fn retire_key(entry: &RetireEntry) -> Vec<u8> {
-    [entry.at_ms.to_be_bytes().as_slice(), entry.unit.as_bytes()].concat()
-}
-
-/// The episode-calls index's key of a call in episode `n` of its action.
-pub(super) fn episode_call_key(call: &CallRecord, n: u64) -> Vec<u8> {
-    let mut k = episode_key(&call.session, &call.tool, &call.args_digest, n);
-    k.extend_from_slice(call.call_id.as_bytes());
-    k
-}
-
 impl Rocks {
-    /// Adds the index entries a write of `call` needs: its episode
-    /// membership and, once final, its retire entry.
-    pub(super) fn index_call(&self, batch: &mut WriteBatch, call: &CallRecord) {
-        if let Some(n) = call.episode {
-            batch.put_cf(self.cf(CF_EPISODE_CALLS), episode_call_key(call, n), []);
-        }
-        if let Some(entry) = RetireEntry::of_call(call) {
-            batch.put_cf(self.cf(CF_RETIRE), retire_key(&entry), []);
-        }
-    }
-
     /// Entries of the retire index older than `before_ms`, after `after`.
-    pub(super) fn retire_page_of(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, String> {
+    pub(super) fn retire_page_of(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, BackendError> {
         let Some(family) = self.db.cf_handle(CF_RETIRE) else { return Ok(Vec::new()) };
         let mut opts = read_options();
         opts.set_iterate_upper_bound(before_ms.to_be_bytes().to_vec());
@@ -55,7 +34,7 @@ impl Rocks {
     }
 
     /// Applies `removal` as one batch.
-    pub(super) fn remove_unit(&self, removal: &Removal) -> Result<(), String> {
+    pub(super) fn remove_unit(&self, removal: &Removal) -> Result<(), BackendError> {
         let mut batch = WriteBatch::default();
         for (session, call_id) in &removal.calls {
             batch.delete_cf(self.cf(CF_CALLS), call_key(session, call_id));
@@ -81,25 +60,25 @@ impl Rocks {
         batch.delete_cf(self.cf(CF_RETIRE), retire_key(&removal.entry));
         // Buffered is enough: the batch is atomic, so a lost removal loses its
         // tombstones together with the deletions they stand for.
-        self.db.write_opt(batch, &write_options(Durability::Buffered)).map_err(|e| e.to_string())
+        self.db.write_opt(batch, &write_options(Durability::Buffered)).map_err(failed)
     }
 
     /// When (session, call id) was pruned, if it was.
-    pub(super) fn expired_at(&self, session: &str, call_id: &str) -> Result<Option<u64>, String> {
+    pub(super) fn expired_at(&self, session: &str, call_id: &str) -> Result<Option<u64>, BackendError> {
         let Some(family) = self.db.cf_handle(CF_EXPIRED) else { return Ok(None) };
         let found = self.db.get_pinned_cf_opt(family, tombstone(session, call_id), &read_options()).map_err(|e| db_error(&e))?;
         Ok(found.and_then(|v| v.as_ref().try_into().ok()).map(u64::from_be_bytes))
     }
 
     /// Every call of episode `n` of the action.
-    pub(super) fn calls_of_episode(&self, session: &str, tool: &str, args_digest: &str, n: u64) -> Result<Vec<CallRecord>, String> {
+    pub(super) fn calls_of_episode(&self, session: &str, tool: &str, args_digest: &str, n: u64) -> Result<Vec<CallRecord>, BackendError> {
         let prefix = episode_key(session, tool, args_digest, n);
         let ids = self.scan(CF_EPISODE_CALLS, &prefix, |k, _| Some(String::from_utf8_lossy(&k[prefix.len()..]).into_owned()))?;
         ids.iter().filter_map(|id| self.get_json(CF_CALLS, &call_key(session, id)).transpose()).collect()
     }
 
     /// Removes budget uses made before `before_ms`.
-    pub(super) fn forget_budget(&self, before_ms: u64) -> Result<u64, String> {
+    pub(super) fn forget_budget(&self, before_ms: u64) -> Result<u64, BackendError> {
         let old = self.scan(CF_BUDGET, &[], |k, _| {
             let len = u32::from_be_bytes(k.get(..4)?.try_into().ok()?) as usize;
             let at = u64::from_be_bytes(k.get(4 + len..12 + len)?.try_into().ok()?);
@@ -109,29 +88,29 @@ impl Rocks {
         for k in &old {
             batch.delete_cf(self.cf(CF_BUDGET), k);
         }
-        self.db.write_opt(batch, &write_options(Durability::Buffered)).map_err(|e| e.to_string())?;
+        self.db.write_opt(batch, &write_options(Durability::Buffered)).map_err(failed)?;
         Ok(old.len() as u64)
     }
 
     /// Writes the episode-calls index of every call (schema 2 → 3).
-    pub(super) fn backfill_episode_index(&self) -> Result<(), String> {
+    pub(super) fn backfill_episode_index(&self) -> Result<(), BackendError> {
         let mut batch = WriteBatch::default();
         for raw in self.scan(CF_CALLS, &[], |_, v| Some(v.to_vec()))? {
-            let call: CallRecord = serde_json::from_slice(&raw).map_err(|e| format!("damaged record: {e}"))?;
+            let call: CallRecord = serde_json::from_slice(&raw).map_err(|e| failed(format!("damaged record: {e}")))?;
             if let Some(n) = call.episode {
                 batch.put_cf(self.cf(CF_EPISODE_CALLS), episode_call_key(&call, n), []);
             }
         }
-        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(|e| e.to_string())
+        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)
     }
 
     /// Every episode.
-    pub(super) fn all_episodes(&self) -> Result<Vec<EpisodeRecord>, String> {
+    pub(super) fn all_episodes(&self) -> Result<Vec<EpisodeRecord>, BackendError> {
         Self::records(&self.scan(CF_EPISODES, &[], |_, v| Some(v.to_vec()))?)
     }
 
     /// The figures of `ledger stats`, read by one pass over each family.
-    pub(super) fn figures(&self) -> Result<LedgerStats, String> {
+    pub(super) fn figures(&self) -> Result<LedgerStats, BackendError> {
         #[derive(Deserialize)]
         struct Call {
             state: CallState,
@@ -180,7 +159,7 @@ impl Rocks {
 
 impl Rocks {
     /// Runs `f` on every entry of family `cf`, without collecting them.
-    fn each(&self, cf: &str, mut f: impl FnMut(&[u8], &[u8]) -> Result<(), String>) -> Result<(), String> {
+    fn each(&self, cf: &str, mut f: impl FnMut(&[u8], &[u8]) -> Result<(), BackendError>) -> Result<(), BackendError> {
         let Some(family) = self.db.cf_handle(cf) else { return Ok(()) };
         for item in self.db.iterator_cf_opt(family, read_options(), IteratorMode::Start) {
             let (k, v) = item.map_err(|e| db_error(&e))?;
@@ -191,8 +170,8 @@ impl Rocks {
 }
 
 /// A record's fields `T` names.
-fn parse<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, String> {
-    serde_json::from_slice(v).map_err(|e| format!("damaged record: {e}"))
+fn parse<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, BackendError> {
+    serde_json::from_slice(v).map_err(|e| failed(format!("damaged record: {e}")))
 }
 
 fn call_state(state: CallState) -> &'static str {

@@ -26,7 +26,7 @@ pub(super) struct Job {
 const POLL: Duration = Duration::from_micros(30);
 
 /// A write queued for the writer thread: wait for its result.
-pub(crate) struct Ticket {
+pub(super) struct Ticket {
     pub(super) result: tokio::sync::oneshot::Receiver<Result<(), String>>,
     pub(super) sync: bool,
     pub(super) syncing: Arc<AtomicBool>,
@@ -34,7 +34,7 @@ pub(crate) struct Ticket {
 
 impl Ticket {
     /// The write's result, once the writer has applied (and, if asked, synced) it.
-    pub(crate) async fn wait(mut self) -> Result<(), String> {
+    pub(super) async fn wait(mut self) -> Result<(), String> {
         if !self.sync {
             let until = Instant::now() + POLL;
             while !self.syncing.load(Ordering::Acquire) && Instant::now() < until {

@@ -4,7 +4,7 @@
 
 mod retention;
 
-use super::records::{StoredBody, StoredRequest};
+use super::records::{PlannedSend, StoredBody, StoredRequest};
 use super::*;
 use retention::{a_pruning_pass_removes_old_final_units_and_leaves_tombstones, old_budget_uses_are_forgotten};
 
@@ -49,7 +49,8 @@ impl Store for PostgresStore {
 pub(super) fn attempt(call_id: &str, step: u32, generation: u32, state: AttemptState) -> AttemptRecord {
     let request = StoredRequest { method: "POST".into(), url: "http://p/r".into(), headers: vec![], body: StoredBody::from_bytes(b"x") };
     let key = format!("tg1_{call_id}_{step}_{generation}");
-    let fresh = AttemptRecord::pending(&call("s", call_id), key, step, generation, "f".into(), "payments".into(), request);
+    let send = PlannedSend { step, generation, fingerprint: "f".into(), downstream: "payments".into(), request };
+    let fresh = AttemptRecord::pending(&call("s", call_id), key, send);
     AttemptRecord { state, created_ms: 1, updated_ms: 1, ..fresh }
 }
 

@@ -7,18 +7,20 @@
 //!
 //! Relative paths are resolved against the directory of the file they are in.
 
+mod engine;
+pub mod limits;
+mod mcp;
+
+pub use engine::{DEFAULT_COMPONENT_FOOTPRINT, DEFAULT_MEMORY_CEILING_MB, DEFAULT_POOL_INSTANCES, EngineConfig, Footprint};
+pub use limits::{LimitOverrides, Limits};
+pub use mcp::{McpConfig, McpToken, MissingCallId, valid_principal};
+
 use crate::ledger::LedgerLocation;
 use crate::policy::{Downstreams, PluginPolicy, Policy, RawPolicy};
-use crate::runtime::limits::{LimitOverrides, Limits};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-
-/// Default engine memory ceiling: no plugin's `memory_mb` may exceed it.
-pub const DEFAULT_MEMORY_CEILING_MB: u64 = 256;
-/// Default number of invocations the pooling allocator holds at once.
-pub const DEFAULT_POOL_INSTANCES: u32 = 256;
 
 /// A parsed and validated configuration.
 #[derive(Debug, Clone)]
@@ -72,139 +74,6 @@ impl Retention {
         let longest = downstreams.values().map(|d| d.retention.as_secs().div_ceil(3600)).max().unwrap_or(0);
         longest + RETENTION_MARGIN_HOURS
     }
-}
-
-/// Engine-wide settings (`[engine]`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EngineConfig {
-    /// Use the pooling allocator (falls back to on-demand, logged, if it cannot be set up).
-    pub pooling: bool,
-    /// How many invocations the pool holds at once.
-    pub pool_instances: u32,
-    /// The largest `memory_mb` any plugin may be given.
-    pub memory_ceiling_mb: u64,
-    /// Core instances one component may create in the pool; raised at start
-    /// to what the configured plugins need (docs/plugins.md, "Limits").
-    pub component_core_instances: u32,
-    /// Linear memories one component may define in the pool; raised likewise.
-    pub component_memories: u32,
-    /// Tables one component may define in the pool; raised likewise.
-    pub component_tables: u32,
-}
-
-/// Pool room per component before any plugin is seen: a Rust guest's
-/// (main module, shims and fix-ups; one memory; its tables), with headroom.
-pub const DEFAULT_COMPONENT_FOOTPRINT: (u32, u32, u32) = (6, 1, 4);
-
-impl EngineConfig {
-    /// This config with the pool's room per component raised to fit `needs`.
-    pub fn fitted_to(&self, needs: crate::runtime::Footprint) -> Self {
-        Self {
-            component_core_instances: self.component_core_instances.max(needs.core_instances),
-            component_memories: self.component_memories.max(needs.memories),
-            component_tables: self.component_tables.max(needs.tables),
-            ..self.clone()
-        }
-    }
-
-    /// The pool's room per component.
-    pub fn component_room(&self) -> crate::runtime::Footprint {
-        crate::runtime::Footprint {
-            core_instances: self.component_core_instances,
-            memories: self.component_memories,
-            tables: self.component_tables,
-        }
-    }
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        let (component_core_instances, component_memories, component_tables) = DEFAULT_COMPONENT_FOOTPRINT;
-        Self {
-            pooling: true,
-            pool_instances: DEFAULT_POOL_INSTANCES,
-            memory_ceiling_mb: DEFAULT_MEMORY_CEILING_MB,
-            component_core_instances,
-            component_memories,
-            component_tables,
-        }
-    }
-}
-
-/// What to do with a side-effecting MCP `tools/call` that carries no tool-call id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum MissingCallId {
-    /// Refuse it with an `isError` result saying what to send (the default).
-    #[default]
-    Refuse,
-    /// Weaker, opt-in: use a digest of the tool and arguments as the call id,
-    /// so identical calls in a session are one call — a blind retry is
-    /// deduplicated, but so is a genuine repeat.
-    DeriveFromArguments,
-}
-
-/// `[mcp]`: how `toolguard serve` speaks MCP (see `docs/mcp.md`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct McpConfig {
-    /// The session of calls whose client names none.
-    pub default_session: String,
-    /// See [`MissingCallId`].
-    pub missing_call_id: MissingCallId,
-    /// An environment variable holding the bearer token HTTP clients must
-    /// send; required when `--http` binds beyond loopback. Shorthand for one
-    /// entry of `tokens`, whose principal is `token_principal`.
-    pub token_env: Option<String>,
-    /// The principal of clients that present `token_env`'s token.
-    pub token_principal: String,
-    /// Bearer tokens, each its own principal: the sessions a token's
-    /// holders name live in that principal's namespace, and budgets per
-    /// principal count them together.
-    pub tokens: Vec<McpToken>,
-    /// Host names (or `host:port`) accepted besides loopback, for DNS-rebinding protection.
-    pub allowed_hosts: Vec<String>,
-    /// Largest HTTP request body accepted.
-    pub max_request_bytes: usize,
-}
-
-impl Default for McpConfig {
-    fn default() -> Self {
-        Self {
-            default_session: "default".into(),
-            missing_call_id: MissingCallId::Refuse,
-            token_env: None,
-            token_principal: "token-holder".into(),
-            tokens: Vec::new(),
-            allowed_hosts: Vec::new(),
-            max_request_bytes: 1 << 20,
-        }
-    }
-}
-
-/// One bearer token of `[mcp] tokens` and whom it stands for.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpToken {
-    /// The principal: 1–64 of `A-Z a-z 0-9 . _ -`.
-    pub principal: String,
-    /// The environment variable holding the token (read at start; never logged).
-    pub token_env: String,
-}
-
-impl McpConfig {
-    /// Every token, `token_env` included, as (principal, variable).
-    pub fn all_tokens(&self) -> Vec<(String, String)> {
-        let legacy = self.token_env.iter().map(|v| (self.token_principal.clone(), v.clone()));
-        legacy.chain(self.tokens.iter().map(|t| (t.principal.clone(), t.token_env.clone()))).collect()
-    }
-}
-
-/// Whether `name` may be a principal: it prefixes session ids, so it must
-/// be short and unable to contain the separator.
-pub fn valid_principal(name: &str) -> bool {
-    (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// Where a plugin's component comes from.
@@ -487,96 +356,4 @@ fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::parse(text, "t.toml", Path::new("/base"))
-    }
-
-    #[test]
-    fn the_ledger_is_a_directory_by_default_or_a_postgres_url() {
-        assert_eq!(parse("").unwrap().ledger, LedgerLocation::Dir(PathBuf::from("/base/.toolguard/ledger")));
-        assert_eq!(parse("ledger = \"l\"").unwrap().ledger, LedgerLocation::Dir(PathBuf::from("/base/l")));
-        let url = "postgres://tg:secret@db:5432/toolguard";
-        assert_eq!(parse(&format!("ledger = \"{url}\"")).unwrap().ledger, LedgerLocation::Postgres(url.into()));
-        let e = parse("ledger = \"mysql://tg:secret@db/x\"").unwrap_err();
-        assert_eq!(e.field, "ledger");
-        assert!(e.message.contains("postgres://") && !e.message.contains("secret"), "{e}");
-        let e = parse("ledger = \"l\"\nledger_url_env = \"X\"").unwrap_err();
-        assert_eq!(e.field, "ledger_url_env");
-        let e = parse("ledger_url_env = \"TOOLGUARD_TEST_SURELY_UNSET\"").unwrap_err();
-        assert!(e.message.contains("is not set"), "{e}");
-    }
-
-    #[test]
-    fn names_file_field_and_problem() {
-        let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\n[plugins.a.limits]\ncpu_ms = \"fast\"\n").unwrap_err();
-        assert_eq!(e.file, "t.toml");
-        assert_eq!(e.field, "plugins.a.limits.cpu_ms");
-        assert!(e.message.contains("line 4"), "{e}");
-
-        let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\ncolour = 1\n").unwrap_err();
-        assert!(e.message.contains("unknown field `colour`"), "{e}");
-
-        let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\n[policy.plugins.a]\nsha256 = \"abc\"\n").unwrap_err();
-        assert_eq!(e.field, "policy.plugins.a.sha256");
-
-        let e = parse("[plugins.a]\ncomponent = \"builtin:nope\"\n").unwrap_err();
-        assert!(e.message.contains("builtins are"), "{e}");
-
-        let e = parse("[limits]\nmemory_mb = 4096\n").unwrap_err();
-        assert_eq!(e.field, "limits.memory_mb");
-
-        let e = parse("data_dir = [").unwrap_err();
-        assert_eq!(e.field, ".");
-    }
-
-    #[test]
-    fn downstreams_and_grants_are_checked() {
-        let base = "[plugins.a]\ncomponent = \"a.wasm\"\n[policy.downstreams.pay]\nurl = \"http://127.0.0.1:4242\"\n";
-        let ok = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"POST\"]\npath_prefix = \"/v1\"\n")).unwrap();
-        assert_eq!(ok.plugins[0].policy.grants[0].downstream, "pay");
-        assert!(ok.plugins[0].policy.reviewed);
-        assert_eq!(ok.downstreams["pay"].timeout.as_millis(), 8000);
-        let e = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"nope\"\n")).unwrap_err();
-        assert_eq!(e.field, "policy.plugins.a.grants[0].downstream");
-        let e = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"post\"]\n")).unwrap_err();
-        assert_eq!(e.field, "policy.plugins.a.grants[0].methods");
-        let e = parse("[policy.downstreams.pay]\nurl = \"ftp://x\"\n").unwrap_err();
-        assert_eq!(e.field, "policy.downstreams.pay.url");
-        let e = parse("[policy.downstreams.pay]\nurl = \"https://x\"\nkey = [{ transport = \"smoke-signal\" }]\n").unwrap_err();
-        assert!(e.field.starts_with("policy.downstreams.pay.key"), "{e}");
-        let e = parse("[policy.plugins.ghost]\nsha256 = \"\"\n").unwrap_err();
-        assert!(e.field.starts_with("policy.plugins.ghost"), "{e}");
-        let e = parse("[policy.downstreams.pay]\nurl = \"https://x\"\ncredential = { env = \"A\", file = \"b\" }\n").unwrap_err();
-        assert_eq!(e.field, "policy.downstreams.pay.credential");
-    }
-
-    #[test]
-    fn the_policy_may_live_in_its_own_file() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("policy.toml"), "[downstreams.pay]\nurl = \"https://x\"\n[plugins.a]\nmax_sends_per_call = 2\n").unwrap();
-        let text = "policy_file = \"policy.toml\"\n[plugins.a]\ncomponent = \"a.wasm\"\n";
-        let c = Config::parse(text, "t.toml", dir.path()).unwrap();
-        assert_eq!(c.plugins[0].policy.max_sends_per_call, 2);
-        assert!(c.policy_source.ends_with("policy.toml"));
-        std::fs::write(dir.path().join("policy.toml"), "[plugins.a]\nsha256 = \"x\"\n").unwrap();
-        let e = Config::parse(text, "t.toml", dir.path()).unwrap_err();
-        assert!(e.file.ends_with("policy.toml") && e.field == "plugins.a.sha256", "{e}");
-    }
-
-    #[test]
-    fn resolves_paths_and_layers_limits() {
-        let c = parse(
-            "data_dir = \"d\"\n[limits]\ncpu_ms = 200\n[plugins.a]\ncomponent = \"x/a.wasm\"\n[plugins.a.limits]\nwall_ms = 5\n",
-        )
-        .unwrap();
-        assert_eq!(c.data_dir, Path::new("/base/d"));
-        assert_eq!(c.compile_cache, Path::new("/base/d/compiled"));
-        let a = &c.plugins[0];
-        assert_eq!(a.component, ComponentSource::File("/base/x/a.wasm".into()));
-        assert_eq!((a.limits.cpu_ms, a.limits.wall_ms), (200, 5));
-        assert_eq!(a.limits.memory_mb, crate::runtime::limits::DEFAULT_MEMORY_MB);
-    }
-}
+mod tests;

@@ -1,0 +1,78 @@
+//! `[mcp]`: how `toolguard serve` speaks MCP (`docs/mcp.md`).
+
+use serde::Deserialize;
+
+/// What to do with a side-effecting MCP `tools/call` that carries no tool-call id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum MissingCallId {
+    /// Refuse it with an `isError` result saying what to send (the default).
+    #[default]
+    Refuse,
+    /// Weaker, opt-in: use a digest of the tool and arguments as the call id,
+    /// so identical calls in a session are one call — a blind retry is
+    /// deduplicated, but so is a genuine repeat.
+    DeriveFromArguments,
+}
+
+/// `[mcp]`: how `toolguard serve` speaks MCP (see `docs/mcp.md`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// The session of calls whose client names none.
+    pub default_session: String,
+    /// See [`MissingCallId`].
+    pub missing_call_id: MissingCallId,
+    /// An environment variable holding the bearer token HTTP clients must
+    /// send; required when `--http` binds beyond loopback. Shorthand for one
+    /// entry of `tokens`, whose principal is `token_principal`.
+    pub token_env: Option<String>,
+    /// The principal of clients that present `token_env`'s token.
+    pub token_principal: String,
+    /// Bearer tokens, each its own principal: the sessions a token's
+    /// holders name live in that principal's namespace, and budgets per
+    /// principal count them together.
+    pub tokens: Vec<McpToken>,
+    /// Host names (or `host:port`) accepted besides loopback, for DNS-rebinding protection.
+    pub allowed_hosts: Vec<String>,
+    /// Largest HTTP request body accepted.
+    pub max_request_bytes: usize,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            default_session: "default".into(),
+            missing_call_id: MissingCallId::Refuse,
+            token_env: None,
+            token_principal: "token-holder".into(),
+            tokens: Vec::new(),
+            allowed_hosts: Vec::new(),
+            max_request_bytes: 1 << 20,
+        }
+    }
+}
+
+/// One bearer token of `[mcp] tokens` and whom it stands for.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToken {
+    /// The principal: 1–64 of `A-Z a-z 0-9 . _ -`.
+    pub principal: String,
+    /// The environment variable holding the token (read at start; never logged).
+    pub token_env: String,
+}
+
+impl McpConfig {
+    /// Every token, `token_env` included, as (principal, variable).
+    pub fn all_tokens(&self) -> Vec<(String, String)> {
+        let legacy = self.token_env.iter().map(|v| (self.token_principal.clone(), v.clone()));
+        legacy.chain(self.tokens.iter().map(|t| (t.principal.clone(), t.token_env.clone()))).collect()
+    }
+}
+
+/// Whether `name` may be a principal: it prefixes session ids, so it must
+/// be short and unable to contain the separator.
+pub fn valid_principal(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}

@@ -1,0 +1,93 @@
+//! The config parser against good and bad files.
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, "t.toml", Path::new("/base"))
+}
+
+#[test]
+fn the_ledger_is_a_directory_by_default_or_a_postgres_url() {
+    assert_eq!(parse("").unwrap().ledger, LedgerLocation::Dir(PathBuf::from("/base/.toolguard/ledger")));
+    assert_eq!(parse("ledger = \"l\"").unwrap().ledger, LedgerLocation::Dir(PathBuf::from("/base/l")));
+    let url = "postgres://tg:secret@db:5432/toolguard";
+    assert_eq!(parse(&format!("ledger = \"{url}\"")).unwrap().ledger, LedgerLocation::Postgres(url.into()));
+    let e = parse("ledger = \"mysql://tg:secret@db/x\"").unwrap_err();
+    assert_eq!(e.field, "ledger");
+    assert!(e.message.contains("postgres://") && !e.message.contains("secret"), "{e}");
+    let e = parse("ledger = \"l\"\nledger_url_env = \"X\"").unwrap_err();
+    assert_eq!(e.field, "ledger_url_env");
+    let e = parse("ledger_url_env = \"TOOLGUARD_TEST_SURELY_UNSET\"").unwrap_err();
+    assert!(e.message.contains("is not set"), "{e}");
+}
+
+#[test]
+fn names_file_field_and_problem() {
+    let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\n[plugins.a.limits]\ncpu_ms = \"fast\"\n").unwrap_err();
+    assert_eq!(e.file, "t.toml");
+    assert_eq!(e.field, "plugins.a.limits.cpu_ms");
+    assert!(e.message.contains("line 4"), "{e}");
+
+    let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\ncolour = 1\n").unwrap_err();
+    assert!(e.message.contains("unknown field `colour`"), "{e}");
+
+    let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\n[policy.plugins.a]\nsha256 = \"abc\"\n").unwrap_err();
+    assert_eq!(e.field, "policy.plugins.a.sha256");
+
+    let e = parse("[plugins.a]\ncomponent = \"builtin:nope\"\n").unwrap_err();
+    assert!(e.message.contains("builtins are"), "{e}");
+
+    let e = parse("[limits]\nmemory_mb = 4096\n").unwrap_err();
+    assert_eq!(e.field, "limits.memory_mb");
+
+    let e = parse("data_dir = [").unwrap_err();
+    assert_eq!(e.field, ".");
+}
+
+#[test]
+fn downstreams_and_grants_are_checked() {
+    let base = "[plugins.a]\ncomponent = \"a.wasm\"\n[policy.downstreams.pay]\nurl = \"http://127.0.0.1:4242\"\n";
+    let ok = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"POST\"]\npath_prefix = \"/v1\"\n")).unwrap();
+    assert_eq!(ok.plugins[0].policy.grants[0].downstream, "pay");
+    assert!(ok.plugins[0].policy.reviewed);
+    assert_eq!(ok.downstreams["pay"].timeout.as_millis(), 8000);
+    let e = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"nope\"\n")).unwrap_err();
+    assert_eq!(e.field, "policy.plugins.a.grants[0].downstream");
+    let e = parse(&format!("{base}[[policy.plugins.a.grants]]\ndownstream = \"pay\"\nmethods = [\"post\"]\n")).unwrap_err();
+    assert_eq!(e.field, "policy.plugins.a.grants[0].methods");
+    let e = parse("[policy.downstreams.pay]\nurl = \"ftp://x\"\n").unwrap_err();
+    assert_eq!(e.field, "policy.downstreams.pay.url");
+    let e = parse("[policy.downstreams.pay]\nurl = \"https://x\"\nkey = [{ transport = \"smoke-signal\" }]\n").unwrap_err();
+    assert!(e.field.starts_with("policy.downstreams.pay.key"), "{e}");
+    let e = parse("[policy.plugins.ghost]\nsha256 = \"\"\n").unwrap_err();
+    assert!(e.field.starts_with("policy.plugins.ghost"), "{e}");
+    let e = parse("[policy.downstreams.pay]\nurl = \"https://x\"\ncredential = { env = \"A\", file = \"b\" }\n").unwrap_err();
+    assert_eq!(e.field, "policy.downstreams.pay.credential");
+}
+
+#[test]
+fn the_policy_may_live_in_its_own_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("policy.toml"), "[downstreams.pay]\nurl = \"https://x\"\n[plugins.a]\nmax_sends_per_call = 2\n").unwrap();
+    let text = "policy_file = \"policy.toml\"\n[plugins.a]\ncomponent = \"a.wasm\"\n";
+    let c = Config::parse(text, "t.toml", dir.path()).unwrap();
+    assert_eq!(c.plugins[0].policy.max_sends_per_call, 2);
+    assert!(c.policy_source.ends_with("policy.toml"));
+    std::fs::write(dir.path().join("policy.toml"), "[plugins.a]\nsha256 = \"x\"\n").unwrap();
+    let e = Config::parse(text, "t.toml", dir.path()).unwrap_err();
+    assert!(e.file.ends_with("policy.toml") && e.field == "plugins.a.sha256", "{e}");
+}
+
+#[test]
+fn resolves_paths_and_layers_limits() {
+    let c = parse(
+        "data_dir = \"d\"\n[limits]\ncpu_ms = 200\n[plugins.a]\ncomponent = \"x/a.wasm\"\n[plugins.a.limits]\nwall_ms = 5\n",
+    )
+    .unwrap();
+    assert_eq!(c.data_dir, Path::new("/base/d"));
+    assert_eq!(c.compile_cache, Path::new("/base/d/compiled"));
+    let a = &c.plugins[0];
+    assert_eq!(a.component, ComponentSource::File("/base/x/a.wasm".into()));
+    assert_eq!((a.limits.cpu_ms, a.limits.wall_ms), (200, 5));
+    assert_eq!(a.limits.memory_mb, super::limits::DEFAULT_MEMORY_MB);
+}

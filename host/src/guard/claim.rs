@@ -1,0 +1,111 @@
+//! What every step that acts on a tool call holds first: the call's lock in
+//! this process, and on a shared ledger the call's claim, so that no two
+//! runs — here or on another host — act on one call at once. Admission takes
+//! them before a plugin runs; recovery before it re-sends or reconciles.
+
+use super::Guard;
+use crate::ledger::records::{CallRecord, now_ms};
+use crate::ledger::{Claim, LedgerError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The lock a run of one tool call (session, call id) holds; also the lock
+/// under which the guard decides about one action (session, tool, digest).
+pub(super) type CallLock = Arc<tokio::sync::Mutex<()>>;
+
+/// A held call lock.
+pub(super) type Held = tokio::sync::OwnedMutexGuard<()>;
+
+/// How often a host waits for another host's run of the same tool call.
+pub(super) const CLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Locks by name, each dropped from the map once nobody holds or waits for it.
+pub(super) struct Locks<K>(Mutex<HashMap<K, CallLock>>);
+
+impl<K> Default for Locks<K> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Locks<K> {
+    /// The lock of `key`.
+    pub fn get(&self, key: K) -> CallLock {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.retain(|_, l| Arc::strong_count(l) > 1);
+        map.entry(key).or_default().clone()
+    }
+
+    /// Whether the lock of `key` is held right now.
+    pub fn held(&self, key: &K) -> bool {
+        let map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(key).is_some_and(|l| l.try_lock().is_err())
+    }
+}
+
+/// Runs a ledger operation `f` on the blocking pool, so it never blocks an
+/// async worker. The hot path uses `Ledger::read` and `Ledger::commit_async`
+/// instead; this serves claims and recovery.
+pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("a ledger task panicked")
+}
+
+impl Guard {
+    /// The lock of tool call (session, call id).
+    pub(super) fn call_lock(&self, session: &str, call_id: &str) -> CallLock {
+        self.in_flight.get((session.to_string(), call_id.to_string()))
+    }
+
+    /// Takes the lock of tool call (session, call id), waiting for a run of it in progress.
+    pub(super) async fn lock_call(&self, session: &str, call_id: &str) -> Held {
+        self.call_lock(session, call_id).lock_owned().await
+    }
+
+    /// The lock under which the guard decides about an action (session, tool, args digest).
+    pub(super) fn action_lock(&self, session: &str, tool: &str, args_digest: &str) -> CallLock {
+        self.actions.get((session.to_string(), tool.to_string(), args_digest.to_string()))
+    }
+
+    /// Whether a run of tool call (session, call id) holds its lock right now.
+    pub(super) fn in_progress(&self, session: &str, call_id: &str) -> bool {
+        self.in_flight.held(&(session.to_string(), call_id.to_string()))
+    }
+
+    /// Claims `record` (`persisted`: it is in the ledger already) for this
+    /// host for `lease_ms`, its lock held by the caller. On a shared ledger
+    /// this is one conditional write (see `Ledger::claim_call`); on a host's
+    /// own ledger the lock is the claim, nothing is written and the call is
+    /// ours to run.
+    ///
+    /// # Errors
+    /// The ledger cannot be read or written.
+    pub(super) async fn claim(&self, record: CallRecord, persisted: bool, lease_ms: u64) -> Result<Claim, LedgerError> {
+        if !self.ledger.shared() {
+            return Ok(Claim::Run { record, persisted });
+        }
+        let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + lease_ms), ..record };
+        let ledger = self.ledger.clone();
+        blocking(move || ledger.claim_call(&claim, now_ms())).await
+    }
+
+    /// Ends this host's claim on a call that did not complete, so another host
+    /// may retry it at once (a no-op on a host's own ledger).
+    pub(crate) async fn release(&self, record: &CallRecord) {
+        if !self.ledger.shared() {
+            return;
+        }
+        let (ledger, session, call_id, host) = (self.ledger.clone(), record.session.clone(), record.call_id.clone(), self.host.clone());
+        if let Err(e) = blocking(move || ledger.release_call(&session, &call_id, &host)).await {
+            tracing::warn!(error = %e, call_id = %record.call_id, "could not release a tool call's claim; it lapses with its lease");
+        }
+    }
+}
+
+/// `hostname-pid-random`: names this process in claims, unique even when a
+/// host restarts with the same pid.
+pub(super) fn host_id() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "host".into(), |s| s.trim().to_string());
+    let mut nonce = [0u8; 4];
+    let _ = getrandom::fill(&mut nonce);
+    format!("{name}-{}-{}", std::process::id(), hex::encode(nonce))
+}

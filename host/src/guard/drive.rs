@@ -1,0 +1,178 @@
+//! One attempt driven: sent (or re-sent with the same key) if that is safe,
+//! classified, an unknown outcome reconciled ([`super::reconcile`]), and
+//! what came of it recorded. Sends and recovery both drive attempts here.
+
+use super::transport::Outcome;
+use super::{Guard, Reconciler, Unsettled, failpoint, wire};
+use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, Resolution, StoredResponse, now_ms};
+use crate::ledger::{Durability, LedgerWrite, Prior, QueuedWrite};
+use crate::policy::Downstream;
+use std::time::Duration;
+
+/// One attempt to drive, and what driving it needs to know.
+pub(super) struct Drive<'a> {
+    /// As the ledger holds it (the caller read or just wrote it); updated in place.
+    pub attempt: &'a mut AttemptRecord,
+    /// Where it goes.
+    pub downstream: &'a Downstream,
+    /// Its plugin's `reconcile`, if it has one.
+    pub reconciler: Option<&'a dyn Reconciler>,
+    /// The tool call it belongs to.
+    pub call: &'a CallRecord,
+    /// An earlier try may have reached the downstream (it was found pending
+    /// or unknown).
+    pub possibly_sent: bool,
+}
+
+/// What a running tool call keeps while its sends are driven.
+#[derive(Default)]
+pub(super) struct Progress {
+    /// The send on the wire right now. If the invocation is cancelled (its
+    /// wall clock ran out) mid-send, this is what may have taken effect.
+    pub in_flight: Option<Unsettled>,
+    /// Buffered outcome writes not waited for yet, by attempt key: the call
+    /// waits for them before it ends.
+    pub queued: Vec<(String, QueuedWrite)>,
+}
+
+/// How driving an attempt ended.
+pub(super) enum Driven {
+    /// A definitive answer (from the downstream or found by reconciliation).
+    Answered(StoredResponse),
+    /// It may have taken effect; what the plugin and model are told.
+    Unsettled(Unsettled),
+    /// Nothing reached the downstream.
+    NotSent(String),
+}
+
+impl Guard {
+    /// Sends (or re-sends, same key) `d.attempt` if that is safe, reconciles
+    /// an unknown outcome, and records what came of it.
+    ///
+    /// An attempt that was possibly sent is re-sent only within the
+    /// downstream's key retention and only if it honours keys; otherwise it
+    /// is reconciled. Its failure to connect now proves nothing about the
+    /// earlier try, so it stays unknown.
+    ///
+    /// With `progress` (a running call), the send on the wire is tracked
+    /// and a buffered outcome write is left there for the call to wait for
+    /// before it ends — the plugin need not wait for the ledger to hear the
+    /// answer; otherwise, and when synced, the write is waited for here.
+    ///
+    /// Runs in an `attempt` span (key, step, downstream; then the state it
+    /// ended in and its latency), a child of the tool call's span.
+    pub(super) async fn drive(&self, mut d: Drive<'_>, mut progress: Option<&mut Progress>) -> Driven {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("attempt", key = %d.attempt.key, step = d.attempt.step, downstream = %d.downstream.name,
+            state = tracing::field::Empty, latency_ms = tracing::field::Empty);
+        let started = std::time::Instant::now();
+        let driven = async {
+            let prior = Prior::Was(d.attempt.state);
+            let (durability, driven) = self.attempt_once(&mut d, progress.as_deref_mut()).await;
+            crate::metrics::attempt(&d.downstream.name, d.attempt.state);
+            let _written = crate::phases::time(crate::phases::Phase::OutcomeWrite);
+            let write = self.ledger.queue(LedgerWrite::new().attempt_over(d.attempt.clone(), prior), durability);
+            match progress {
+                Some(progress) if durability == Durability::Buffered => {
+                    progress.queued.push((d.attempt.key.clone(), write));
+                    progress.in_flight = None;
+                }
+                Some(progress) => {
+                    outcome_written(&d.attempt.key, write).await;
+                    progress.in_flight = None;
+                }
+                None => outcome_written(&d.attempt.key, write).await,
+            }
+            driven
+        }
+        .instrument(span.clone())
+        .await;
+        span.record("state", d.attempt.state.as_str());
+        span.record("latency_ms", started.elapsed().as_secs_f64() * 1e3);
+        driven
+    }
+
+    /// Sends the attempt if that is safe and classifies what came of it:
+    /// the attempt updated in place, the durability its record needs, and
+    /// what the sender is told.
+    async fn attempt_once(&self, d: &mut Drive<'_>, progress: Option<&mut Progress>) -> (Durability, Driven) {
+        let downstream = d.downstream;
+        let age = Duration::from_millis(now_ms().saturating_sub(d.attempt.created_ms));
+        let may_resend = !d.possibly_sent || (downstream.honours_keys && age < downstream.retention);
+        let outcome = if may_resend {
+            if let Some(progress) = progress {
+                let on_the_wire = AttemptRecord { tries: d.attempt.tries + 1, ..d.attempt.clone() };
+                progress.in_flight = Some(Unsettled::of(&on_the_wire, "the invocation was cut off while the request was on its way"));
+            }
+            let url = url::Url::parse(&d.attempt.request.url).expect("stored URLs were parsed before they were stored");
+            let wire = wire::build(&d.attempt.request, url, downstream, Some(&d.attempt.key));
+            let http = crate::phases::time(crate::phases::Phase::Http);
+            let outcome = super::transport::perform(self.client(downstream), downstream, &wire, &mut d.attempt.tries).await;
+            drop(http);
+            failpoint("after-answer");
+            outcome
+        } else {
+            let why = if downstream.honours_keys { "the provider no longer keeps its key" } else { "the provider does not deduplicate by key" };
+            Outcome::Unsettled { state: AttemptState::Unknown, response: None, reason: format!("not re-sent: {why}") }
+        };
+        let attempt = &mut *d.attempt;
+        attempt.updated_ms = now_ms();
+        match outcome {
+            Outcome::Answered { state, response } => {
+                attempt.provider_replayed = header(&response, "idempotent-replayed").is_some_and(|v| v == "true");
+                (settled_durability(downstream), settle(attempt, state, response, None))
+            }
+            Outcome::Unsettled { state: AttemptState::Pending, response, reason } => {
+                attempt.state = AttemptState::Pending;
+                attempt.response = response;
+                attempt.last_error = Some(reason.clone());
+                (settled_durability(downstream), Driven::Unsettled(Unsettled::of(attempt, &reason)))
+            }
+            Outcome::NotSent { reason } if !d.possibly_sent => {
+                // Nothing reached the downstream: settle it as not sent, synced,
+                // so recovery never re-sends what the model was told did not happen.
+                attempt.state = AttemptState::Failed;
+                attempt.response = None;
+                attempt.last_error = Some(format!("not sent: {reason}"));
+                let message = format!("{reason}; nothing reached `{}`. Retrying the same tool call is safe", downstream.name);
+                (Durability::Synced, Driven::NotSent(message))
+            }
+            Outcome::Unsettled { response, reason, .. } => {
+                attempt.response = response;
+                self.reconcile_unknown(d, may_resend, reason).await
+            }
+            Outcome::NotSent { reason } => {
+                let reason = format!("could not reach the provider again ({reason}); an earlier try may have taken effect");
+                self.reconcile_unknown(d, may_resend, reason).await
+            }
+        }
+    }
+}
+
+/// Records a definitive answer on `attempt`.
+pub(super) fn settle(attempt: &mut AttemptRecord, state: AttemptState, response: StoredResponse, resolution: Option<Resolution>) -> Driven {
+    attempt.state = state;
+    attempt.response = Some(response.clone());
+    attempt.last_error = None;
+    attempt.resolution = resolution;
+    Driven::Answered(response)
+}
+
+/// Waits for the outcome write of attempt `key`; a failure is logged, since
+/// recovery resolves the attempt with the same key.
+pub(super) async fn outcome_written(key: &str, write: QueuedWrite) {
+    match write.wait().await {
+        Ok(()) => failpoint("after-outcome-write"),
+        Err(e) => tracing::error!(error = %e, %key, "could not record an attempt's outcome; recovery will resolve it with the same key"),
+    }
+}
+
+/// Outcomes of key-honouring downstreams may be buffered: a lost one is
+/// recovered by re-sending the same key. Others must be synced.
+pub(super) fn settled_durability(d: &Downstream) -> Durability {
+    if d.honours_keys { Durability::Buffered } else { Durability::Synced }
+}
+
+fn header<'a>(r: &'a StoredResponse, name: &str) -> Option<&'a str> {
+    r.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+}

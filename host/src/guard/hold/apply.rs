@@ -1,0 +1,126 @@
+//! The hold rule's decisions written: an episode opened (budgets spent in
+//! the same write), an idle executor superseded, a follower recorded and
+//! told to wait, settle or take its executor's outcome.
+
+use super::answer::{earlier_outcome, sends_outcome};
+use super::{Decision, Executor, Next, new_call};
+use crate::guard::admit::{conflict, expired};
+use crate::guard::claim::CLAIM_POLL;
+use crate::guard::{Budget, BUDGET_WINDOW_MS, CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
+use crate::error::{CallError, ErrorKind};
+use crate::ledger::records::{CallRecord, EpisodeRecord, now_ms};
+use crate::ledger::{Charge, Durability, EpisodeOp, LedgerWrite, Superseding};
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Guard {
+    /// Writes what `decision` needs and says what comes next.
+    pub(super) async fn apply(self: &Arc<Self>, id: &CallIdentity, rules: &CallRules, decision: Decision) -> Result<Next, CallError> {
+        match decision {
+            Decision::Conflict(first) => Err(conflict(&id.call_id, &first)),
+            Decision::Expired(at) => Err(expired(&id.call_id, at)),
+            Decision::Damaged(message) => Err(CallError::new(ErrorKind::Internal, message)),
+            Decision::Replay(record) => Ok(Next::Admitted(self.replay(record))),
+            Decision::Run(record, persisted) => Ok(Next::Run(record, persisted)),
+            Decision::Open(n) => {
+                let call = new_call(id, n, false);
+                let write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Open(EpisodeRecord::open(&call, n)));
+                if self.written_charging(id, rules, write).await? {
+                    failpoint("after-admission");
+                    return Ok(Next::Run(call, true));
+                }
+                Ok(Next::Again)
+            }
+            Decision::Follow(episode, executor) => {
+                let n = episode.episode;
+                match executor {
+                    Executor::Idle(old) => {
+                        // The executor provably sent nothing and runs nowhere: this call takes its place.
+                        let existing = self.stored(id).await?;
+                        let call = CallRecord { follower: false, ..existing.unwrap_or_else(|| new_call(id, n, false)) };
+                        let mut write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Hand {
+                            record: EpisodeRecord { executor: id.call_id.clone(), ..episode.clone() },
+                            from: episode.executor.clone(),
+                        });
+                        if let Some(old) = old {
+                            let condition = Superseding { session: id.session.clone(), call_id: old.call_id.clone(), now_ms: now_ms() };
+                            write = write.call(CallRecord { superseded_by: Some(id.call_id.clone()), ..old }).superseding(condition);
+                        }
+                        if self.written_charging(id, rules, write).await? {
+                            tracing::info!(call_id = %id.call_id, superseded = %episode.executor, "supersedes an identical call that sent nothing");
+                            return Ok(Next::Run(call, true));
+                        }
+                        Ok(Next::Again)
+                    }
+                    Executor::Running => {
+                        self.follower_record(id, n).await?;
+                        Ok(Next::Wait(episode.executor))
+                    }
+                    Executor::Unsettled(record) => {
+                        self.follower_record(id, n).await?;
+                        Ok(Next::Settle(record))
+                    }
+                    Executor::Completed(record) => {
+                        let outcome = record.outcome.clone().expect("completed calls carry their outcome");
+                        Err(self.answer(id, n, &record.call_id, earlier_outcome(&outcome)).await?)
+                    }
+                    Executor::Settled(record, attempts) => Err(self.answer(id, n, &record.call_id, sends_outcome(&attempts)).await?),
+                }
+            }
+        }
+    }
+
+    /// Commits `write`, which admits this call to run, spending one use of
+    /// each of its budgets in the same write; false if a condition of it lost
+    /// a race. Budgets are locked in name order while they are counted and
+    /// written, so concurrent calls never both spend a last use.
+    ///
+    /// # Errors
+    /// `denied` when a budget is spent (nothing was run); `internal` when
+    /// the ledger fails.
+    async fn written_charging(&self, id: &CallIdentity, rules: &CallRules, mut write: LedgerWrite) -> Result<bool, CallError> {
+        let at_ms = now_ms();
+        let mut scopes: Vec<&Budget> = rules.budgets.iter().collect();
+        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        let mut held = Vec::new();
+        for budget in scopes {
+            held.push(self.budgets.get(budget.scope.clone()).lock_owned().await);
+            write = write.charge(Charge {
+                scope: budget.scope.clone(),
+                max: budget.max,
+                since_ms: at_ms.saturating_sub(BUDGET_WINDOW_MS),
+                at_ms,
+                call_id: id.call_id.clone(),
+                what: budget.what.clone(),
+            });
+        }
+        match self.ledger.commit_async(write, Durability::Buffered).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_conflict() => Ok(false),
+            Err(e) if e.is_refused() => {
+                Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message())))
+            }
+            Err(e) => Err(internal(e)),
+        }
+    }
+
+    /// Waits until the executor's run here ends, or a poll on another host's, or the deadline.
+    pub(super) async fn wait_for(&self, session: &str, executor: &str, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if self.in_progress(session, executor) {
+            let lock = self.call_lock(session, executor);
+            let _ = tokio::time::timeout(left, lock.lock_owned()).await;
+        } else {
+            tokio::time::sleep(left.min(CLAIM_POLL)).await;
+        }
+    }
+
+    /// Resolves the executor's unsettled sends (same keys; or reconciled),
+    /// as recovery would; waits for that until the deadline, and lets it
+    /// finish in the background if it takes longer.
+    pub(super) async fn resolve_in_background(self: &Arc<Self>, executor: CallRecord, rules: ToolRules, deadline: Instant) {
+        let guard = self.clone();
+        let task = tokio::spawn(async move { guard.resolve_call(&executor, &rules).await });
+        let _ = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), task).await;
+    }
+}

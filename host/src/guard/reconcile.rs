@@ -1,0 +1,86 @@
+//! An unknown outcome is looked up at the provider — through the plugin's
+//! `reconcile` export, within the downstream's reconcile window — before
+//! anyone is told it is unknown.
+
+use super::drive::{Drive, Driven, settle, settled_durability};
+use super::{Guard, Unsettled};
+use crate::ledger::Durability;
+use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, Resolution, StoredResponse};
+use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+/// What looking an attempt up at its provider found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciled {
+    /// The provider has it; the response it stands for.
+    Found(StoredResponse),
+    /// The provider has no record of it.
+    NotFound,
+    /// The look-up failed or could not tell; why.
+    StillUnknown(String),
+}
+
+/// Looks attempts up at their provider: a plugin's `reconcile` export.
+pub trait Reconciler: Send + Sync {
+    /// Looks `attempt`, made by `tool` with canonical `args`, up.
+    fn reconcile<'a>(&'a self, tool: &'a str, args: &'a Value, attempt: &'a AttemptRecord) -> Pin<Box<dyn Future<Output = Reconciled> + Send + 'a>>;
+}
+
+impl Guard {
+    /// Marks `d.attempt` unknown (for `reason`) and looks it up at the
+    /// provider. `may_resend`: the attempt is still within what the
+    /// downstream deduplicates, so "not found" can be re-sent later with
+    /// the same key; past it, "not found" is for an operator to settle.
+    pub(super) async fn reconcile_unknown(&self, d: &mut Drive<'_>, may_resend: bool, reason: String) -> (Durability, Driven) {
+        let attempt = &mut *d.attempt;
+        attempt.state = AttemptState::Unknown;
+        attempt.last_error = Some(reason.clone());
+        let found = match d.reconciler {
+            Some(r) => reconcile_within(r, d.call, attempt, d.downstream.reconcile_window).await,
+            None => Reconciled::StillUnknown("the plugin cannot reconcile".into()),
+        };
+        crate::metrics::reconcile(match &found {
+            Reconciled::Found(_) => "found",
+            Reconciled::NotFound => "not-found",
+            Reconciled::StillUnknown(_) => "still-unknown",
+        });
+        let durability = settled_durability(d.downstream);
+        match found {
+            Reconciled::Found(response) => {
+                let state = if (200..300).contains(&response.status) { AttemptState::Succeeded } else { AttemptState::Failed };
+                tracing::info!(key = %attempt.key, "reconciled: the provider has it");
+                (durability, settle(attempt, state, response, Some(Resolution::ReconciledFound)))
+            }
+            Reconciled::NotFound if !may_resend => {
+                attempt.resolution = Some(Resolution::ReconciledNotFound);
+                let message = format!(
+                    "{} {} got no definitive answer ({reason}); the provider has no record of it and no longer keeps its key, \
+                     so it cannot be re-sent safely. Do not repeat it under a new tool-call id. An operator must resolve it \
+                     (`toolguard ledger resolve {} --not-sent` if it was never made)",
+                    attempt.request.method, attempt.request.url, attempt.key
+                );
+                tracing::warn!(key = %attempt.key, "reconciled: not found past the provider's retention; an operator must resolve it");
+                (Durability::Synced, Driven::Unsettled(Unsettled { message, ..Unsettled::of(attempt, &reason) }))
+            }
+            Reconciled::NotFound => (durability, Driven::Unsettled(Unsettled::of(attempt, &format!("{reason}; the provider lists no such request yet")))),
+            Reconciled::StillUnknown(why) => (durability, Driven::Unsettled(Unsettled::of(attempt, &format!("{reason}; reconciling: {why}")))),
+        }
+    }
+}
+
+/// Asks the plugin until it finds the attempt, cannot tell, or the window
+/// closes (a provider's listing may lag its writes).
+async fn reconcile_within(r: &dyn Reconciler, call: &CallRecord, attempt: &AttemptRecord, window: Duration) -> Reconciled {
+    let deadline = Instant::now() + window;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let found = r.reconcile(&call.tool, &call.args, attempt).await;
+        if found != Reconciled::NotFound || Instant::now() + pause >= deadline {
+            return found;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}

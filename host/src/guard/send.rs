@@ -1,0 +1,261 @@
+//! A send, the second step: `outbound.send` of a running tool call. The
+//! request is checked, its step found or minted a key (`crate::keys`), the
+//! attempt written durably as pending *before* anything leaves, then driven
+//! ([`super::drive`]). A step already recorded is never sent under a new
+//! key: a settled one replays its response, an unsettled one is re-driven
+//! with its own key.
+
+use super::claim::Held;
+use super::drive::{Drive, Driven, Progress, outcome_written};
+use super::{CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
+use crate::keys;
+use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, PlannedSend, Resolution, now_ms};
+use crate::ledger::{Durability, LedgerWrite, Prior};
+use crate::policy::{self, Downstream, Effect, Refusal};
+use std::sync::Arc;
+
+/// One tool call in progress: the guard's state for the plugin's sends.
+pub struct CallGuard {
+    guard: Arc<Guard>,
+    record: CallRecord,
+    /// Whether `record` is in the ledger yet (it is written with the first attempt).
+    persisted: bool,
+    rules: CallRules,
+    next_step: u32,
+    /// Sends made so far, re-sends of an unsettled step included (the budget).
+    sends: u32,
+    /// Sends of this run whose outcome is not settled, in the order they
+    /// were made, with their request fingerprint: the same request again
+    /// re-drives that step with its key.
+    open_steps: Vec<(String, Unsettled)>,
+    /// The send on the wire and the outcome writes not yet waited for.
+    progress: Progress,
+    _lock: Held,
+}
+
+impl CallGuard {
+    pub(super) fn new(guard: Arc<Guard>, record: CallRecord, persisted: bool, rules: CallRules, lock: Held) -> Self {
+        Self { guard, record, persisted, rules, next_step: 0, sends: 0, open_steps: Vec::new(), progress: Progress::default(), _lock: lock }
+    }
+
+    /// Waits for the buffered outcome writes of this call's sends, so the
+    /// ledger holds them before the call's result (or error) is returned and
+    /// its lock is released.
+    pub(super) async fn flush(&mut self) {
+        for (key, write) in self.progress.queued.drain(..) {
+            outcome_written(&key, write).await;
+        }
+    }
+
+    /// The tool call this guard serves.
+    pub(super) fn record(&self) -> &CallRecord {
+        &self.record
+    }
+
+    /// The first unsettled send, or the one cut off mid-flight, if any.
+    pub(super) fn take_unsettled(&mut self) -> Option<Unsettled> {
+        let first = (!self.open_steps.is_empty()).then(|| self.open_steps.remove(0).1);
+        first.or_else(|| self.progress.in_flight.take())
+    }
+
+    /// `outbound.send`: see `docs/guard.md`.
+    ///
+    /// # Errors
+    /// Why nothing was sent, or that the outcome is unknown ([`SendError`]).
+    pub async fn send(&mut self, req: Request) -> Result<Response, SendError> {
+        if self.rules.effect == Effect::ReadOnly {
+            return Err(SendError::Denied(format!("`{}` is a read-only tool: it may fetch but not send; nothing was sent", self.record.tool)));
+        }
+        if self.sends >= self.rules.max_sends {
+            return Err(SendError::Denied(format!(
+                "send budget spent: a call of `{}` may send {} time(s) (max_sends_per_call); nothing was sent",
+                self.record.tool, self.rules.max_sends
+            )));
+        }
+        let (downstream, url) = policy::authorize(&self.rules.grants, &self.guard.downstreams, &req.method, &req.url).map_err(refusal)?;
+        if req.body.len() > downstream.max_request_bytes {
+            return Err(SendError::Invalid(format!(
+                "the request body is {} bytes; `{}` takes at most {} (max_request_bytes); nothing was sent",
+                req.body.len(),
+                downstream.name,
+                downstream.max_request_bytes
+            )));
+        }
+        let request = wire::stored(&req.method, url.as_str(), req.headers, &req.body);
+        wire::check(&request, &downstream).map_err(SendError::Invalid)?;
+        let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, &req.body);
+        self.sends += 1;
+        // The plugin sends again what an earlier send of this run sent without
+        // a settled outcome (it swallowed `outcome-unknown` and retried): that
+        // is the same side effect, so it gets the same step and key — re-sent
+        // or reconciled as recovery would, never a second effect.
+        if let Some(step) = self.open_steps.iter().find(|(f, _)| *f == fingerprint).map(|(_, info)| info.step) {
+            return self.redrive(step, &downstream).await;
+        }
+        let step = self.next_step;
+        self.next_step += 1;
+        let mut attempt = self.fresh_attempt(PlannedSend { step, generation: 0, fingerprint, downstream: downstream.name.clone(), request });
+        let recorded = self.record_step(&mut attempt).await?;
+        if let Some(response) = recorded.replay {
+            return Ok(response);
+        }
+        self.drive_step(&mut attempt, &downstream, recorded.possibly_sent).await
+    }
+
+    /// Looks step `fresh.step` up and, if it is new, writes `fresh` (and the
+    /// call, the first time) synced before anything leaves; otherwise
+    /// replaces `fresh` with what the ledger holds and says what to do with it.
+    async fn record_step(&mut self, fresh: &mut AttemptRecord) -> Result<Recorded, SendError> {
+        let (session, call_id, step) = (self.record.session.clone(), self.record.call_id.clone(), fresh.step);
+        let current = self.guard.ledger.read(move |ledger| ledger.attempt_at(&session, &call_id, step)).await.map_err(ledger_down)?;
+        let Some(a) = current else {
+            self.commit_pending(fresh, Prior::Absent).await?;
+            return Ok(Recorded::to_send());
+        };
+        if a.fingerprint != fresh.fingerprint {
+            return Err(SendError::Conflict(format!(
+                "step {step} of tool call `{}` was recorded with a different request ({} {}); the plugin is not \
+                 deterministic for the same arguments. Nothing was sent",
+                self.record.call_id, a.request.method, a.request.url
+            )));
+        }
+        if a.state.is_final()
+            && let Some(response) = a.response
+        {
+            return Ok(Recorded { replay: Some(response.into()), possibly_sent: true });
+        }
+        match a.resolution {
+            Some(Resolution::HostFault) => Err(self.left_for_operator(&a)),
+            Some(Resolution::OperatorNotSent) => {
+                let next = self.fresh_attempt(PlannedSend {
+                    step,
+                    generation: a.generation + 1,
+                    fingerprint: fresh.fingerprint.clone(),
+                    downstream: fresh.downstream.clone(),
+                    request: fresh.request.clone(),
+                });
+                *fresh = self.write_pending(next, Prior::Absent).await?;
+                Ok(Recorded::to_send())
+            }
+            // Settled as never sent: try again, same key, recorded as pending first.
+            _ if a.state == AttemptState::Failed => {
+                *fresh = self.write_pending(a, Prior::Was(AttemptState::Failed)).await?;
+                Ok(Recorded::to_send())
+            }
+            // Pending or unknown: it may be out there already.
+            _ => {
+                *fresh = a;
+                Ok(Recorded { replay: None, possibly_sent: true })
+            }
+        }
+    }
+
+    /// Drives `attempt` and tells the plugin how it ended, keeping track of
+    /// this run's steps whose outcome is not settled.
+    async fn drive_step(&mut self, attempt: &mut AttemptRecord, downstream: &Downstream, possibly_sent: bool) -> Result<Response, SendError> {
+        let reconciler = self.rules.reconciler.clone();
+        let step = attempt.step;
+        let drive = Drive { attempt: &mut *attempt, downstream, reconciler: reconciler.as_deref(), call: &self.record, possibly_sent };
+        match self.guard.drive(drive, Some(&mut self.progress)).await {
+            Driven::Answered(response) => {
+                self.open_steps.retain(|(_, info)| info.step != step);
+                Ok(response.into())
+            }
+            Driven::Unsettled(info) => {
+                match self.open_steps.iter_mut().find(|(_, open)| open.step == step) {
+                    Some((_, open)) => *open = info.clone(),
+                    None => self.open_steps.push((attempt.fingerprint.clone(), info.clone())),
+                }
+                Err(SendError::OutcomeUnknown(info))
+            }
+            Driven::NotSent(message) => Err(SendError::Transport(message)),
+        }
+    }
+
+    /// Drives step `step` of this run again: its outcome was not settled when
+    /// the plugin sent the same request once more.
+    async fn redrive(&mut self, step: u32, downstream: &Downstream) -> Result<Response, SendError> {
+        // Its outcome writes land before it is read again.
+        self.flush().await;
+        let (session, call_id) = (self.record.session.clone(), self.record.call_id.clone());
+        let current = self.guard.ledger.read(move |ledger| ledger.attempt_at(&session, &call_id, step)).await.map_err(ledger_down)?;
+        match current {
+            Some(a) if a.state.is_final() && a.response.is_some() => Ok(a.response.expect("checked").into()),
+            Some(a) if a.resolution == Some(Resolution::HostFault) => Err(self.left_for_operator(&a)),
+            Some(mut a) if a.state.is_unsettled() => self.drive_step(&mut a, downstream, true).await,
+            _ => Err(SendError::Transport(format!("step {step} of this call is no longer in the ledger as it was; nothing was sent"))),
+        }
+    }
+
+    /// An attempt the host failed on before (a panic): it is never sent
+    /// again on its own, and the call cannot complete past it.
+    fn left_for_operator(&mut self, a: &AttemptRecord) -> SendError {
+        let message = a.last_error.clone().unwrap_or_else(|| "the host failed on it; an operator must resolve it".into());
+        let info = Unsettled { message, ..Unsettled::of(a, "the host failed on it") };
+        if !self.open_steps.iter().any(|(_, open)| open.step == a.step) {
+            self.open_steps.push((a.fingerprint.clone(), info.clone()));
+        }
+        SendError::OutcomeUnknown(info)
+    }
+
+    /// A new attempt for `send`: its key minted from the call's identity,
+    /// the step and the key generation (`docs/keys.md`).
+    fn fresh_attempt(&self, send: PlannedSend) -> AttemptRecord {
+        let r = &self.record;
+        let input = keys::KeyInput { session: &r.session, call_id: &r.call_id, tool: &r.tool, args_digest: &r.args_digest, step: send.step, generation: send.generation };
+        AttemptRecord::pending(r, keys::mint(self.guard.ledger.secret(), input), send)
+    }
+
+    /// Makes `attempt` durable as pending (with the call, the first time)
+    /// before anything is sent.
+    async fn write_pending(&mut self, mut attempt: AttemptRecord, prior: Prior) -> Result<AttemptRecord, SendError> {
+        attempt.state = AttemptState::Pending;
+        attempt.response = None;
+        attempt.updated_ms = now_ms();
+        self.commit_pending(&attempt, prior).await?;
+        Ok(attempt)
+    }
+
+    /// Writes the pending `attempt` (and the call, the first time) synced,
+    /// over what `prior` says the ledger held: nothing leaves before this
+    /// returns.
+    async fn commit_pending(&mut self, attempt: &AttemptRecord, prior: Prior) -> Result<(), SendError> {
+        let mut write = LedgerWrite::new().attempt_over(attempt.clone(), prior);
+        if !self.persisted {
+            write = write.call(self.record.clone());
+        }
+        let pending = crate::phases::time(crate::phases::Phase::PendingWrite);
+        self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(ledger_down)?;
+        drop(pending);
+        self.persisted = true;
+        failpoint("after-attempt-write");
+        Ok(())
+    }
+}
+
+/// What the ledger said of a step about to be sent.
+struct Recorded {
+    /// Settled before: its response, and nothing is sent.
+    replay: Option<Response>,
+    /// An earlier try may have reached the downstream.
+    possibly_sent: bool,
+}
+
+impl Recorded {
+    /// Written as pending just now: send it.
+    fn to_send() -> Self {
+        Self { replay: None, possibly_sent: false }
+    }
+}
+
+/// A policy refusal, as the plugin is told it.
+pub(super) fn refusal(r: Refusal) -> SendError {
+    match r {
+        Refusal::Denied(m) => SendError::Denied(m),
+        Refusal::Invalid(m) => SendError::Invalid(m),
+    }
+}
+
+fn ledger_down(e: crate::ledger::LedgerError) -> SendError {
+    SendError::Transport(format!("the ledger is unavailable ({e}); nothing was sent"))
+}

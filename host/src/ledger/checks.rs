@@ -1,0 +1,40 @@
+//! The checks both backends make of a write, written once. Each backend
+//! reads what a check needs its own way (a RocksDB lookup under the host's
+//! lock per action, a locked PostgreSQL row) and asks here whether the write
+//! may go on.
+
+use super::records::{AttemptRecord, AttemptState, EpisodeRecord, GrantRecord};
+use super::{BackendError, Charge, Superseding};
+
+/// Whether `attempts` prove their call sent nothing that could have taken
+/// effect: none, or each settled as never sent (by the transport or an operator).
+pub fn sent_nothing(attempts: &[AttemptRecord]) -> bool {
+    attempts.iter().all(|a| a.state == AttemptState::Failed && a.response.is_none())
+}
+
+/// A superseding write's condition: the call is `free` (recorded, not
+/// completed, and on a shared ledger claimed by nobody) and sent nothing.
+pub(super) fn supersedable(s: &Superseding, free: bool, attempts: &[AttemptRecord]) -> Result<(), BackendError> {
+    if free && sent_nothing(attempts) {
+        return Ok(());
+    }
+    Err(BackendError::Conflict(format!("tool call `{}` can no longer be superseded", s.call_id)))
+}
+
+/// A budget charge, given the uses its scope already holds in its window.
+pub(super) fn within_budget(c: &Charge, used: u64) -> Result<(), BackendError> {
+    if used < u64::from(c.max) {
+        return Ok(());
+    }
+    Err(BackendError::Refused(format!("{} is spent ({} in the last hour)", c.what, c.max)))
+}
+
+/// The refusal of an episode change whose condition no longer held.
+pub(super) fn episode_changed(r: &EpisodeRecord) -> BackendError {
+    BackendError::Conflict(format!("episode {} of `{}` changed under this write", r.episode, r.tool))
+}
+
+/// Whether `record` tells something `latest` (its plugin's last entry) does not.
+pub(super) fn grants_changed(latest: Option<&GrantRecord>, record: &GrantRecord) -> bool {
+    latest.is_none_or(|last| last.digest != record.digest || last.grants != record.grants)
+}

@@ -1,0 +1,101 @@
+//! The ledger's errors: a backend's typed [`BackendError`], and the
+//! [`LedgerError`] callers see, which adds where the ledger lives.
+
+/// Why a backend's operation failed. Nothing of a failed write was applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BackendError {
+    /// A condition of the write did not hold (an episode opened or handed
+    /// over by someone else first, a call no longer supersedable, an attempt
+    /// another host recorded first).
+    Conflict(String),
+    /// Another process holds the database (RocksDB's lock).
+    Busy(String),
+    /// A budget charged by the write was spent.
+    Refused(String),
+    /// A read asked to be answered from memory needs the disk
+    /// ([`super::Backend::read_from_memory`]); it is retried off the async workers.
+    NeedsIo,
+    /// Anything else: the database failed, or a record is damaged.
+    Failed(String),
+}
+
+impl From<String> for BackendError {
+    fn from(message: String) -> Self {
+        Self::Failed(message)
+    }
+}
+
+impl From<&str> for BackendError {
+    fn from(message: &str) -> Self {
+        Self::Failed(message.into())
+    }
+}
+
+/// What kind of failure a [`LedgerError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Failed,
+    Conflict,
+    Busy,
+    Refused,
+    NeedsIo,
+}
+
+/// A ledger operation failed; the message names where the ledger lives.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("ledger at {location}: {message}")]
+pub struct LedgerError {
+    location: String,
+    message: String,
+    kind: Kind,
+}
+
+impl LedgerError {
+    /// A plain failure at `location`.
+    pub(super) fn at(location: &str, message: String) -> Self {
+        Self { location: location.to_string(), message, kind: Kind::Failed }
+    }
+
+    /// A backend's error, at `location`.
+    pub(super) fn of(location: &str, e: BackendError) -> Self {
+        let (kind, message) = match e {
+            BackendError::Conflict(m) => (Kind::Conflict, m),
+            BackendError::Busy(m) => (Kind::Busy, m),
+            BackendError::Refused(m) => (Kind::Refused, m),
+            BackendError::NeedsIo => (Kind::NeedsIo, "the read needs the disk".to_string()),
+            BackendError::Failed(m) => (Kind::Failed, m),
+        };
+        Self { location: location.to_string(), message, kind }
+    }
+
+    /// Whether a conditional write was refused because the ledger changed
+    /// under it (another call or host got there first): re-read and decide again.
+    pub fn is_conflict(&self) -> bool {
+        self.kind == Kind::Conflict
+    }
+
+    /// Whether another process holds the (embedded) ledger right now.
+    pub fn is_busy(&self) -> bool {
+        self.kind == Kind::Busy
+    }
+
+    /// Whether a budget of the write was spent; the message says which.
+    pub fn is_refused(&self) -> bool {
+        self.kind == Kind::Refused
+    }
+
+    /// Whether a read from memory only needs the disk (then it is retried there).
+    pub(super) fn needs_io(&self) -> bool {
+        self.kind == Kind::NeedsIo
+    }
+
+    /// What went wrong, without where the ledger lives.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// Any other failure of a backend (the database's error, a damaged record), as its message.
+pub(crate) fn failed(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Failed(e.to_string())
+}

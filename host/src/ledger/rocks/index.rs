@@ -1,0 +1,44 @@
+//! The RocksDB ledger's indexes, kept right by every write: attempts by
+//! state and by (call, step), the calls of each episode, and the retire index.
+
+use super::keys::{CF_BY_STATE, CF_CALL_ATTEMPTS, CF_EPISODE_CALLS, CF_RETIRE, call_key, episode_call_key, retire_key};
+use super::Rocks;
+use crate::ledger::retention::RetireEntry;
+use crate::ledger::{AttemptRecord, AttemptState, CallRecord, Prior};
+use rocksdb::WriteBatch;
+
+impl Rocks {
+    /// Keeps the attempt indexes right. With the prior state known only what
+    /// changed is touched; otherwise every other state's entry is deleted blind.
+    pub(super) fn index(&self, batch: &mut WriteBatch, attempt: &AttemptRecord, prior: Prior) {
+        let by_state = |state: AttemptState| [&[state.tag()], attempt.key.as_bytes()].concat();
+        let stale: &[AttemptState] = match prior {
+            Prior::Absent => &[],
+            Prior::Was(state) if state == attempt.state => &[],
+            Prior::Was(ref state) => std::slice::from_ref(state),
+            Prior::Unread => &AttemptState::ALL,
+        };
+        for state in stale.iter().filter(|s| **s != attempt.state) {
+            batch.delete_cf(self.cf(CF_BY_STATE), by_state(*state));
+        }
+        if prior != Prior::Was(attempt.state) {
+            batch.put_cf(self.cf(CF_BY_STATE), by_state(attempt.state), []);
+        }
+        if !matches!(prior, Prior::Was(_)) {
+            let mut by_call = call_key(&attempt.session, &attempt.call_id);
+            by_call.extend_from_slice(&attempt.step.to_be_bytes());
+            batch.put_cf(self.cf(CF_CALL_ATTEMPTS), by_call, attempt.key.as_bytes());
+        }
+    }
+
+    /// Adds the index entries a write of `call` needs: its episode
+    /// membership and, once final, its retire entry.
+    pub(super) fn index_call(&self, batch: &mut WriteBatch, call: &CallRecord) {
+        if let Some(n) = call.episode {
+            batch.put_cf(self.cf(CF_EPISODE_CALLS), episode_call_key(call, n), []);
+        }
+        if let Some(entry) = RetireEntry::of_call(call) {
+            batch.put_cf(self.cf(CF_RETIRE), retire_key(&entry), []);
+        }
+    }
+}

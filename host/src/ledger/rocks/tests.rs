@@ -1,0 +1,181 @@
+//! The RocksDB backend's own tests: index upkeep, group commit, memory-only reads.
+
+use super::writer::commit_group;
+use super::*;
+use crate::ledger::Prior;
+use std::sync::atomic::AtomicBool;
+
+#[test]
+fn prefix_successor_bounds_exactly_the_prefix() {
+    assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+    assert_eq!(prefix_successor(&[1, 0xff]), Some(vec![2]));
+    assert_eq!(prefix_successor(&[0xff, 0xff]), None);
+    assert_eq!(prefix_successor(b""), None);
+}
+
+#[test]
+fn scans_stay_inside_their_prefix_past_many_tombstones() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let cf = ledger.cf(CF_EPISODES);
+    for i in 0..1_000u32 {
+        let key = [b"b", &i.to_be_bytes()[..]].concat();
+        ledger.db.put_cf(cf, &key, b"x").unwrap();
+        ledger.db.delete_cf(cf, &key).unwrap();
+    }
+    ledger.db.put_cf(cf, b"a1", b"x").unwrap();
+    ledger.db.put_cf(cf, b"c1", b"y").unwrap();
+    assert_eq!(ledger.scan(CF_EPISODES, b"a", |k, _| Some(k.to_vec())).unwrap(), vec![b"a1".to_vec()]);
+    assert!(ledger.scan(CF_EPISODES, b"b", |k, _| Some(k.to_vec())).unwrap().is_empty());
+}
+
+fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
+    crate::ledger::suite::attempt(call_id, 0, 0, state)
+}
+
+fn indexes(ledger: &Rocks) -> Vec<Vec<u8>> {
+    [CF_BY_STATE, CF_CALL_ATTEMPTS]
+        .iter()
+        .flat_map(|cf| ledger.scan(cf, &[], |k, v| Some([cf.as_bytes(), k, v].concat())).unwrap())
+        .collect()
+}
+
+#[test]
+fn writes_over_a_known_prior_leave_the_same_indexes_as_blind_writes() {
+    use AttemptState::*;
+    let paths: [&[AttemptState]; 5] =
+        [&[Pending, Succeeded], &[Pending, Unknown, Succeeded], &[Pending, Failed, Pending, Unknown], &[Pending, Pending, Failed], &[Pending, Unknown, Unknown, Failed]];
+    for path in paths {
+        let (precise, blind) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (precise, blind) = (Rocks::open(precise.path()).unwrap(), Rocks::open(blind.path()).unwrap());
+        let mut prior = Prior::Absent;
+        for (i, state) in path.iter().enumerate() {
+            for (call_id, ledger) in [("a", &precise), ("b", &precise), ("a", &blind), ("b", &blind)] {
+                let write_prior = if std::ptr::eq(ledger, &precise) { prior } else { Prior::Unread };
+                ledger.commit(&LedgerWrite::new().attempt_over(attempt(call_id, *state), write_prior), Durability::Buffered).unwrap();
+            }
+            prior = Prior::Was(*state);
+            assert_eq!(indexes(&precise), indexes(&blind), "path {path:?}, after step {i}");
+            assert_eq!(precise.attempts_in_state(*state).unwrap().len(), 2);
+        }
+    }
+}
+
+fn job(ledger: &Rocks, write: &LedgerWrite, sync: bool) -> (Job, tokio::sync::oneshot::Receiver<Result<(), String>>) {
+    let (done, result) = tokio::sync::oneshot::channel();
+    (Job { batch: ledger.batch(write).unwrap(), sync, done }, result)
+}
+
+#[test]
+fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let (mut group, mut results) = (Vec::new(), Vec::new());
+    for i in 0..64 {
+        let write = LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}"))).attempt_over(attempt(&format!("c{i}"), AttemptState::Pending), Prior::Absent);
+        // One synced write among buffered ones makes the whole group synced.
+        let (j, r) = job(&ledger, &write, i == 40);
+        group.push(j);
+        results.push(r);
+    }
+    // The same attempt again, later in the group: the later write wins.
+    let (j, r) = job(&ledger, &LedgerWrite::new().attempt_over(attempt("c7", AttemptState::Succeeded), Prior::Was(AttemptState::Pending)), false);
+    group.push(j);
+    results.push(r);
+    let syncs = ledger.wal_syncs().unwrap();
+    commit_group(&ledger.db, group, &AtomicBool::new(false));
+    assert_eq!(ledger.wal_syncs().unwrap() - syncs, 1, "65 writes, one fsync");
+    assert!(results.iter_mut().all(|r| r.try_recv() == Ok(Ok(()))), "every writer is told");
+    assert_eq!(ledger.calls(Some("s")).unwrap().len(), 64);
+    assert_eq!(ledger.attempts_in_state(AttemptState::Pending).unwrap().len(), 63);
+    assert_eq!(ledger.attempt_at("s", "c7", 0).unwrap().unwrap().state, AttemptState::Succeeded);
+    assert_eq!(indexes(&ledger).len(), 64 * 2, "one by-state and one by-call entry per attempt");
+}
+
+#[test]
+fn writes_queued_while_the_writer_is_busy_share_its_next_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let write = |i: usize| LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}")));
+    // Built first, then queued back to back: far faster than the writer
+    // commits even one, so all but the first few wait for it together.
+    let jobs: Vec<_> = (0..64).map(|i| job(&ledger, &write(i), true)).collect();
+    let syncs = ledger.wal_syncs().unwrap();
+    let queue = ledger.writer.as_ref().unwrap().queue.as_ref().unwrap();
+    let results: Vec<_> = jobs.into_iter().map(|(j, r)| queue.send(j).map(|()| r).unwrap()).collect();
+    for r in results {
+        assert_eq!(r.blocking_recv().unwrap(), Ok(()));
+    }
+    let fsyncs = ledger.wal_syncs().unwrap() - syncs;
+    assert!((1..=8).contains(&fsyncs), "64 synced writes queued at once took {fsyncs} fsyncs");
+    assert_eq!(ledger.calls(Some("s")).unwrap().len(), 64);
+}
+
+#[test]
+fn a_read_that_needs_the_disk_is_answered_off_the_async_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let ledger = Rocks::open(dir.path()).unwrap();
+        ledger.commit(&LedgerWrite::new().call(crate::ledger::suite::call("s", "c1")), Durability::Synced).unwrap();
+        ledger.db.flush_cf(ledger.cf(CF_CALLS)).unwrap();
+    }
+    {
+        // Reopened: the record is in a table file, not in memory.
+        let ledger = Rocks::open(dir.path()).unwrap();
+        assert_eq!(memory_only(|| ledger.call("s", "c1")), Err(BackendError::NeedsIo));
+        assert!(ledger.call("s", "c1").unwrap().is_some(), "a plain read goes to the disk");
+    }
+    let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+    let found = runtime.block_on(ledger.read(|l| l.call("s", "c1"))).unwrap();
+    assert_eq!(found.map(|c| c.call_id), Some("c1".to_string()), "retried on the blocking pool");
+}
+
+#[test]
+fn queued_writes_land_in_the_order_they_were_queued() {
+    use AttemptState::*;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    runtime.block_on(async {
+        // One attempt through its states, queued back to back; only the last is waited for.
+        let mut prior = Prior::Absent;
+        let mut last = None;
+        for state in [Pending, Unknown, Succeeded] {
+            last = Some(ledger.queue(LedgerWrite::new().attempt_over(attempt("c1", state), prior), Durability::Buffered));
+            prior = Prior::Was(state);
+        }
+        last.unwrap().wait().await.unwrap();
+        let found = ledger.read(|l| l.attempt_at("s", "c1", 0)).await.unwrap();
+        assert_eq!(found.map(|a| a.state), Some(Succeeded));
+        assert!(ledger.read(|l| l.attempts_in_state(Unknown)).await.unwrap().is_empty(), "settled last");
+    });
+}
+
+#[test]
+fn closing_the_ledger_lands_every_queued_write_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    runtime.block_on(async {
+        let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
+        for i in 0..20 {
+            // Queued and never waited for.
+            drop(ledger.queue(LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}"))), Durability::Buffered));
+        }
+    });
+    // The directory's lock is free again, so the writer thread is gone.
+    let reopened = crate::ledger::Ledger::open(dir.path()).unwrap();
+    assert_eq!(reopened.calls(Some("s")).unwrap().len(), 20);
+}
+
+#[test]
+fn reads_skip_index_entries_a_wrong_prior_left_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    ledger.commit(&LedgerWrite::new().attempt_over(attempt("a", AttemptState::Pending), Prior::Absent), Durability::Buffered).unwrap();
+    // Claims it was Unknown, so the Pending entries stay behind.
+    let wrong = Prior::Was(AttemptState::Unknown);
+    ledger.commit(&LedgerWrite::new().attempt_over(attempt("a", AttemptState::Succeeded), wrong), Durability::Buffered).unwrap();
+    assert!(ledger.attempts_in_state(AttemptState::Pending).unwrap().is_empty());
+    assert_eq!(ledger.attempts_in_state(AttemptState::Succeeded).unwrap().len(), 1);
+}

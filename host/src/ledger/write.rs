@@ -1,0 +1,152 @@
+//! A write to the ledger: records to put together, atomically, and the
+//! conditions under which the whole write is refused.
+
+use super::records::{AttemptRecord, AttemptState, CallRecord, EpisodeRecord, Reported};
+use super::retention::RetireEntry;
+
+/// Records to write together, atomically; with conditions (an episode
+/// opened or handed over, a call superseded) the whole write is refused
+/// with a conflict ([`LedgerError::is_conflict`]) if one does not hold.
+#[derive(Debug, Default, Clone)]
+pub struct LedgerWrite {
+    pub(super) calls: Vec<CallRecord>,
+    pub(super) attempts: Vec<(AttemptRecord, Prior)>,
+    pub(super) episodes: Vec<EpisodeOp>,
+    /// (session, call id, what its caller was told): set on the stored record.
+    pub(super) reports: Vec<(String, String, Reported)>,
+    pub(super) superseding: Option<Superseding>,
+    pub(super) charges: Vec<Charge>,
+    /// Retire-index entries to add beside those the records imply (migrations).
+    pub(super) retire: Vec<RetireEntry>,
+}
+
+/// One use of a budget, recorded with the write that spends it; the write is
+/// refused whole ([`LedgerError::is_refused`]) if the budget's `scope`
+/// already holds `max` uses at or after `since_ms`. Scopes are opaque
+/// strings the guard builds (a plugin and a session, or a principal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    /// What the budget counts (session or principal, tool).
+    pub scope: String,
+    /// Most spends in the window.
+    pub max: u32,
+    /// The window's start (Unix ms).
+    pub since_ms: u64,
+    /// This spend's time (Unix ms).
+    pub at_ms: u64,
+    /// The call spending it (a repeat of it spends nothing more).
+    pub call_id: String,
+    /// What the budget is, for the refusal's message.
+    pub what: String,
+}
+
+/// A change to an episode record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EpisodeOp {
+    /// Creates it; refused if that episode of the action exists already.
+    Open(EpisodeRecord),
+    /// Makes `record.executor` its executor; refused unless `from` still is.
+    Hand {
+        /// The episode with its new executor.
+        record: EpisodeRecord,
+        /// The executor it must still have.
+        from: String,
+    },
+    /// Marks it closed at `at_ms` (a no-op if it is closed already).
+    Close {
+        /// The episode.
+        record: EpisodeRecord,
+        /// When it closed (Unix ms).
+        at_ms: u64,
+    },
+}
+
+impl EpisodeOp {
+    /// The episode this changes.
+    pub fn record(&self) -> &EpisodeRecord {
+        match self {
+            Self::Open(record) | Self::Hand { record, .. } | Self::Close { record, .. } => record,
+        }
+    }
+}
+
+/// The condition of a write that supersedes an episode's executor: the
+/// call (`session`, `call_id`) is not completed, holds no live claim at
+/// `now_ms`, and has no attempt that may have taken effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superseding {
+    /// The call's session.
+    pub session: String,
+    /// The call's tool-call id.
+    pub call_id: String,
+    /// Now (Unix ms): the expiry is measured from here.
+    pub now_ms: u64,
+}
+
+/// What the ledger held under an attempt's key before a write replaces it.
+/// Knowing it lets a write touch only the index entries that change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prior {
+    /// Not known: every index entry is rewritten.
+    Unread,
+    /// Nothing: the key is new.
+    Absent,
+    /// The attempt, in this state (read or written by the caller).
+    Was(AttemptState),
+}
+
+impl LedgerWrite {
+    /// An empty write.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) a tool call record.
+    pub fn call(mut self, call: CallRecord) -> Self {
+        self.calls.push(call);
+        self
+    }
+
+    /// Adds (or replaces) an attempt record, keeping its indexes right.
+    pub fn attempt(self, attempt: AttemptRecord) -> Self {
+        self.attempt_over(attempt, Prior::Unread)
+    }
+
+    /// Adds an attempt record over what `prior` says the ledger holds for its
+    /// key. A wrong `prior` leaves stale index entries, which reads skip.
+    pub fn attempt_over(mut self, attempt: AttemptRecord, prior: Prior) -> Self {
+        self.attempts.push((attempt, prior));
+        self
+    }
+
+    /// Adds a change to an episode.
+    pub fn episode(mut self, op: EpisodeOp) -> Self {
+        self.episodes.push(op);
+        self
+    }
+
+    /// Records what the caller of (session, call id) was told, on its stored
+    /// record (a no-op if there is none).
+    pub fn reported(mut self, session: &str, call_id: &str, reported: Reported) -> Self {
+        self.reports.push((session.into(), call_id.into(), reported));
+        self
+    }
+
+    /// Makes the write conditional on `call` being supersedable (see [`Superseding`]).
+    pub fn superseding(mut self, call: Superseding) -> Self {
+        self.superseding = Some(call);
+        self
+    }
+
+    /// Adds an entry to the retire index (a migration's backfill).
+    pub(crate) fn retiring(mut self, entry: RetireEntry) -> Self {
+        self.retire.push(entry);
+        self
+    }
+
+    /// Spends one use of a budget with this write (see [`Charge`]).
+    pub fn charge(mut self, charge: Charge) -> Self {
+        self.charges.push(charge);
+        self
+    }
+}

@@ -1,0 +1,435 @@
+//! The shape of the host's code, checked: the module graph of `host/src`
+//! has no cycles (`docs/architecture.md`).
+//!
+//! Every file is parsed with `syn`; every path it names (`use` trees,
+//! qualified paths, paths inside macro calls) is resolved to the module
+//! that defines the item, following `pub use` re-exports. A reference from
+//! anywhere inside module `a` to anything inside its sibling `b` is an edge
+//! `a → b` among the children of their common parent; at every level of the
+//! tree those edges must form no cycle. A module using its parent or its own
+//! children is not an edge (that is how a module and its parts speak).
+//! Test-only code (`#[cfg(test)]`) is left out: it is not architecture.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use syn::visit::Visit;
+
+/// One module of the crate: its path from the root, and what it declares.
+#[derive(Default)]
+struct Module {
+    file: PathBuf,
+    children: BTreeSet<String>,
+    /// `pub use` names: exported name → the absolute path it stands for.
+    reexports: BTreeMap<String, Vec<String>>,
+    /// Absolute paths named by the module's code, with how they were written.
+    references: Vec<(Vec<String>, String)>,
+}
+
+type Tree = BTreeMap<Vec<String>, Module>;
+
+fn is_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| a.path().is_ident("cfg") && a.meta.require_list().is_ok_and(|l| l.tokens.to_string() == "test"))
+}
+
+/// Loads the module at `path` from `file`, then its children.
+fn load(tree: &mut Tree, path: Vec<String>, file: &Path) {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let parsed = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    // Where this file's children live: beside lib.rs/mod.rs, or in a folder named after it.
+    let own_dir = match file.file_name().and_then(|n| n.to_str()) {
+        Some("lib.rs" | "mod.rs") => file.parent().unwrap().to_path_buf(),
+        _ => file.with_extension(""),
+    };
+    let mut module = Module { file: file.to_path_buf(), ..Module::default() };
+    let mut inline = Vec::new();
+    let mut visitor = Collector { at: &path, out: &mut module.references };
+    for item in &parsed.items {
+        if item_is_test(item) {
+            continue;
+        }
+        match item {
+            syn::Item::Mod(m) if m.content.is_none() => {
+                module.children.insert(m.ident.to_string());
+            }
+            syn::Item::Mod(m) => inline.push(m),
+            syn::Item::Use(u) => {
+                let mut leaves = Vec::new();
+                use_leaves(&u.tree, Vec::new(), &mut leaves);
+                for (segments, name) in leaves {
+                    let absolute = absolute(&path, &segments);
+                    if !matches!(u.vis, syn::Visibility::Inherited)
+                        && let (Some(abs), Some(name)) = (absolute.clone(), name)
+                    {
+                        module.reexports.insert(name, abs);
+                    }
+                    if let Some(abs) = absolute {
+                        visitor.out.push((abs, segments.join("::")));
+                    }
+                }
+            }
+            other => visitor.visit_item(other),
+        }
+    }
+    for m in inline {
+        // An inline module (rare outside tests) counts as part of this one.
+        module.children.insert(m.ident.to_string());
+        let mut child = path.clone();
+        child.push(m.ident.to_string());
+        let mut sub = Module { file: file.to_path_buf(), ..Module::default() };
+        let mut v = Collector { at: &child, out: &mut sub.references };
+        for item in m.content.iter().flat_map(|(_, items)| items) {
+            v.visit_item(item);
+        }
+        tree.insert(child, sub);
+    }
+    let children: Vec<String> = module.children.iter().filter(|c| !tree.contains_key(&[path.clone(), vec![(*c).clone()]].concat())).cloned().collect();
+    tree.insert(path.clone(), module);
+    for child in children {
+        let (flat, nested) = (own_dir.join(format!("{child}.rs")), own_dir.join(&child).join("mod.rs"));
+        let child_file = if flat.exists() { flat } else { nested };
+        let mut child_path = path.clone();
+        child_path.push(child);
+        load(tree, child_path, &child_file);
+    }
+}
+
+fn item_is_test(item: &syn::Item) -> bool {
+    match item {
+        syn::Item::Mod(m) => is_test(&m.attrs),
+        syn::Item::Use(u) => is_test(&u.attrs),
+        syn::Item::Fn(f) => is_test(&f.attrs),
+        syn::Item::Impl(i) => is_test(&i.attrs),
+        syn::Item::Struct(s) => is_test(&s.attrs),
+        syn::Item::Enum(e) => is_test(&e.attrs),
+        syn::Item::Const(c) => is_test(&c.attrs),
+        syn::Item::Static(s) => is_test(&s.attrs),
+        syn::Item::Trait(t) => is_test(&t.attrs),
+        syn::Item::Macro(m) => is_test(&m.attrs),
+        _ => false,
+    }
+}
+
+/// The leaves of a `use` tree: each full path, and the name it binds (if any).
+fn use_leaves(tree: &syn::UseTree, prefix: Vec<String>, out: &mut Vec<(Vec<String>, Option<String>)>) {
+    let with = |s: String| [prefix.clone(), vec![s]].concat();
+    match tree {
+        syn::UseTree::Path(p) => use_leaves(&p.tree, with(p.ident.to_string()), out),
+        syn::UseTree::Name(n) if n.ident == "self" => out.push((prefix.clone(), prefix.last().cloned())),
+        syn::UseTree::Name(n) => out.push((with(n.ident.to_string()), Some(n.ident.to_string()))),
+        syn::UseTree::Rename(r) => out.push((with(r.ident.to_string()), Some(r.rename.to_string()))),
+        syn::UseTree::Glob(_) => out.push((prefix, None)),
+        syn::UseTree::Group(g) => g.items.iter().for_each(|t| use_leaves(t, prefix.clone(), out)),
+    }
+}
+
+/// `segments` as written in module `at`, made absolute, if it names
+/// something of this crate (`crate::`, `super::`, `self::`).
+fn absolute(at: &[String], segments: &[String]) -> Option<Vec<String>> {
+    let mut base = at.to_vec();
+    let mut rest = segments;
+    match rest.first().map(String::as_str) {
+        Some("crate") => {
+            base.clear();
+            rest = &rest[1..];
+        }
+        Some("self") => rest = &rest[1..],
+        Some("super") => {
+            while rest.first().map(String::as_str) == Some("super") {
+                base.pop()?;
+                rest = &rest[1..];
+            }
+        }
+        _ => return None,
+    }
+    Some([base, rest.to_vec()].concat())
+}
+
+/// Collects the crate paths a module's items name.
+struct Collector<'a> {
+    at: &'a [String],
+    out: &'a mut Vec<(Vec<String>, String)>,
+}
+
+impl<'ast> Visit<'ast> for Collector<'_> {
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+        if let Some(abs) = absolute(self.at, &segments) {
+            self.out.push((abs, segments.join("::")));
+        }
+        syn::visit::visit_path(self, p);
+    }
+
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        // Paths inside a macro call (`json!`, `format!`) are tokens, not syntax.
+        let tokens: Vec<proc_macro2::TokenTree> = flatten(m.tokens.clone());
+        for (i, t) in tokens.iter().enumerate() {
+            let proc_macro2::TokenTree::Ident(start) = t else { continue };
+            if !matches!(start.to_string().as_str(), "crate" | "super") {
+                continue;
+            }
+            let mut segments = vec![start.to_string()];
+            let mut j = i + 1;
+            while let (Some(proc_macro2::TokenTree::Punct(a)), Some(proc_macro2::TokenTree::Punct(b)), Some(proc_macro2::TokenTree::Ident(next))) =
+                (tokens.get(j), tokens.get(j + 1), tokens.get(j + 2))
+            {
+                if a.as_char() != ':' || b.as_char() != ':' {
+                    break;
+                }
+                segments.push(next.to_string());
+                j += 3;
+            }
+            if let Some(abs) = absolute(self.at, &segments) {
+                self.out.push((abs, segments.join("::")));
+            }
+        }
+        syn::visit::visit_macro(self, m);
+    }
+
+    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+        if !is_test(&m.attrs) {
+            syn::visit::visit_item_mod(self, m);
+        }
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if !is_test(&f.attrs) {
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+    }
+
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if !is_test(&f.attrs) {
+            syn::visit::visit_item_fn(self, f);
+        }
+    }
+}
+
+fn flatten(stream: proc_macro2::TokenStream) -> Vec<proc_macro2::TokenTree> {
+    let mut out = Vec::new();
+    for t in stream {
+        match t {
+            proc_macro2::TokenTree::Group(g) => out.extend(flatten(g.stream())),
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The module that defines what `path` names: down the tree through child
+/// modules, through `pub use` re-exports, stopping at the first item.
+fn resolve(tree: &Tree, path: &[String], depth: u32) -> Vec<String> {
+    let mut at: Vec<String> = Vec::new();
+    for (i, segment) in path.iter().enumerate() {
+        let Some(module) = tree.get(&at) else { return at };
+        if module.children.contains(segment) {
+            at.push(segment.clone());
+        } else if let Some(target) = module.reexports.get(segment).filter(|_| depth < 8) {
+            let rest = &path[i + 1..];
+            return resolve(tree, &[target.clone(), rest.to_vec()].concat(), depth + 1);
+        } else {
+            return at;
+        }
+    }
+    at
+}
+
+/// The edges among siblings: (parent, from, to) → examples of references.
+fn edges(tree: &Tree) -> BTreeMap<(Vec<String>, String, String), Vec<String>> {
+    let mut edges: BTreeMap<(Vec<String>, String, String), Vec<String>> = BTreeMap::new();
+    for (from, module) in tree {
+        for (path, written) in &module.references {
+            let to = resolve(tree, path, 0);
+            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if common < from.len() && common < to.len() {
+                let key = (from[..common].to_vec(), from[common].clone(), to[common].clone());
+                let example = format!("{}: {written}", module.file.display());
+                let examples = edges.entry(key).or_default();
+                if examples.len() < 3 && !examples.contains(&example) {
+                    examples.push(example);
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// A cycle among `nodes` under `next`, if there is one.
+fn find_cycle(nodes: &BTreeSet<String>, next: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(n: &str, next: &BTreeMap<String, BTreeSet<String>>, state: &mut BTreeMap<String, u8>, stack: &mut Vec<String>) -> Option<Vec<String>> {
+        state.insert(n.to_string(), 1);
+        stack.push(n.to_string());
+        for m in next.get(n).into_iter().flatten() {
+            match state.get(m).copied().unwrap_or(0) {
+                1 => {
+                    let start = stack.iter().position(|s| s == m).unwrap();
+                    return Some([&stack[start..], std::slice::from_ref(m)].concat());
+                }
+                0 => {
+                    if let Some(c) = visit(m, next, state, stack) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    nodes.iter().find_map(|n| if state.contains_key(n) { None } else { visit(n, next, &mut state, &mut Vec::new()) })
+}
+
+fn host_tree() -> Tree {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut tree = Tree::new();
+    load(&mut tree, Vec::new(), &src.join("lib.rs"));
+    tree
+}
+
+/// Every cycle among sibling modules, each with the references that make it.
+fn cycles(tree: &Tree) -> Vec<String> {
+    let edges = edges(tree);
+    let mut by_parent: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (parent, from, to) in edges.keys() {
+        by_parent.entry(parent.clone()).or_default().entry(from.clone()).or_default().insert(to.clone());
+    }
+    let mut found = Vec::new();
+    for (parent, mut next) in by_parent {
+        // Report every cycle: remove one edge of each found and look again.
+        loop {
+            let nodes: BTreeSet<String> = next.keys().cloned().collect();
+            let Some(cycle) = find_cycle(&nodes, &next) else { break };
+            let at = if parent.is_empty() { "crate".to_string() } else { format!("crate::{}", parent.join("::")) };
+            let mut text = format!("in {at}: {}", cycle.join(" → "));
+            for pair in cycle.windows(2) {
+                for e in &edges[&(parent.clone(), pair[0].clone(), pair[1].clone())] {
+                    text.push_str(&format!("\n    {} → {}: {e}", pair[0], pair[1]));
+                }
+            }
+            found.push(text);
+            next.get_mut(&cycle[0]).unwrap().remove(&cycle[1]);
+        }
+    }
+    found
+}
+
+#[test]
+fn the_host_modules_form_no_cycle() {
+    let tree = host_tree();
+    assert!(tree.len() > 40, "the module tree was not read: {} modules", tree.len());
+    let found = cycles(&tree);
+    assert!(found.is_empty(), "{} module cycle(s) in host/src:\n{}", found.len(), found.join("\n"));
+}
+
+/// The top-level modules `module` names, and for each one reference that does.
+fn uses_of(tree: &Tree, module: &str) -> BTreeMap<String, String> {
+    edges(tree)
+        .into_iter()
+        .filter(|((parent, from, _), _)| parent.is_empty() && from == module)
+        .map(|((_, _, to), examples)| (to, examples[0].clone()))
+        .collect()
+}
+
+#[test]
+fn the_guard_needs_only_the_ledger_the_policy_and_leaves_and_only_the_runtime_sees_the_wit() {
+    let tree = host_tree();
+    let allowed = ["ledger", "policy", "keys", "error", "metrics", "phases"];
+    let guard = uses_of(&tree, "guard");
+    let beyond: Vec<_> = guard.iter().filter(|(to, _)| !allowed.contains(&to.as_str())).collect();
+    assert!(beyond.is_empty(), "the guard reaches beyond {allowed:?}: {beyond:?}");
+    assert!(guard.contains_key("ledger") && guard.contains_key("policy"), "{guard:?}");
+    // The generated bindings of wit/plugin.wit are used inside `runtime` only.
+    for (path, module) in &tree {
+        if path.first().map(String::as_str) == Some("runtime") {
+            continue;
+        }
+        let wit: Vec<_> = module.references.iter().filter(|(p, _)| resolve(&tree, p, 0).starts_with(&["runtime".into(), "bindings".into()])).collect();
+        assert!(wit.is_empty(), "{} uses the plugin contract's bindings: {wit:?}", module.file.display());
+    }
+}
+
+#[test]
+fn the_checker_sees_a_cycle_through_a_reexport() {
+    // Two siblings under `a`: `x` names `y` directly, `y` names `x` through
+    // `a`'s re-export; and a third sibling only used. One cycle, x ⇄ y.
+    let module = |file: &str, children: &[&str], reexports: &[(&str, &[&str])], refs: &[&[&str]]| Module {
+        file: file.into(),
+        children: children.iter().map(|c| c.to_string()).collect(),
+        reexports: reexports.iter().map(|(n, p)| (n.to_string(), p.iter().map(|s| s.to_string()).collect())).collect(),
+        references: refs.iter().map(|r| (r.iter().map(|s| s.to_string()).collect(), r.join("::"))).collect(),
+    };
+    let mut tree = Tree::new();
+    tree.insert(vec![], module("lib.rs", &["a"], &[], &[]));
+    tree.insert(vec!["a".into()], module("a/mod.rs", &["x", "y", "z"], &[("X", &["a", "x", "X"])], &[]));
+    tree.insert(vec!["a".into(), "x".into()], module("a/x.rs", &[], &[], &[&["a", "y", "f"], &["a", "z", "g"]]));
+    tree.insert(vec!["a".into(), "y".into()], module("a/y.rs", &[], &[], &[&["a", "X"]]));
+    tree.insert(vec!["a".into(), "z".into()], module("a/z.rs", &[], &[], &[&["a", "h"]]));
+    let found = cycles(&tree);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("in crate::a: x → y → x"), "{}", found[0]);
+}
+
+/// Every `fn` in the files under `dir` with more than `max` parameters
+/// (`self` included), as `file: name (n)`. Methods of trait impls are left
+/// out: the trait sets their signature.
+fn long_signatures(dir: &Path, max: usize) -> Vec<String> {
+    struct Fns<'a>(&'a mut Vec<(String, usize)>);
+    impl<'ast> Visit<'ast> for Fns<'_> {
+        fn visit_signature(&mut self, s: &'ast syn::Signature) {
+            self.0.push((s.ident.to_string(), s.inputs.len()));
+        }
+
+        fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
+            if i.trait_.is_none() {
+                syn::visit::visit_item_impl(self, i);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for file in rust_files(dir) {
+        let parsed = syn::parse_file(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let mut fns = Vec::new();
+        Fns(&mut fns).visit_file(&parsed);
+        found.extend(fns.into_iter().filter(|(_, n)| *n > max).map(|(name, n)| format!("{}: {name} ({n})", file.display())));
+    }
+    found
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn no_function_of_the_host_takes_more_than_five_parameters() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let wide = long_signatures(&src, 5);
+    assert!(wide.is_empty(), "functions with more than 5 parameters (use a struct):\n{}", wide.join("\n"));
+}
+
+#[test]
+fn the_guard_reads_by_protocol_step_in_short_files() {
+    let guard = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guard");
+    let long: Vec<String> = rust_files(&guard)
+        .into_iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(&f).unwrap().lines().count();
+            (lines > 300).then(|| format!("{}: {lines} lines", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "guard files over 300 lines:\n{}", long.join("\n"));
+    // The protocol's steps, each in its own file, in the order docs/guard.md tells them.
+    for step in ["admit.rs", "hold/mod.rs", "send.rs", "drive.rs", "reconcile.rs", "finish.rs", "recover.rs", "claim.rs"] {
+        assert!(guard.join(step).exists(), "src/guard/{step} is missing");
+    }
+}
