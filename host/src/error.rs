@@ -256,3 +256,10 @@ pub enum LoadError {
         second: String,
     },
 }
+
+impl From<&CallError> for crate::ledger::StoredOutcome {
+    /// The stored form of a definitive error (a replay answers it again).
+    fn from(e: &CallError) -> Self {
+        Self::Error { kind: e.kind.as_str().into(), message: e.message.clone(), detail: e.detail.clone() }
+    }
+}

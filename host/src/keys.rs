@@ -11,16 +11,7 @@ pub const KEY_PREFIX: &str = "tg1_";
 /// Length of every key: the prefix and 32 hex digits (128 bits).
 pub const KEY_LEN: usize = KEY_PREFIX.len() + 32;
 
-/// The ledger's secret for key derivation: keys cannot be linked back to
-/// (guessable) session or call ids without it.
-#[derive(Clone)]
-pub struct KeySecret(pub [u8; 32]);
-
-impl std::fmt::Debug for KeySecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeySecret(…)")
-    }
-}
+pub use crate::ledger::KeySecret;
 
 /// The largest magnitude a JSON number in tool arguments may have: 2^53 − 1.
 /// RFC 8785 writes every number as an IEEE-754 double, which holds every

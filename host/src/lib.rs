@@ -31,7 +31,6 @@ pub mod error;
 pub mod guard;
 pub mod imports;
 pub mod keys;
-pub mod ledger;
 pub mod local;
 pub mod mcp;
 pub mod metrics;
@@ -43,5 +42,7 @@ pub mod seal;
 pub mod telemetry;
 
 pub use config::Config;
+/// The ledger: the `toolguard-ledger` crate (`host/ledger`).
+pub use toolguard_ledger as ledger;
 pub use error::{CallError, ErrorKind, LoadError};
 pub use runtime::{CallOutput, CallRequest, Runtime, ToolInfo};

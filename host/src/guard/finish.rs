@@ -23,7 +23,7 @@ impl Guard {
         }
         let outcome = match &result {
             Ok(value) => StoredOutcome::Result(value.clone()),
-            Err(e) if e.kind == ErrorKind::ToolFailed => StoredOutcome::error(e),
+            Err(e) if e.kind == ErrorKind::ToolFailed => StoredOutcome::from(e),
             Err(_) => {
                 self.end_uncompleted(&mut call).await;
                 return result;

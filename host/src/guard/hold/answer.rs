@@ -36,7 +36,7 @@ impl Guard {
         let error = CallError::new(ErrorKind::Held, message).with_detail(json!({ "earlier_call_id": earlier, "earlier_outcome": outcome }));
         let mut call = self.follower_record(id, n).await?;
         call.state = CallState::Completed;
-        call.outcome = Some(StoredOutcome::error(&error));
+        call.outcome = Some(StoredOutcome::from(&error));
         call.completed_ms = Some(now_ms());
         self.ledger.commit_async(LedgerWrite::new().call(call.clone()), Durability::Buffered).await.map_err(internal)?;
         self.remember(&call);

@@ -4,9 +4,9 @@
 //! recorded calls take minutes, not hours of round trips. Each copy differs
 //! from its seed only in the session and (for attempts) the key.
 
-use crate::ledger::error::failed;
+use crate::error::failed;
 use super::Postgres;
-use crate::ledger::BackendError;
+use crate::BackendError;
 
 /// Copies every row of session `seed` into sessions `{prefix}{g}` for g in
 /// `from..=to`, in one transaction.

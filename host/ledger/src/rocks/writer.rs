@@ -4,7 +4,7 @@
 //! waiting writer). `docs/ledger.md` ("Who does the I/O") has the contract.
 
 use super::write_options;
-use crate::ledger::Durability;
+use crate::Durability;
 use rocksdb::{DB, WriteBatch};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -109,7 +109,7 @@ static SLOW_FSYNC_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::Atom
 
 /// Makes every synced group commit of this process take `extra` longer
 /// (`Duration::ZERO` turns it off). For `toolguard bench` only.
-pub(crate) fn simulate_slow_fsync(extra: Duration) {
+pub fn simulate_slow_fsync(extra: Duration) {
     SLOW_FSYNC_MICROS.store(extra.as_micros() as u64, Ordering::Relaxed);
 }
 

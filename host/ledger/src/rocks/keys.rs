@@ -3,8 +3,8 @@
 //! run into the next and a prefix scan selects exactly one session, call or
 //! action (the family table is in the module docs of [`super`]).
 
-use crate::ledger::CallRecord;
-use crate::ledger::retention::RetireEntry;
+use crate::CallRecord;
+use crate::retention::RetireEntry;
 
 pub(super) const CF_META: &str = "meta";
 pub(super) const CF_CALLS: &str = "calls";

@@ -1,4 +1,4 @@
-//! The ledger: tool calls and attempts, and the grant history. One handle
+//! toolguard's ledger: tool calls and attempts, and the grant history. One handle
 //! ([`Ledger`]) over two backends with the same semantics: RocksDB
 //! (embedded, the default; [`rocks`]) and PostgreSQL (shared by a fleet of
 //! hosts; [`postgres`]). Every plain method blocks. Async callers use
@@ -9,6 +9,8 @@
 //!
 //! Durability is chosen per write ([`Durability`]); why each write is synced
 //! or not is in `docs/ledger.md`.
+
+#![warn(missing_docs)]
 
 mod backend;
 mod checks;
@@ -27,10 +29,9 @@ pub use checks::sent_nothing;
 pub use claim::Claim;
 pub use error::LedgerError;
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
-pub(crate) use rocks::simulate_slow_fsync;
+pub use rocks::simulate_slow_fsync;
 pub use write::{Charge, EpisodeOp, LedgerWrite, Prior, Superseding};
 
-use crate::keys::KeySecret;
 use backend::{Backend, Pending};
 use error::BackendError;
 use std::path::Path;
@@ -49,6 +50,18 @@ pub enum Durability {
     /// In the WAL and memtable; survives a process crash, not a power loss.
     /// (PostgreSQL commits every write durably.)
     Buffered,
+}
+
+/// The ledger's secret for key derivation, created with the ledger and kept
+/// in it: keys cannot be linked back to (guessable) session or call ids
+/// without it. Its `Debug` shows nothing.
+#[derive(Clone)]
+pub struct KeySecret(pub [u8; 32]);
+
+impl std::fmt::Debug for KeySecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeySecret(…)")
+    }
 }
 
 /// 32 bytes from the OS for a new ledger's key secret.
@@ -374,7 +387,7 @@ impl Ledger {
     }
 
     /// `toolguard bench` only: see `Backend::replicate_for_bench`.
-    pub(crate) fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, LedgerError> {
+    pub fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, LedgerError> {
         self.backend.replicate_for_bench(seed, prefix, from, to).map_err(|e| self.backend_err(e))
     }
 

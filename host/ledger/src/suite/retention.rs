@@ -2,7 +2,7 @@
 //! what it keeps, and the tombstones it leaves.
 
 use super::{attempt, call, episode};
-use crate::ledger::*;
+use crate::*;
 
 /// Call `call_id` of session `s` (tool refund, digest `d`), completed at `at`.
 fn completed(call_id: &str, at: u64) -> CallRecord {

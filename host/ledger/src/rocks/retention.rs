@@ -1,12 +1,12 @@
 //! Retention on RocksDB: pruning through the retire index, tombstones,
-//! and the figures of `ledger stats` (see [`crate::ledger::retention`]).
+//! and the figures of `ledger stats` (see [`crate::retention`]).
 
-use crate::ledger::error::failed;
+use crate::error::failed;
 use super::keys::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALLS, CF_CALL_ATTEMPTS, CF_EPISODES, CF_EPISODE_CALLS, CF_EXPIRED, CF_RETIRE};
 use super::keys::{call_key, episode_call_key, episode_key, retire_key};
 use super::{Rocks, db_error, read_options, write_options};
-use crate::ledger::retention::{LedgerStats, Removal, RetireEntry, tombstone};
-use crate::ledger::{AttemptState, BackendError, CallRecord, CallState, Durability, EpisodeRecord};
+use crate::retention::{LedgerStats, Removal, RetireEntry, tombstone};
+use crate::{AttemptState, BackendError, CallRecord, CallState, Durability, EpisodeRecord};
 use rocksdb::{IteratorMode, WriteBatch};
 use serde::Deserialize;
 

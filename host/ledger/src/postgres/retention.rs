@@ -1,10 +1,10 @@
 //! Retention on PostgreSQL: the retire index, tombstones and the figures of
-//! `ledger stats` (see [`crate::ledger::retention`]).
+//! `ledger stats` (see [`crate::retention`]).
 
-use crate::ledger::error::failed;
+use crate::error::failed;
 use super::{Postgres, big};
-use crate::ledger::BackendError;
-use crate::ledger::retention::{LedgerStats, Removal, RetireEntry, tombstone};
+use crate::BackendError;
+use crate::retention::{LedgerStats, Removal, RetireEntry, tombstone};
 use r2d2_postgres::postgres::Transaction;
 
 /// Adds `entry` to the retire index inside `tx` (a no-op if it is there).

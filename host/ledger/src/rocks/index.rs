@@ -3,8 +3,8 @@
 
 use super::keys::{CF_BY_STATE, CF_CALL_ATTEMPTS, CF_EPISODE_CALLS, CF_RETIRE, call_key, episode_call_key, retire_key};
 use super::Rocks;
-use crate::ledger::retention::RetireEntry;
-use crate::ledger::{AttemptRecord, AttemptState, CallRecord, Prior};
+use crate::retention::RetireEntry;
+use crate::{AttemptRecord, AttemptState, CallRecord, Prior};
 use rocksdb::WriteBatch;
 
 impl Rocks {

@@ -2,7 +2,7 @@
 
 use super::writer::commit_group;
 use super::*;
-use crate::ledger::Prior;
+use crate::Prior;
 use std::sync::atomic::AtomicBool;
 
 #[test]
@@ -30,7 +30,7 @@ fn scans_stay_inside_their_prefix_past_many_tombstones() {
 }
 
 fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
-    crate::ledger::suite::attempt(call_id, 0, 0, state)
+    crate::suite::attempt(call_id, 0, 0, state)
 }
 
 fn indexes(ledger: &Rocks) -> Vec<Vec<u8>> {
@@ -72,7 +72,7 @@ fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
     let ledger = Rocks::open(dir.path()).unwrap();
     let (mut group, mut results) = (Vec::new(), Vec::new());
     for i in 0..64 {
-        let write = LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}"))).attempt_over(attempt(&format!("c{i}"), AttemptState::Pending), Prior::Absent);
+        let write = LedgerWrite::new().call(crate::suite::call("s", &format!("c{i}"))).attempt_over(attempt(&format!("c{i}"), AttemptState::Pending), Prior::Absent);
         // One synced write among buffered ones makes the whole group synced.
         let (j, r) = job(&ledger, &write, i == 40);
         group.push(j);
@@ -96,7 +96,7 @@ fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
 fn writes_queued_while_the_writer_is_busy_share_its_next_fsync() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = Rocks::open(dir.path()).unwrap();
-    let write = |i: usize| LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}")));
+    let write = |i: usize| LedgerWrite::new().call(crate::suite::call("s", &format!("c{i}")));
     // Built first, then queued back to back: far faster than the writer
     // commits even one, so all but the first few wait for it together.
     let jobs: Vec<_> = (0..64).map(|i| job(&ledger, &write(i), true)).collect();
@@ -116,7 +116,7 @@ fn a_read_that_needs_the_disk_is_answered_off_the_async_workers() {
     let dir = tempfile::tempdir().unwrap();
     {
         let ledger = Rocks::open(dir.path()).unwrap();
-        ledger.commit(&LedgerWrite::new().call(crate::ledger::suite::call("s", "c1")), Durability::Synced).unwrap();
+        ledger.commit(&LedgerWrite::new().call(crate::suite::call("s", "c1")), Durability::Synced).unwrap();
         ledger.db.flush_cf(ledger.cf(CF_CALLS)).unwrap();
     }
     {
@@ -125,7 +125,7 @@ fn a_read_that_needs_the_disk_is_answered_off_the_async_workers() {
         assert_eq!(memory_only(|| ledger.call("s", "c1")), Err(BackendError::NeedsIo));
         assert!(ledger.call("s", "c1").unwrap().is_some(), "a plain read goes to the disk");
     }
-    let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
+    let ledger = crate::Ledger::open(dir.path()).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
     let found = runtime.block_on(ledger.read(|l| l.call("s", "c1"))).unwrap();
     assert_eq!(found.map(|c| c.call_id), Some("c1".to_string()), "retried on the blocking pool");
@@ -135,7 +135,7 @@ fn a_read_that_needs_the_disk_is_answered_off_the_async_workers() {
 fn queued_writes_land_in_the_order_they_were_queued() {
     use AttemptState::*;
     let dir = tempfile::tempdir().unwrap();
-    let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
+    let ledger = crate::Ledger::open(dir.path()).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
     runtime.block_on(async {
         // One attempt through its states, queued back to back; only the last is waited for.
@@ -157,14 +157,14 @@ fn closing_the_ledger_lands_every_queued_write_first() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     runtime.block_on(async {
-        let ledger = crate::ledger::Ledger::open(dir.path()).unwrap();
+        let ledger = crate::Ledger::open(dir.path()).unwrap();
         for i in 0..20 {
             // Queued and never waited for.
-            drop(ledger.queue(LedgerWrite::new().call(crate::ledger::suite::call("s", &format!("c{i}"))), Durability::Buffered));
+            drop(ledger.queue(LedgerWrite::new().call(crate::suite::call("s", &format!("c{i}"))), Durability::Buffered));
         }
     });
     // The directory's lock is free again, so the writer thread is gone.
-    let reopened = crate::ledger::Ledger::open(dir.path()).unwrap();
+    let reopened = crate::Ledger::open(dir.path()).unwrap();
     assert_eq!(reopened.calls(Some("s")).unwrap().len(), 20);
 }
 

@@ -1,7 +1,6 @@
 //! What the ledger stores: tool calls and their outbound attempts.
 //! Serialised as JSON, so `toolguard ledger export` output is the record.
 
-use crate::error::CallError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -198,13 +197,6 @@ pub enum StoredOutcome {
     },
 }
 
-impl StoredOutcome {
-    /// The stored form of a definitive error.
-    pub fn error(e: &CallError) -> Self {
-        Self::Error { kind: e.kind.as_str().into(), message: e.message.clone(), detail: e.detail.clone() }
-    }
-}
-
 /// Where an outbound attempt stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -383,7 +375,7 @@ pub struct PlannedSend {
     pub step: u32,
     /// Its key generation (0 unless an operator declared an earlier key never sent).
     pub generation: u32,
-    /// The request's fingerprint (`crate::keys::request_fingerprint`).
+    /// The request's fingerprint (the host's `keys::request_fingerprint`).
     pub fingerprint: String,
     /// The downstream's name.
     pub downstream: String,

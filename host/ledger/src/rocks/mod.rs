@@ -36,9 +36,9 @@ mod retention;
 #[cfg(test)]
 mod tests;
 mod writer;
-pub(crate) use writer::simulate_slow_fsync;
+pub use writer::simulate_slow_fsync;
 
-use crate::ledger::error::failed;
+use crate::error::failed;
 use keys::*;
 use writer::{Job, Ticket, Writer};
 

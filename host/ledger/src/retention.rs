@@ -18,7 +18,7 @@
 //! id), so a later call under the same id is refused as `expired`, never run
 //! afresh. `docs/ledger.md` ("Retention") gives the safety argument.
 
-use crate::ledger::error::failed;
+use crate::error::failed;
 use super::{AttemptRecord, Backend, BackendError, CallRecord, CallState, EpisodeRecord, Ledger, LedgerError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

@@ -34,7 +34,7 @@ mod bench;
 mod retention;
 mod tls;
 
-use crate::ledger::error::failed;
+use crate::error::failed;
 use super::retention::{LedgerStats, Removal, RetireEntry};
 use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior, checks};
 use r2d2_postgres::PostgresConnectionManager;
@@ -142,7 +142,7 @@ impl Drop for Postgres {
 }
 
 /// `url` without its password, for messages and logs.
-pub(crate) fn redacted(url: &str) -> String {
+pub fn redacted(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
