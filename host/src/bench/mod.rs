@@ -10,7 +10,9 @@
 //! - [`growth`]: (i) the same figures with 0, 1 M and 10 M completed calls in the ledger (only on request).
 //! - [`idle`]: (h) the CPU of `toolguard serve` idle and at one call per second.
 //! - [`languages`]: (j) a fresh sandbox + invoke of the same tool in Rust, Python and JavaScript.
+//! - [`anchor`]: (k) MCP `tools/call` over stdio, against another MCP server on an equal tool.
 
+pub mod anchor;
 pub mod disk;
 pub mod growth;
 pub mod guarded;
@@ -37,9 +39,11 @@ pub struct Sources {
     pub postgres: Option<String>,
     /// (j): the Python and JavaScript plugins `plugins/build-foreign.sh` built.
     pub foreign: Option<PathBuf>,
+    /// (k): another MCP server to measure beside toolguard.
+    pub anchor: Option<anchor::Anchor>,
 }
 
-/// Which benchmarks to run, by letter (`a`–`j`); (a) always runs: the others
+/// Which benchmarks to run, by letter (`a`–`k`); (a) always runs: the others
 /// need its bound. (i), which fills ledgers with millions of calls, runs only when named.
 #[derive(Debug, Clone)]
 pub struct Selection(pub String);
@@ -168,6 +172,10 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection, sources: Sources) 
     }
     if only.has('j') {
         report(languages::per_language(&dir, scale, sources.foreign.as_deref()).await?);
+    }
+    if only.has('k') {
+        let (dir, anchor) = (dir.clone(), sources.anchor.clone());
+        report(tokio::task::spawn_blocking(move || anchor::stdio_calls(&dir, scale, anchor.as_ref())).await??);
     }
     Ok(figures)
 }

@@ -102,6 +102,16 @@ enum Command {
         /// [default: $TOOLGUARD_FOREIGN_PLUGINS]; without them (j) measures Rust alone.
         #[arg(long)]
         foreign: Option<PathBuf>,
+        /// (k): another MCP server to measure beside toolguard on an equal
+        /// read-only tool, as a command line that speaks MCP on stdio.
+        #[arg(long)]
+        anchor: Option<String>,
+        /// (k): the anchor's tool equal to `text_stats`.
+        #[arg(long, default_value = "text-stats")]
+        anchor_tool: String,
+        /// (k): its arguments as JSON, `{text}` where the text goes.
+        #[arg(long, default_value = r#"{"text":{text}}"#)]
+        anchor_args: String,
     },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
@@ -171,9 +181,10 @@ pub fn main() -> ExitCode {
             // The ledger's client blocks (PostgreSQL's runs its own runtime).
             Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
-            Command::Bench { dir, quick, json, only, postgres, foreign } => {
+            Command::Bench { dir, quick, json, only, postgres, foreign, anchor, anchor_tool, anchor_args } => {
                 let foreign = foreign.or_else(|| std::env::var_os("TOOLGUARD_FOREIGN_PLUGINS").map(PathBuf::from));
-                bench(dir, quick, json, only, crate::bench::Sources { postgres, foreign }).await
+                let anchor = anchor.map(|command| crate::bench::anchor::Anchor { command, tool: anchor_tool, args: anchor_args });
+                bench(dir, BenchRun { quick, json, only }, crate::bench::Sources { postgres, foreign, anchor }).await
             }
             Command::Seal { input, output } => seal::run(&input, &output),
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
@@ -376,12 +387,19 @@ async fn prune_every(ledger: crate::ledger::Ledger, retention: crate::config::Re
     }
 }
 
+/// How `toolguard bench` was asked to run.
+struct BenchRun {
+    quick: bool,
+    json: bool,
+    only: String,
+}
+
 /// Runs the benchmarks; exit 1 only if one could not run (targets are reported, not enforced).
-async fn bench(dir: PathBuf, quick: bool, json: bool, only: String, sources: crate::bench::Sources) -> u8 {
-    let scale = crate::bench::Scale { factor: if quick { 0.05 } else { 1.0 } };
-    match crate::bench::run(dir, scale, crate::bench::Selection(only), sources).await {
+async fn bench(dir: PathBuf, run: BenchRun, sources: crate::bench::Sources) -> u8 {
+    let scale = crate::bench::Scale { factor: if run.quick { 0.05 } else { 1.0 } };
+    match crate::bench::run(dir, scale, crate::bench::Selection(run.only), sources).await {
         Ok(figures) => {
-            if json {
+            if run.json {
                 print_json(&serde_json::to_value(&figures).unwrap_or_default());
             }
             0
