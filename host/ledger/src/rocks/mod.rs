@@ -379,7 +379,7 @@ impl Backend for Rocks {
             Ok(batch) => Job { batch, sync, done },
             Err(e) => return Some(Err(e)),
         };
-        let ticket = Ticket { result, sync, syncing: writer.syncing.clone() };
+        let ticket = Ticket { result, sync };
         if queue.send(job).is_err() {
             return Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
         }

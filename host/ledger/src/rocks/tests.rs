@@ -1,9 +1,8 @@
 //! The RocksDB backend's own tests: index upkeep, group commit, memory-only reads.
 
-use super::writer::commit_group;
+use super::writer::{apply_group, sync_round};
 use super::*;
 use crate::Prior;
-use std::sync::atomic::AtomicBool;
 
 #[test]
 fn prefix_successor_bounds_exactly_the_prefix() {
@@ -73,7 +72,7 @@ fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
     let (mut group, mut results) = (Vec::new(), Vec::new());
     for i in 0..64 {
         let write = LedgerWrite::new().call(crate::suite::call("s", &format!("c{i}"))).attempt_over(attempt(&format!("c{i}"), AttemptState::Pending), Prior::Absent);
-        // One synced write among buffered ones makes the whole group synced.
+        // One synced write among buffered ones: the group is applied whole, and synced once for it.
         let (j, r) = job(&ledger, &write, i == 40);
         group.push(j);
         results.push(r);
@@ -83,9 +82,16 @@ fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
     group.push(j);
     results.push(r);
     let syncs = ledger.wal_syncs().unwrap();
-    commit_group(&ledger.db, group, &AtomicBool::new(false));
+    let (to_sync, waiting) = std::sync::mpsc::channel();
+    apply_group(&ledger.db, group, &to_sync);
+    assert_eq!(ledger.wal_syncs().unwrap() - syncs, 0, "applied, not yet synced");
+    let (synced, buffered): (Vec<_>, Vec<_>) = results.iter_mut().enumerate().partition(|(i, _)| *i == 40);
+    assert!(buffered.into_iter().all(|(_, r)| r.try_recv() == Ok(Ok(()))), "every buffered writer is told at once");
+    let mut synced = synced.into_iter().map(|(_, r)| r).next().unwrap();
+    assert!(synced.try_recv().is_err(), "the synced writer waits for the fsync");
+    sync_round(&ledger.db, waiting.recv().unwrap(), &waiting);
     assert_eq!(ledger.wal_syncs().unwrap() - syncs, 1, "65 writes, one fsync");
-    assert!(results.iter_mut().all(|r| r.try_recv() == Ok(Ok(()))), "every writer is told");
+    assert_eq!(synced.try_recv(), Ok(Ok(())), "and then it is told");
     assert_eq!(ledger.calls(Some("s")).unwrap().len(), 64);
     assert_eq!(ledger.attempts_in_state(AttemptState::Pending).unwrap().len(), 63);
     assert_eq!(ledger.attempt_at("s", "c7", 0).unwrap().unwrap().state, AttemptState::Succeeded);
@@ -109,6 +115,40 @@ fn writes_queued_while_the_writer_is_busy_share_its_next_fsync() {
     let fsyncs = ledger.wal_syncs().unwrap() - syncs;
     assert!((1..=8).contains(&fsyncs), "64 synced writes queued at once took {fsyncs} fsyncs");
     assert_eq!(ledger.calls(Some("s")).unwrap().len(), 64);
+}
+
+#[test]
+fn a_buffered_write_never_waits_behind_an_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let queue = ledger.writer.as_ref().unwrap().queue.as_ref().unwrap();
+    // A synced write, then a buffered one queued behind it; the sync thread
+    // is made to take its time over the fsync.
+    let (synced, mut synced_result) = job(&ledger, &LedgerWrite::new().call(crate::suite::call("s", "a")), true);
+    let (buffered, buffered_result) = job(&ledger, &LedgerWrite::new().call(crate::suite::call("s", "b")), false);
+    let _slow = SlowFsync::new(std::time::Duration::from_millis(300));
+    queue.send(synced).unwrap();
+    queue.send(buffered).unwrap();
+    assert_eq!(buffered_result.blocking_recv().unwrap(), Ok(()), "the buffered write is applied");
+    assert!(synced_result.try_recv().is_err(), "while the synced one still waits for its fsync");
+    assert_eq!(synced_result.blocking_recv().unwrap(), Ok(()));
+    assert_eq!(ledger.calls(Some("s")).unwrap().len(), 2);
+}
+
+/// The slowed fsync of `simulate_slow_fsync`, undone when dropped.
+struct SlowFsync;
+
+impl SlowFsync {
+    fn new(extra: std::time::Duration) -> Self {
+        super::simulate_slow_fsync(extra);
+        Self
+    }
+}
+
+impl Drop for SlowFsync {
+    fn drop(&mut self) {
+        super::simulate_slow_fsync(std::time::Duration::ZERO);
+    }
 }
 
 #[test]

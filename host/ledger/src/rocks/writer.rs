@@ -1,35 +1,40 @@
-//! The ledger's writer thread: every write from async callers is queued
-//! here, and whatever queued while the thread was busy is committed as one
-//! RocksDB batch with at most one fsync (group commit without a thread per
-//! waiting writer). `docs/ledger.md` ("Who does the I/O") has the contract.
+//! The ledger's writers: every write from async callers is queued for the
+//! writer thread, which applies whatever queued while it was busy as one
+//! RocksDB batch (group commit without a thread per waiting writer), never
+//! waiting for the disk; the writes that must be synced are then handed to
+//! the sync thread, which fsyncs the WAL once for all of them (RocksDB's
+//! `SyncWAL`) while the writer goes on applying — a pipelined group commit.
+//! A buffered write never waits behind an fsync. `docs/ledger.md` ("Who does
+//! the I/O") has the contract.
 
 use super::write_options;
 use crate::Durability;
 use rocksdb::{DB, WriteBatch};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-/// The most queued writes the writer commits as one batch.
+/// The most queued writes the writer applies as one batch.
 const MAX_GROUP: usize = 256;
+
+/// Where a write's result goes.
+pub(super) type Done = tokio::sync::oneshot::Sender<Result<(), String>>;
 
 /// One write queued for the writer thread.
 pub(super) struct Job {
     pub(super) batch: WriteBatch,
     pub(super) sync: bool,
-    pub(super) done: tokio::sync::oneshot::Sender<Result<(), String>>,
+    pub(super) done: Done,
 }
 
-/// How long a caller polls for an unsynced write's result before it sleeps,
-/// unless the writer is in an fsync: such a write takes the writer a few
-/// microseconds, less than waking a sleeping thread costs on a VM.
+/// How long a caller polls for an unsynced write's result before it sleeps:
+/// such a write takes the writer a few microseconds, less than waking a
+/// sleeping thread costs on a VM.
 const POLL: Duration = Duration::from_micros(30);
 
 /// A write queued for the writer thread: wait for its result.
 pub(super) struct Ticket {
     pub(super) result: tokio::sync::oneshot::Receiver<Result<(), String>>,
     pub(super) sync: bool,
-    pub(super) syncing: Arc<AtomicBool>,
 }
 
 impl Ticket {
@@ -37,7 +42,7 @@ impl Ticket {
     pub(super) async fn wait(mut self) -> Result<(), String> {
         if !self.sync {
             let until = Instant::now() + POLL;
-            while !self.syncing.load(Ordering::Acquire) && Instant::now() < until {
+            while Instant::now() < until {
                 match self.result.try_recv() {
                     Ok(result) => return result,
                     Err(tokio::sync::oneshot::error::TryRecvError::Closed) => break,
@@ -49,23 +54,28 @@ impl Ticket {
     }
 }
 
-/// The writer thread: takes every write queued while it was busy and commits
-/// them as one batch, synced if any of them must be. Callers wait on their
-/// job's channel, so an async worker never blocks on a write or an fsync,
-/// and N waiting writes cost one wake-up of this thread, not N threads.
+/// The writer thread (and, behind it, the sync thread). Callers wait on
+/// their job's channel, so an async worker never blocks on a write or an
+/// fsync, and N waiting writes cost one wake-up of a thread, not N threads.
 pub(super) struct Writer {
     pub(super) queue: Option<mpsc::Sender<Job>>,
-    /// Whether the writer is in a synced write now (callers then sleep at once).
-    pub(super) syncing: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Writer {
-    /// Starts the thread, which commits to `db` until the writer is dropped.
+    /// Starts the threads, which write to `db` until the writer is dropped.
     pub(super) fn start(db: Arc<DB>) -> Result<Self, String> {
         let (queue, jobs) = mpsc::channel::<Job>();
-        let syncing = Arc::new(AtomicBool::new(false));
-        let in_sync = syncing.clone();
+        let (to_sync, waiting) = mpsc::channel::<Vec<Done>>();
+        let sync_db = db.clone();
+        let syncer = std::thread::Builder::new()
+            .name("toolguard-ledger-sync".into())
+            .spawn(move || {
+                while let Ok(first) = waiting.recv() {
+                    sync_round(&sync_db, first, &waiting);
+                }
+            })
+            .map_err(|e| format!("cannot start the ledger's sync thread: {e}"))?;
         let thread = std::thread::Builder::new()
             .name("toolguard-ledger".into())
             .spawn(move || {
@@ -76,41 +86,73 @@ impl Writer {
                     {
                         group.push(job);
                     }
-                    commit_group(&db, group, &in_sync);
+                    apply_group(&db, group, &to_sync);
                 }
+                // Every write is applied; the syncs still queued finish before the database closes.
+                drop(to_sync);
+                let _ = syncer.join();
             })
             .map_err(|e| format!("cannot start the ledger's writer thread: {e}"))?;
-        Ok(Self { queue: Some(queue), syncing, thread: Some(thread) })
+        Ok(Self { queue: Some(queue), thread: Some(thread) })
     }
 }
 
-/// Commits `group` as one batch, synced if any of its writes must be, and
-/// tells each writer how it went. `syncing` is raised during a synced write.
-pub(super) fn commit_group(db: &DB, group: Vec<Job>, syncing: &AtomicBool) {
-    let durability = if group.iter().any(|j| j.sync) { Durability::Synced } else { Durability::Buffered };
-    let (batches, done): (Vec<_>, Vec<_>) = group.into_iter().map(|j| (j.batch, j.done)).unzip();
-    syncing.store(durability == Durability::Synced, Ordering::Release);
-    let result = db.write_opt(concat(batches), &write_options(durability)).map_err(|e| e.to_string());
-    if durability == Durability::Synced {
-        let extra = SLOW_FSYNC_MICROS.load(Ordering::Relaxed);
-        if extra > 0 {
-            std::thread::sleep(Duration::from_micros(extra));
+/// Applies `group` as one batch, unsynced, and tells each buffered writer
+/// how it went; the writers that need their write synced are handed to the
+/// sync thread (`to_sync`). A failed batch fails every write in it.
+pub(super) fn apply_group(db: &DB, group: Vec<Job>, to_sync: &mpsc::Sender<Vec<Done>>) {
+    let mut batches = Vec::with_capacity(group.len());
+    let (mut synced, mut buffered) = (Vec::new(), Vec::with_capacity(group.len()));
+    for job in group {
+        batches.push(job.batch);
+        if job.sync { synced.push(job.done) } else { buffered.push(job.done) }
+    }
+    let result = db.write_opt(concat(batches), &write_options(Durability::Buffered)).map_err(|e| e.to_string());
+    for tx in buffered {
+        let _ = tx.send(result.clone());
+    }
+    match result {
+        Ok(()) if !synced.is_empty() => {
+            if let Err(mpsc::SendError(synced)) = to_sync.send(synced) {
+                for tx in synced {
+                    let _ = tx.send(Err("the ledger's sync thread has stopped; the write may not be durable".into()));
+                }
+            }
+        }
+        Ok(()) => {}
+        Err(e) => {
+            for tx in synced {
+                let _ = tx.send(Err(e.clone()));
+            }
         }
     }
-    syncing.store(false, Ordering::Release);
-    for tx in done {
+}
+
+/// One fsync of the WAL for `first` and every writer queued behind it: all
+/// their writes were applied before they were queued here, so one
+/// `SyncWAL` makes them all durable. Then each is told.
+pub(super) fn sync_round(db: &DB, mut first: Vec<Done>, waiting: &mpsc::Receiver<Vec<Done>>) {
+    while let Ok(more) = waiting.try_recv() {
+        first.extend(more);
+    }
+    let result = db.flush_wal(true).map_err(|e| e.to_string());
+    let extra = SLOW_FSYNC_MICROS.load(std::sync::atomic::Ordering::Relaxed);
+    if extra > 0 {
+        std::thread::sleep(Duration::from_micros(extra));
+    }
+    for tx in first {
         let _ = tx.send(result.clone());
     }
 }
 
-/// `toolguard bench`'s slow-disk mode: extra time every synced group
-/// commit takes, as if the disk's fsync were that much slower (0: off).
+/// `toolguard bench`'s slow-disk mode: extra time every fsync of the WAL
+/// takes, as if the disk's fsync were that much slower (0: off).
 static SLOW_FSYNC_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Makes every synced group commit of this process take `extra` longer
-/// (`Duration::ZERO` turns it off). For `toolguard bench` only.
+/// Makes every fsync of the WAL by this process's sync threads take
+/// `extra` longer (`Duration::ZERO` turns it off). For `toolguard bench` only.
 pub fn simulate_slow_fsync(extra: Duration) {
-    SLOW_FSYNC_MICROS.store(extra.as_micros() as u64, Ordering::Relaxed);
+    SLOW_FSYNC_MICROS.store(extra.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// How long the writer keeps polling for the next write before it sleeps:
