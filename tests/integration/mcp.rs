@@ -1,6 +1,7 @@
 //! `toolguard serve` against real MCP clients: the official conformance
 //! suite (Node), the official Python SDK over stdio and HTTP (counting
-//! refunds at the sandbox), and the HTTP hardening.
+//! refunds at the sandbox), stdio over a pipe, a socket and a file, and the
+//! HTTP hardening.
 //!
 //! The external tools come from `./dev.sh test`, which installs them into a
 //! cache and exports `TOOLGUARD_NODE`, `TOOLGUARD_CONFORMANCE`,
@@ -227,4 +228,57 @@ fn http_is_hardened() {
     assert!(rebinding == 403 || rebinding == 421 || rebinding == 400, "a foreign Host is refused: {rebinding}");
     let huge = INITIALIZE.replace("\"t\",", &format!("\"{}\",", "x".repeat(8_000)));
     assert_eq!(post(&server.url, &[("Authorization", "Bearer t0ken-long-enough-16")], huge), 413, "bodies over max_request_bytes");
+}
+
+/// The JSON-RPC lines a client sends to list the tools: initialize, initialized, tools/list.
+const LIST_TOOLS: &str = concat!(
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    "\n",
+    r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    "\n",
+    r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    "\n"
+);
+
+/// Reads `serve`'s stdout until the answer to id 2; the tool names it lists.
+fn listed_tools(stdout: impl std::io::Read) -> Vec<String> {
+    use std::io::BufRead;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if v["id"] == 2 {
+            return v["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
+        }
+    }
+    panic!("serve closed stdout before answering tools/list")
+}
+
+#[test]
+fn stdio_serves_a_pipe_a_socket_and_a_file_alike() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let config = conformance_config(dir.path());
+    let serve = || {
+        let mut command = Command::new(BIN);
+        command.args(["serve", "--config", config.to_str().unwrap()]).current_dir(dir.path()).stderr(Stdio::null());
+        command
+    };
+    // Pipes (what Python's and most clients' spawn gives): the non-blocking transport.
+    let mut child = serve().stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    child.stdin.as_mut().unwrap().write_all(LIST_TOOLS.as_bytes()).unwrap();
+    let piped = listed_tools(child.stdout.take().unwrap());
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert!(!piped.is_empty(), "{piped:?}");
+    // A socket pair (what Node's libuv spawn gives): the blocking fallback.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let mut child = serve().stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs.try_clone().unwrap()))).stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs))).spawn().unwrap();
+    (&ours).write_all(LIST_TOOLS.as_bytes()).unwrap();
+    assert_eq!(listed_tools(&ours), piped);
+    ours.shutdown(std::net::Shutdown::Both).unwrap();
+    assert!(child.wait().unwrap().success());
+    // A regular file as stdin: every request at once, then end of input.
+    let requests = write(dir.path(), "requests.jsonl", LIST_TOOLS);
+    let out = serve().stdin(std::fs::File::open(requests).unwrap()).stdout(Stdio::piped()).output().unwrap();
+    assert_eq!(listed_tools(&out.stdout[..]), piped);
 }

@@ -68,7 +68,10 @@ impl McpHost {
     pub async fn serve_stdio(mut self) -> anyhow::Result<()> {
         let pending = Arc::new(delivery::Pending::default());
         self.pending = Some(pending.clone());
-        let (stdin, stdout) = rmcp::transport::stdio();
+        // Both ends are pipes when a client launched us (the usual case): then
+        // they are driven by the IO reactor, not one blocking-pool hand-off per
+        // message; anything else falls back to tokio's blocking stdio.
+        let (stdin, stdout) = rmcp::transport::stdio_pipes();
         let inner = rmcp::transport::async_rw::AsyncRwTransport::new_server(stdin, stdout);
         let transport = delivery::Delivering { inner, pending, runtime: self.runtime.clone() };
         let running = self.serve(transport).await?;
