@@ -282,3 +282,28 @@ fn stdio_serves_a_pipe_a_socket_and_a_file_alike() {
     let out = serve().stdin(std::fs::File::open(requests).unwrap()).stdout(Stdio::piped()).output().unwrap();
     assert_eq!(listed_tools(&out.stdout[..]), piped);
 }
+
+#[test]
+fn stdio_runs_one_async_worker_unless_told_otherwise() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let config = conformance_config(dir.path());
+    for (extra, expected) in [(&[][..], 1), (&["--workers", "3"][..], 3)] {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .args(extra)
+            .current_dir(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.as_mut().unwrap().write_all(LIST_TOOLS.as_bytes()).unwrap();
+        assert!(!listed_tools(child.stdout.take().unwrap()).is_empty());
+        let said = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap())).next().unwrap().unwrap();
+        assert_eq!(said, format!("toolguard: MCP on stdio, {expected} async worker(s)"), "serve {extra:?}");
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+}

@@ -39,6 +39,9 @@ enum Command {
         /// Serve Streamable HTTP on this address (e.g. 127.0.0.1:8765) instead of stdio.
         #[arg(long)]
         http: Option<std::net::SocketAddr>,
+        /// Async worker threads [default: 1 over stdio (one client), one per core over HTTP].
+        #[arg(long)]
+        workers: Option<std::num::NonZeroUsize>,
     },
     /// List the tools of the configured plugins, with their schemas.
     Tools {
@@ -159,10 +162,31 @@ enum SandboxMode {
     Adyen,
 }
 
+impl Command {
+    /// How many async worker threads the command runs on; `None`: one per core.
+    ///
+    /// `serve` over stdio answers one client, whose calls mostly come one at a
+    /// time: on one worker a request never hops between two (a wake-up of an
+    /// idle thread is an IPI on a VM), which cut the server's CPU per
+    /// read-only call by ~20 % (bench (k), docs/benchmarks.md). The ledger's
+    /// writer and sync threads, RocksDB's and the blocking pool are apart from it.
+    fn async_workers(&self) -> Option<usize> {
+        match self {
+            Command::Serve { workers: Some(n), .. } => Some(n.get()),
+            Command::Serve { http: None, .. } => Some(1),
+            _ => None,
+        }
+    }
+}
+
 /// Parses the command line, runs the subcommand, returns the exit status.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = cli.command.async_workers() {
+        builder.worker_threads(workers);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("toolguard: cannot start the async runtime: {e}");
@@ -173,7 +197,7 @@ pub fn main() -> ExitCode {
     let code = runtime.block_on(async {
         match cli.command {
             Command::Demo => demo::run().await,
-            Command::Serve { config, http } => serve(&config, http).await,
+            Command::Serve { config, http, workers: _ } => serve(&config, http).await,
             Command::Tools { config, json } => tools::run(&config, json).await,
             Command::Call { config, session, call_id, tool, args } => {
                 call::run(&config, session, call_id, tool, args).await
@@ -342,7 +366,11 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
     let host = crate::mcp::McpHost::new(runtime, config.mcp.clone());
     let served = match http {
         Some(addr) => crate::mcp::http::serve(host, addr).await,
-        None => host.serve_stdio().await,
+        None => {
+            let workers = tokio::runtime::Handle::current().metrics().num_workers();
+            eprintln!("toolguard: MCP on stdio, {workers} async worker(s)");
+            host.serve_stdio().await
+        }
     };
     match served {
         Ok(()) => 0,
