@@ -26,8 +26,10 @@
 //!
 //! Synced writes fsync the WAL; buffered ones reach the WAL and the memtables
 //! only. Writes from async callers go to one writer thread ([`Writer`]),
-//! which commits everything queued while it was busy as one batch with at
-//! most one fsync: group commit without a thread per waiting writer. Reads
+//! which commits everything queued while it was busy as one batch, and a
+//! sync thread fsyncs for the synced ones: group commit without a thread per
+//! waiting writer. A buffered write with nothing queued ahead of it is
+//! applied on its caller's thread instead ([`Writer::apply_now`]). Reads
 //! from async callers may be answered from memory only ([`memory_only`]).
 
 mod index;
@@ -372,17 +374,22 @@ impl Backend for Rocks {
 
     fn enqueue(&self, write: &LedgerWrite, durability: Durability) -> Option<Result<Pending, BackendError>> {
         let writer = self.writer.as_ref()?;
-        let queue = writer.queue.as_ref()?;
-        let (done, result) = tokio::sync::oneshot::channel();
-        let sync = durability == Durability::Synced;
-        let job = match self.batch(write) {
-            Ok(batch) => Job { batch, sync, done },
+        let mut batch = match self.batch(write) {
+            Ok(batch) => batch,
             Err(e) => return Some(Err(e)),
         };
-        let ticket = Ticket { result, sync };
-        if queue.send(job).is_err() {
+        let sync = durability == Durability::Synced;
+        if !sync {
+            match writer.apply_now(&self.db, batch) {
+                Ok(written) => return Some(Ok(Box::pin(std::future::ready(written.map_err(BackendError::Failed))))),
+                Err(back) => batch = back,
+            }
+        }
+        let (done, result) = tokio::sync::oneshot::channel();
+        if writer.queue(Job { batch, sync, done }).is_err() {
             return Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
         }
+        let ticket = Ticket { result, sync };
         Some(Ok(Box::pin(async move { ticket.wait().await.map_err(BackendError::Failed) })))
     }
 

@@ -83,11 +83,13 @@ fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
     results.push(r);
     let syncs = ledger.wal_syncs().unwrap();
     let (to_sync, waiting) = std::sync::mpsc::channel();
-    apply_group(&ledger.db, group, &to_sync);
+    let queued = std::sync::atomic::AtomicUsize::new(group.len());
+    apply_group(&ledger.db, group, &queued, &to_sync);
+    assert_eq!(queued.into_inner(), 0, "the group has left the queue");
     assert_eq!(ledger.wal_syncs().unwrap() - syncs, 0, "applied, not yet synced");
     let (synced, buffered): (Vec<_>, Vec<_>) = results.iter_mut().enumerate().partition(|(i, _)| *i == 40);
     assert!(buffered.into_iter().all(|(_, r)| r.try_recv() == Ok(Ok(()))), "every buffered writer is told at once");
-    let mut synced = synced.into_iter().map(|(_, r)| r).next().unwrap();
+    let synced = synced.into_iter().map(|(_, r)| r).next().unwrap();
     assert!(synced.try_recv().is_err(), "the synced writer waits for the fsync");
     sync_round(&ledger.db, waiting.recv().unwrap(), &waiting);
     assert_eq!(ledger.wal_syncs().unwrap() - syncs, 1, "65 writes, one fsync");
@@ -107,8 +109,8 @@ fn writes_queued_while_the_writer_is_busy_share_its_next_fsync() {
     // commits even one, so all but the first few wait for it together.
     let jobs: Vec<_> = (0..64).map(|i| job(&ledger, &write(i), true)).collect();
     let syncs = ledger.wal_syncs().unwrap();
-    let queue = ledger.writer.as_ref().unwrap().queue.as_ref().unwrap();
-    let results: Vec<_> = jobs.into_iter().map(|(j, r)| queue.send(j).map(|()| r).unwrap()).collect();
+    let writer = ledger.writer.as_ref().unwrap();
+    let results: Vec<_> = jobs.into_iter().map(|(j, r)| writer.queue(j).map(|()| r).ok().unwrap()).collect();
     for r in results {
         assert_eq!(r.blocking_recv().unwrap(), Ok(()));
     }
@@ -121,18 +123,64 @@ fn writes_queued_while_the_writer_is_busy_share_its_next_fsync() {
 fn a_buffered_write_never_waits_behind_an_fsync() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = Rocks::open(dir.path()).unwrap();
-    let queue = ledger.writer.as_ref().unwrap().queue.as_ref().unwrap();
+    let writer = ledger.writer.as_ref().unwrap();
     // A synced write, then a buffered one queued behind it; the sync thread
     // is made to take its time over the fsync.
     let (synced, mut synced_result) = job(&ledger, &LedgerWrite::new().call(crate::suite::call("s", "a")), true);
     let (buffered, buffered_result) = job(&ledger, &LedgerWrite::new().call(crate::suite::call("s", "b")), false);
     let _slow = SlowFsync::new(std::time::Duration::from_millis(300));
-    queue.send(synced).unwrap();
-    queue.send(buffered).unwrap();
+    assert!(writer.queue(synced).is_ok() && writer.queue(buffered).is_ok());
     assert_eq!(buffered_result.blocking_recv().unwrap(), Ok(()), "the buffered write is applied");
     assert!(synced_result.try_recv().is_err(), "while the synced one still waits for its fsync");
     assert_eq!(synced_result.blocking_recv().unwrap(), Ok(()));
     assert_eq!(ledger.calls(Some("s")).unwrap().len(), 2);
+}
+
+#[test]
+fn a_buffered_write_with_nothing_queued_lands_on_its_callers_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let syncs = ledger.wal_syncs().unwrap();
+    let pending = ledger.enqueue(&LedgerWrite::new().call(crate::suite::call("s", "a")), Durability::Buffered).unwrap().unwrap();
+    // Readable before its future is even polled: no writer thread took part.
+    assert!(ledger.call("s", "a").unwrap().is_some());
+    assert_eq!(wait_for(pending), Ok(()));
+    assert_eq!(ledger.wal_syncs().unwrap(), syncs, "and nothing was synced");
+    // A synced write still goes to the writer and waits for its fsync.
+    let _slow = SlowFsync::new(std::time::Duration::from_millis(200));
+    let synced = ledger.enqueue(&LedgerWrite::new().call(crate::suite::call("s", "b")), Durability::Synced).unwrap().unwrap();
+    assert_eq!(wait_for(synced), Ok(()));
+    assert_eq!(ledger.wal_syncs().unwrap() - syncs, 1);
+}
+
+#[test]
+fn a_buffered_write_never_overtakes_one_queued_before_it() {
+    use AttemptState::*;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let writer = ledger.writer.as_ref().unwrap();
+    let mut overtaking_possible = 0;
+    for round in 0..20 {
+        let id = format!("c{round}");
+        // Many writes of the attempt as pending, queued back to back, then at
+        // once its settlement through the caller's path: while any of them is
+        // still queued, the settlement must queue behind them.
+        let jobs: Vec<_> = (0..300).map(|_| job(&ledger, &LedgerWrite::new().attempt_over(attempt(&id, Pending), Prior::Absent), false)).collect();
+        let results: Vec<_> = jobs.into_iter().map(|(j, r)| writer.queue(j).map(|()| r).ok().unwrap()).collect();
+        overtaking_possible += usize::from(writer.queued.load(std::sync::atomic::Ordering::SeqCst) > 0);
+        let settled = ledger.enqueue(&LedgerWrite::new().attempt_over(attempt(&id, Succeeded), Prior::Was(Pending)), Durability::Buffered);
+        assert_eq!(wait_for(settled.unwrap().unwrap()), Ok(()));
+        for r in results {
+            assert_eq!(r.blocking_recv().unwrap(), Ok(()));
+        }
+        assert_eq!(ledger.attempt_at("s", &id, 0).unwrap().unwrap().state, Succeeded, "round {round}: the later write landed last");
+    }
+    assert!(overtaking_possible > 0, "the writer never had a write queued: the test showed nothing");
+}
+
+/// Runs `f` to its end on a runtime of its own.
+fn wait_for<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
 }
 
 /// The slowed fsync of `simulate_slow_fsync`, undone when dropped.

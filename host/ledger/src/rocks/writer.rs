@@ -4,12 +4,15 @@
 //! waiting for the disk; the writes that must be synced are then handed to
 //! the sync thread, which fsyncs the WAL once for all of them (RocksDB's
 //! `SyncWAL`) while the writer goes on applying — a pipelined group commit.
-//! A buffered write never waits behind an fsync. `docs/ledger.md` ("Who does
-//! the I/O") has the contract.
+//! A buffered write never waits behind an fsync, and when nothing is queued
+//! ahead of it, it does not wait for the writer either: it is applied on its
+//! caller's thread ([`Writer::apply_now`]). `docs/ledger.md` ("Who does the
+//! I/O") has the contract.
 
 use super::write_options;
 use crate::Durability;
-use rocksdb::{DB, WriteBatch};
+use rocksdb::{DB, ErrorKind, WriteBatch, WriteOptions};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -58,7 +61,11 @@ impl Ticket {
 /// their job's channel, so an async worker never blocks on a write or an
 /// fsync, and N waiting writes cost one wake-up of a thread, not N threads.
 pub(super) struct Writer {
-    pub(super) queue: Option<mpsc::Sender<Job>>,
+    queue: Option<mpsc::Sender<Job>>,
+    /// Writes queued and not yet applied, and the one being applied on a
+    /// caller's thread: a buffered write skips the queue only while this is
+    /// zero, so it never lands before one queued earlier.
+    pub(super) queued: Arc<AtomicUsize>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -67,6 +74,8 @@ impl Writer {
     pub(super) fn start(db: Arc<DB>) -> Result<Self, String> {
         let (queue, jobs) = mpsc::channel::<Job>();
         let (to_sync, waiting) = mpsc::channel::<Vec<Done>>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let applied = queued.clone();
         let sync_db = db.clone();
         let syncer = std::thread::Builder::new()
             .name("toolguard-ledger-sync".into())
@@ -86,28 +95,65 @@ impl Writer {
                     {
                         group.push(job);
                     }
-                    apply_group(&db, group, &to_sync);
+                    apply_group(&db, group, &applied, &to_sync);
                 }
                 // Every write is applied; the syncs still queued finish before the database closes.
                 drop(to_sync);
                 let _ = syncer.join();
             })
             .map_err(|e| format!("cannot start the ledger's writer thread: {e}"))?;
-        Ok(Self { queue: Some(queue), thread: Some(thread) })
+        Ok(Self { queue: Some(queue), queued, thread: Some(thread) })
+    }
+
+    /// Queues `job` for the writer thread; gives it back if the thread has stopped.
+    pub(super) fn queue(&self, job: Job) -> Result<(), Job> {
+        let Some(queue) = self.queue.as_ref() else { return Err(job) };
+        self.queued.fetch_add(1, SeqCst);
+        queue.send(job).map_err(|mpsc::SendError(job)| {
+            self.queued.fetch_sub(1, SeqCst);
+            job
+        })
+    }
+
+    /// Applies a buffered `batch` on the caller's thread — a WAL append to
+    /// the page cache and a memtable insert, microseconds, without waking the
+    /// writer — when no write is queued ahead of it nor being applied by
+    /// another caller (concurrent writers would contend in RocksDB's own
+    /// write queue; the writer groups them instead) and RocksDB need not
+    /// delay it (`no_slowdown`: a write stall answers `Incomplete` at once
+    /// instead of sleeping on an async worker). Otherwise the batch comes
+    /// back, to be queued.
+    pub(super) fn apply_now(&self, db: &DB, batch: WriteBatch) -> Result<Result<(), String>, WriteBatch> {
+        // Counted like a queued write while it runs, so no one overtakes or joins it.
+        if self.queued.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
+            return Err(batch);
+        }
+        let copy = WriteBatch::from_data(batch.data());
+        let mut options = WriteOptions::default();
+        options.set_no_slowdown(true);
+        let written = db.write_opt(batch, &options);
+        self.queued.fetch_sub(1, SeqCst);
+        match written {
+            Err(e) if e.kind() == ErrorKind::Incomplete => Err(copy),
+            written => Ok(written.map_err(|e| e.to_string())),
+        }
     }
 }
 
 /// Applies `group` as one batch, unsynced, and tells each buffered writer
 /// how it went; the writers that need their write synced are handed to the
-/// sync thread (`to_sync`). A failed batch fails every write in it.
-pub(super) fn apply_group(db: &DB, group: Vec<Job>, to_sync: &mpsc::Sender<Vec<Done>>) {
-    let mut batches = Vec::with_capacity(group.len());
+/// sync thread (`to_sync`). A failed batch fails every write in it. The
+/// group leaves `queued` once applied, before anyone is told.
+pub(super) fn apply_group(db: &DB, group: Vec<Job>, queued: &AtomicUsize, to_sync: &mpsc::Sender<Vec<Done>>) {
+    let n = group.len();
+    let mut batches = Vec::with_capacity(n);
     let (mut synced, mut buffered) = (Vec::new(), Vec::with_capacity(group.len()));
     for job in group {
         batches.push(job.batch);
         if job.sync { synced.push(job.done) } else { buffered.push(job.done) }
     }
     let result = db.write_opt(concat(batches), &write_options(Durability::Buffered)).map_err(|e| e.to_string());
+    queued.fetch_sub(n, SeqCst);
     for tx in buffered {
         let _ = tx.send(result.clone());
     }
