@@ -42,7 +42,7 @@ pub use writer::simulate_slow_fsync;
 
 use crate::error::failed;
 use keys::*;
-use writer::{Job, Ticket, Writer};
+use writer::{Job, Now, Ticket, Writer};
 
 use super::backend::Pending;
 use super::retention::{LedgerStats, Removal, RetireEntry};
@@ -380,10 +380,14 @@ impl Backend for Rocks {
         };
         let sync = durability == Durability::Synced;
         if !sync {
-            match writer.apply_now(&self.db, batch) {
-                Ok(written) => return Some(Ok(Box::pin(std::future::ready(written.map_err(BackendError::Failed))))),
-                Err(back) => batch = back,
-            }
+            batch = match writer.apply_now(&self.db, batch) {
+                Now::Applied(written) => return Some(Ok(Box::pin(std::future::ready(written.map_err(BackendError::Failed))))),
+                Now::Queue(batch) => batch,
+                Now::Stalled => match self.batch(write) {
+                    Ok(batch) => batch,
+                    Err(e) => return Some(Err(e)),
+                },
+            };
         }
         let (done, result) = tokio::sync::oneshot::channel();
         if writer.queue(Job { batch, sync, done }).is_err() {

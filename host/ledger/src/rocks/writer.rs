@@ -58,8 +58,10 @@ impl Ticket {
 }
 
 /// The writer thread (and, behind it, the sync thread). Callers wait on
-/// their job's channel, so an async worker never blocks on a write or an
-/// fsync, and N waiting writes cost one wake-up of a thread, not N threads.
+/// their job's channel, so an async worker never blocks on an fsync or a
+/// stalled write (only on a buffered write it may apply itself, see
+/// [`Writer::apply_now`]), and N waiting writes cost one wake-up of a
+/// thread, not N threads.
 pub(super) struct Writer {
     queue: Option<mpsc::Sender<Job>>,
     /// Writes queued and not yet applied, and the one being applied on a
@@ -121,23 +123,32 @@ impl Writer {
     /// another caller (concurrent writers would contend in RocksDB's own
     /// write queue; the writer groups them instead) and RocksDB need not
     /// delay it (`no_slowdown`: a write stall answers `Incomplete` at once
-    /// instead of sleeping on an async worker). Otherwise the batch comes
-    /// back, to be queued.
-    pub(super) fn apply_now(&self, db: &DB, batch: WriteBatch) -> Result<Result<(), String>, WriteBatch> {
+    /// instead of sleeping on an async worker).
+    pub(super) fn apply_now(&self, db: &DB, batch: WriteBatch) -> Now {
         // Counted like a queued write while it runs, so no one overtakes or joins it.
         if self.queued.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
-            return Err(batch);
+            return Now::Queue(batch);
         }
-        let copy = WriteBatch::from_data(batch.data());
         let mut options = WriteOptions::default();
         options.set_no_slowdown(true);
         let written = db.write_opt(batch, &options);
         self.queued.fetch_sub(1, SeqCst);
         match written {
-            Err(e) if e.kind() == ErrorKind::Incomplete => Err(copy),
-            written => Ok(written.map_err(|e| e.to_string())),
+            Err(e) if e.kind() == ErrorKind::Incomplete => Now::Stalled,
+            written => Now::Applied(written.map_err(|e| e.to_string())),
         }
     }
+}
+
+/// What [`Writer::apply_now`] did with a batch.
+pub(super) enum Now {
+    /// Applied (or failed) on the caller's thread.
+    Applied(Result<(), String>),
+    /// Not tried, because a write is queued or being applied: queue it.
+    Queue(WriteBatch),
+    /// Refused by RocksDB, which would have stalled it; the batch is spent:
+    /// build it again and queue it (a rare path, so the common one copies nothing).
+    Stalled,
 }
 
 /// Applies `group` as one batch, unsynced, and tells each buffered writer
@@ -147,7 +158,7 @@ impl Writer {
 pub(super) fn apply_group(db: &DB, group: Vec<Job>, queued: &AtomicUsize, to_sync: &mpsc::Sender<Vec<Done>>) {
     let n = group.len();
     let mut batches = Vec::with_capacity(n);
-    let (mut synced, mut buffered) = (Vec::new(), Vec::with_capacity(group.len()));
+    let (mut synced, mut buffered) = (Vec::new(), Vec::with_capacity(n));
     for job in group {
         batches.push(job.batch);
         if job.sync { synced.push(job.done) } else { buffered.push(job.done) }
