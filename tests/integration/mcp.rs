@@ -307,3 +307,45 @@ fn stdio_runs_one_async_worker_unless_told_otherwise() {
         assert!(child.wait().unwrap().success());
     }
 }
+
+#[test]
+fn on_one_worker_a_spinning_plugin_does_not_hold_up_another_call() {
+    use std::io::{BufRead, Write};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "data_dir = \"data\"\ncompile_cache = {:?}\n[plugins.text-stats]\ncomponent = \"builtin:text-stats\"\n\
+         [plugins.misbehave]\ncomponent = {:?}\n[plugins.misbehave.limits]\ncpu_ms = 3000\n\
+         [policy.plugins.text-stats.tools]\ntext_stats = {{ effect = \"read-only\" }}\n[policy.plugins.misbehave]\n",
+        shared_cache().display().to_string(),
+        wasm("misbehave").display().to_string()
+    );
+    let config = write(dir.path(), "spin.toml", &text);
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let call = |id: u32, tool: &str, args: &str| {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{"toolguard/toolCallId":"c{id}"}}}}}}"#)
+    };
+    let requests = [LIST_TOOLS.to_string(), call(10, "spin", "{}"), call(11, "text_stats", r#"{"text":"one two"}"#)].join("\n");
+    child.stdin.as_mut().unwrap().write_all(format!("{requests}\n").as_bytes()).unwrap();
+    // Answers in the order they come: the text call's before the spin's, which ends at its CPU budget.
+    let mut answered = Vec::new();
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if let Some(id @ (10 | 11)) = v["id"].as_u64() {
+            answered.push((id, v["result"]["isError"].as_bool()));
+            if answered.len() == 2 {
+                break;
+            }
+        }
+    }
+    assert_eq!(answered, [(11, Some(false)), (10, Some(true))], "the spin held up the text call");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}
