@@ -126,6 +126,26 @@ async fn e06_409_outlasting_the_retry_budget_stays_pending_with_no_new_key() {
     assert_eq!(out.value["amount_cents"], 500);
 }
 
+#[tokio::test]
+async fn a_409_then_a_refusal_is_still_in_flight_not_never_sent() {
+    // The provider said a request with this key is executing; the next try was
+    // turned away before its idempotency layer. The first answer still stands:
+    // telling the model "nothing happened" could make it issue a new call.
+    let h = harness(Downstream { max_retries: 1, ..Downstream::default() }).await;
+    h.sandbox.inject(Fault::InFlight409);
+    h.sandbox.inject(Fault::RateLimit429);
+    let err = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "{err}");
+    assert_eq!(err.detail.as_ref().unwrap()["state"], "pending");
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert_eq!(attempt.state, AttemptState::Pending, "not settled as never sent: {attempt:?}");
+    assert_eq!(h.posts().len(), 2);
+    // The same tool call again settles it with the same key: one refund.
+    h.refund("c1", 500).await.unwrap();
+    assert_eq!(h.refunds(), 1);
+    assert!(h.posts().iter().all(|p| p.idempotency_key == h.posts()[0].idempotency_key));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e07_64_concurrent_duplicates_make_one_refund_and_64_identical_results() {
     let h = std::sync::Arc::new(harness(Downstream::default()).await);

@@ -7,6 +7,11 @@
 //! Adyen's `transient-error: true`). A downstream's `…: false` stops retries.
 //! Not retried: a timeout or dropped connection after sending, and a 5xx not
 //! marked retryable — the outcome is unknown and is resolved, not guessed.
+//!
+//! "Not sent" is said only of a send no try of which may have reached the
+//! downstream's idempotency layer: once one try was answered "in flight" or
+//! with a 5xx, a later try that could not connect (or was rate limited)
+//! leaves the send unsettled, not unsent.
 
 use super::wire::Wire;
 use crate::ledger::records::{AttemptState, StoredBody, StoredResponse};
@@ -53,14 +58,19 @@ enum Try {
 /// `tries` counts every time the request is put on the wire.
 pub async fn perform(client: &reqwest::Client, downstream: &Downstream, wire: &Wire, tries: &mut u32) -> Outcome {
     let mut attempt = 0u32;
+    // The last answer saying a request with this key may be in progress.
+    let mut reached: Option<Outcome> = None;
     loop {
         *tries += 1;
         let result = one_try(client, downstream, wire).await;
         match result {
-            Try::Done(outcome) => return outcome,
+            Try::Done(outcome) => return after_earlier_tries(outcome, reached),
             Try::Retry { reason, after, exhausted } => {
                 if attempt >= downstream.max_retries {
-                    return exhausted;
+                    return after_earlier_tries(exhausted, reached);
+                }
+                if matches!(exhausted, Outcome::Unsettled { .. }) {
+                    reached = Some(exhausted);
                 }
                 let backoff = after.unwrap_or(downstream.backoff.saturating_mul(1 << attempt.min(16))).min(MAX_BACKOFF);
                 tracing::debug!(downstream = %downstream.name, %reason, ?backoff, "retrying with the same key");
@@ -68,6 +78,17 @@ pub async fn perform(client: &reqwest::Client, downstream: &Downstream, wire: &W
                 attempt += 1;
             }
         }
+    }
+}
+
+/// `outcome` of the last try, unless it says "not sent" after an earlier try
+/// was answered in a way that leaves the request possibly in progress.
+fn after_earlier_tries(outcome: Outcome, reached: Option<Outcome>) -> Outcome {
+    match (outcome, reached) {
+        (Outcome::NotSent { reason: last }, Some(Outcome::Unsettled { state, response, reason })) => {
+            Outcome::Unsettled { state, response, reason: format!("{reason}; then {last}") }
+        }
+        (outcome, _) => outcome,
     }
 }
 
@@ -92,6 +113,12 @@ async fn one_try(client: &reqwest::Client, d: &Downstream, wire: &Wire) -> Try {
         Err(e) if handshake_refused(&e).is_some() => {
             let alert = handshake_refused(&e).unwrap_or_default();
             return Try::Done(Outcome::NotSent { reason: format!("{} refused the TLS handshake ({alert})", d.name) });
+        }
+        // The connection closed before the client wrote the request (it hands
+        // the request back unwritten): as safe to retry as a connect error.
+        Err(e) if never_written(&e) => {
+            let reason = format!("the connection to {} closed before the request was written: {}", d.name, error_chain(&e));
+            return Try::Retry { reason: reason.clone(), after: None, exhausted: Outcome::NotSent { reason } };
         }
         Err(e) => return Try::Done(unsettled(None, unsent_reason(d, &e))),
     };
@@ -198,6 +225,20 @@ fn handshake_refused(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     None
 }
 
+/// Whether `e` is hyper's "canceled": every place hyper makes it (a
+/// connection not ready, or closed with the request still queued), it hands
+/// the request back without having written a byte of it.
+fn never_written(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(e);
+    while let Some(err) = current {
+        if err.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled) {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
@@ -207,4 +248,57 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper_util::rt::TokioIo;
+    use tokio::io::AsyncReadExt;
+
+    /// The error a bare HTTP/1 client gets for one request when the server
+    /// side behaves as `server` does with its end of the connection.
+    async fn client_error(server: impl FnOnce(tokio::io::DuplexStream) -> tokio::task::JoinHandle<()>, wait_for_close: bool) -> hyper::Error {
+        let (ours, theirs) = tokio::io::duplex(64 << 10);
+        let peer = server(theirs);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, String>(TokioIo::new(ours)).await.unwrap();
+        let conn = tokio::spawn(conn);
+        if wait_for_close {
+            let _ = conn.await;
+        }
+        let request = hyper::Request::post("http://provider.test/v1/refunds").body("amount=500".to_string()).unwrap();
+        let err = sender.send_request(request).await.unwrap_err();
+        peer.await.unwrap();
+        err
+    }
+
+    #[tokio::test]
+    async fn a_request_handed_back_unwritten_is_never_written_and_one_cut_off_is_not() {
+        // The server closes before the request is handed over (as a server
+        // refusing a TLS 1.3 client certificate may): hyper gives it back.
+        let closed = client_error(|s| tokio::spawn(async move { drop(s) }), true).await;
+        assert!(closed.is_canceled(), "{closed}");
+        assert!(never_written(&closed), "{closed}");
+        // The server reads the request, then drops the connection: it may have acted.
+        let cut = client_error(
+            |mut s| {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                })
+            },
+            false,
+        )
+        .await;
+        assert!(!never_written(&cut), "{cut}");
+    }
+
+    #[test]
+    fn not_sent_after_an_in_flight_answer_stays_unsettled() {
+        let in_flight = Outcome::Unsettled { state: AttemptState::Pending, response: None, reason: "HTTP 409".into() };
+        let then = after_earlier_tries(Outcome::NotSent { reason: "HTTP 429".into() }, Some(in_flight));
+        assert!(matches!(&then, Outcome::Unsettled { state: AttemptState::Pending, reason, .. } if reason == "HTTP 409; then HTTP 429"), "{then:?}");
+        let first = after_earlier_tries(Outcome::NotSent { reason: "refused".into() }, None);
+        assert!(matches!(first, Outcome::NotSent { .. }));
+    }
 }
