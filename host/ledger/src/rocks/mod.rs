@@ -28,8 +28,9 @@
 //! only. Writes from async callers go to one writer thread ([`Writer`]),
 //! which commits everything queued while it was busy as one batch, and a
 //! sync thread fsyncs for the synced ones: group commit without a thread per
-//! waiting writer. A buffered write with nothing queued ahead of it is
-//! applied on its caller's thread instead ([`Writer::apply_now`]). Reads
+//! waiting writer. A write with nothing queued ahead of it is applied on its
+//! caller's thread instead ([`Writer::apply_now`]); if synced, only its fsync
+//! is left to the sync thread. Reads
 //! from async callers may be answered from memory only ([`memory_only`]).
 
 mod index;
@@ -379,19 +380,26 @@ impl Backend for Rocks {
             Err(e) => return Some(Err(e)),
         };
         let sync = durability == Durability::Synced;
-        if !sync {
-            batch = match writer.apply_now(&self.db, batch) {
-                Now::Applied(written) => return Some(Ok(Box::pin(std::future::ready(written.map_err(BackendError::Failed))))),
-                Now::Queue(batch) => batch,
-                Now::Stalled => match self.batch(write) {
-                    Ok(batch) => batch,
-                    Err(e) => return Some(Err(e)),
-                },
-            };
-        }
+        let stopped = || Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
         let (done, result) = tokio::sync::oneshot::channel();
+        batch = match writer.apply_now(&self.db, batch) {
+            Now::Applied(Ok(())) if sync => {
+                // Applied with nothing ahead of it: only the fsync is left.
+                if writer.sync_applied(done).is_err() {
+                    return stopped();
+                }
+                let ticket = Ticket { result, sync };
+                return Some(Ok(Box::pin(async move { ticket.wait().await.map_err(BackendError::Failed) })));
+            }
+            Now::Applied(written) => return Some(Ok(Box::pin(std::future::ready(written.map_err(BackendError::Failed))))),
+            Now::Queue(batch) => batch,
+            Now::Stalled => match self.batch(write) {
+                Ok(batch) => batch,
+                Err(e) => return Some(Err(e)),
+            },
+        };
         if writer.queue(Job { batch, sync, done }).is_err() {
-            return Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
+            return stopped();
         }
         let ticket = Ticket { result, sync };
         Some(Ok(Box::pin(async move { ticket.wait().await.map_err(BackendError::Failed) })))

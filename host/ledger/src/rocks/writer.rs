@@ -5,8 +5,9 @@
 //! the sync thread, which fsyncs the WAL once for all of them (RocksDB's
 //! `SyncWAL`) while the writer goes on applying — a pipelined group commit.
 //! A buffered write never waits behind an fsync, and when nothing is queued
-//! ahead of it, it does not wait for the writer either: it is applied on its
-//! caller's thread ([`Writer::apply_now`]). `docs/ledger.md` ("Who does the
+//! ahead of it, no write waits for the writer either: it is applied on its
+//! caller's thread ([`Writer::apply_now`]) and, if synced, handed straight
+//! to the sync thread ([`Writer::sync_applied`]). `docs/ledger.md` ("Who does the
 //! I/O") has the contract.
 
 use super::write_options;
@@ -64,6 +65,8 @@ impl Ticket {
 /// thread, not N threads.
 pub(super) struct Writer {
     queue: Option<mpsc::Sender<Job>>,
+    /// The sync thread's queue, for synced writes applied on a caller's thread.
+    to_sync: Option<mpsc::Sender<Vec<Done>>>,
     /// Writes queued and not yet applied, and the one being applied on a
     /// caller's thread: a buffered write skips the queue only while this is
     /// zero, so it never lands before one queued earlier.
@@ -79,6 +82,7 @@ impl Writer {
         let queued = Arc::new(AtomicUsize::new(0));
         let applied = queued.clone();
         let sync_db = db.clone();
+        let inline_sync = to_sync.clone();
         let syncer = std::thread::Builder::new()
             .name("toolguard-ledger-sync".into())
             .spawn(move || {
@@ -104,7 +108,7 @@ impl Writer {
                 let _ = syncer.join();
             })
             .map_err(|e| format!("cannot start the ledger's writer thread: {e}"))?;
-        Ok(Self { queue: Some(queue), queued, thread: Some(thread) })
+        Ok(Self { queue: Some(queue), to_sync: Some(inline_sync), queued, thread: Some(thread) })
     }
 
     /// Queues `job` for the writer thread; gives it back if the thread has stopped.
@@ -117,7 +121,15 @@ impl Writer {
         })
     }
 
-    /// Applies a buffered `batch` on the caller's thread — a WAL append to
+    /// Hands a write [`Writer::apply_now`] applied to the sync thread, which
+    /// tells `done` once an fsync that began after it ends; gives `done`
+    /// back if the thread has stopped.
+    pub(super) fn sync_applied(&self, done: Done) -> Result<(), Done> {
+        let Some(to_sync) = self.to_sync.as_ref() else { return Err(done) };
+        to_sync.send(vec![done]).map_err(|mpsc::SendError(mut done)| done.pop().expect("one"))
+    }
+
+    /// Applies `batch`, unsynced, on the caller's thread — a WAL append to
     /// the page cache and a memtable insert, microseconds, without waking the
     /// writer — when no write is queued ahead of it nor being applied by
     /// another caller (concurrent writers would contend in RocksDB's own
@@ -235,6 +247,8 @@ fn next_job(jobs: &mpsc::Receiver<Job>) -> Option<Job> {
 impl Drop for Writer {
     fn drop(&mut self) {
         drop(self.queue.take());
+        // The sync thread ends once every handle on its queue is gone.
+        drop(self.to_sync.take());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
