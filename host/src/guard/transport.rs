@@ -205,38 +205,42 @@ async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, String>
 /// `e` came about: a refusal of the session, not of a request.
 fn handshake_refused(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     use rustls::AlertDescription as A;
-    let mut current = Some(e);
-    while let Some(err) = current {
-        // io::Error hides the error it wraps from `source()`.
-        let inner = err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).map(|i| i as &(dyn std::error::Error + 'static));
-        for candidate in std::iter::once(err).chain(inner) {
-            if let Some(rustls::Error::AlertReceived(alert)) = candidate.downcast_ref::<rustls::Error>()
-                && matches!(
-                    alert,
-                    A::CertificateRequired | A::BadCertificate | A::UnsupportedCertificate | A::CertificateRevoked | A::CertificateExpired
-                        | A::CertificateUnknown | A::UnknownCA | A::AccessDenied | A::HandshakeFailure | A::ProtocolVersion | A::InsufficientSecurity
-                )
-            {
-                return Some(format!("{alert:?}"));
-            }
+    causes(e).find_map(|cause| match cause.downcast_ref::<rustls::Error>() {
+        Some(rustls::Error::AlertReceived(alert))
+            if matches!(
+                alert,
+                A::CertificateRequired | A::BadCertificate | A::UnsupportedCertificate | A::CertificateRevoked | A::CertificateExpired
+                    | A::CertificateUnknown | A::UnknownCA | A::AccessDenied | A::HandshakeFailure | A::ProtocolVersion | A::InsufficientSecurity
+            ) =>
+        {
+            Some(format!("{alert:?}"))
         }
-        current = inner.and_then(|i| i.source()).or_else(|| err.source());
-    }
-    None
+        _ => None,
+    })
 }
 
 /// Whether `e` is hyper's "canceled": every place hyper makes it (a
 /// connection not ready, or closed with the request still queued), it hands
 /// the request back without having written a byte of it.
 fn never_written(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(e);
-    while let Some(err) = current {
-        if err.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled) {
-            return true;
+    causes(e).any(|cause| cause.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled))
+}
+
+/// `e` and every error beneath it, including the one an `io::Error` wraps
+/// (which it hides from `source()`).
+fn causes<'a>(e: &'a (dyn std::error::Error + 'static)) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    let mut next = Some(e);
+    let mut wrapped: Option<&'a (dyn std::error::Error + 'static)> = None;
+    std::iter::from_fn(move || {
+        if let Some(inner) = wrapped.take() {
+            next = inner.source();
+            return Some(inner);
         }
-        current = err.source();
-    }
-    false
+        let err = next?;
+        wrapped = err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).map(|i| i as &(dyn std::error::Error + 'static));
+        next = if wrapped.is_some() { None } else { err.source() };
+        Some(err)
+    })
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -375,31 +375,24 @@ impl Backend for Rocks {
 
     fn enqueue(&self, write: &LedgerWrite, durability: Durability) -> Option<Result<Pending, BackendError>> {
         let writer = self.writer.as_ref()?;
-        let mut batch = match self.batch(write) {
+        let batch = match self.batch(write) {
             Ok(batch) => batch,
             Err(e) => return Some(Err(e)),
         };
         let sync = durability == Durability::Synced;
-        let stopped = || Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
         let (done, result) = tokio::sync::oneshot::channel();
-        batch = match writer.apply_now(&self.db, batch) {
-            Now::Applied(Ok(())) if sync => {
-                // Applied with nothing ahead of it: only the fsync is left.
-                if writer.sync_applied(done).is_err() {
-                    return stopped();
-                }
-                let ticket = Ticket { result, sync };
-                return Some(Ok(Box::pin(async move { ticket.wait().await.map_err(BackendError::Failed) })));
-            }
+        let handed = match writer.apply_now(&self.db, batch) {
+            // Applied with nothing ahead of it: only the fsync is left.
+            Now::Applied(Ok(())) if sync => writer.sync_applied(done).is_ok(),
             Now::Applied(written) => return Some(Ok(Box::pin(std::future::ready(written.map_err(BackendError::Failed))))),
-            Now::Queue(batch) => batch,
+            Now::Queue(batch) => writer.queue(Job { batch, sync, done }).is_ok(),
             Now::Stalled => match self.batch(write) {
-                Ok(batch) => batch,
+                Ok(batch) => writer.queue(Job { batch, sync, done }).is_ok(),
                 Err(e) => return Some(Err(e)),
             },
         };
-        if writer.queue(Job { batch, sync, done }).is_err() {
-            return stopped();
+        if !handed {
+            return Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
         }
         let ticket = Ticket { result, sync };
         Some(Ok(Box::pin(async move { ticket.wait().await.map_err(BackendError::Failed) })))
