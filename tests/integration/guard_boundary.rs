@@ -167,9 +167,31 @@ async fn a_guarded_call_costs_exactly_one_synced_write() {
     h.refund("c1", 100).await.unwrap();
     let after = h.ledger().write_counts();
     assert_eq!(after.0 - before.0, 1, "the first attempt is the one synced write (it carries the admission to the disk)");
-    assert_eq!(after.1 - before.1, 4, "buffered: the admission (and its episode), the outcome, the completion, what the caller was told");
+    assert_eq!(after.1 - before.1, 3, "buffered: the admission (and its episode), the completion with the outcome, what the caller was told");
     // A replay writes nothing at all.
     h.refund("c1", 100).await.unwrap();
     assert_eq!(h.ledger().write_counts(), after);
 }
 
+
+#[tokio::test]
+async fn a_calls_outcomes_ride_with_its_completion_and_land_even_when_it_does_not_complete() {
+    let h = harness(Downstream::default()).await;
+    let form = json!({ "Content-Type": "application/x-www-form-urlencoded" });
+    let two = rogue_args(json!([refund_request(&h.sandbox.url(), form.clone()), refund_request(&h.sandbox.url(), form.clone())]), false);
+    let before = h.ledger().write_counts();
+    h.call("c1", "send_all", &two).await.unwrap();
+    let after = h.ledger().write_counts();
+    assert_eq!(after.0 - before.0, 2, "each send's pending attempt is synced before it leaves");
+    assert_eq!(after.1 - before.1, 3, "buffered: the admission, the completion with both outcomes, the report");
+    let states: Vec<_> = h.ledger().attempts_of_call("s1", "c1").unwrap().into_iter().map(|a| a.state).collect();
+    assert_eq!(states, [AttemptState::Succeeded, AttemptState::Succeeded]);
+    // A call that fails after a send never completes; the outcome it holds is written before it returns.
+    let denied = json!({ "method": "POST", "url": "https://elsewhere.invalid/v1/refunds", "body": "amount=1" });
+    let err = h.call("c2", "send_all", &rogue_args(json!([refund_request(&h.sandbox.url(), form), denied]), false)).await.unwrap_err();
+    assert_ne!(h.ledger().call("s1", "c2").unwrap().unwrap().state, toolguard::ledger::CallState::Completed, "{err}");
+    let attempts = h.ledger().attempts_of_call("s1", "c2").unwrap();
+    assert_eq!(attempts.len(), 1, "the denied request was never an attempt");
+    assert_eq!(attempts[0].state, AttemptState::Succeeded, "recorded, not left pending for recovery to re-send");
+    assert_eq!(h.refunds(), 3);
+}

@@ -144,6 +144,30 @@ impl LedgerWrite {
         self
     }
 
+    /// Appends `other`'s records to this write, after its own: both land
+    /// together, atomically. Only for writes without conditions (a
+    /// supersession or a budget charge is refused whole, so it stays alone).
+    pub fn and(mut self, other: LedgerWrite) -> Self {
+        debug_assert!(other.superseding.is_none() && other.charges.is_empty(), "a conditional write is not merged");
+        self.calls.extend(other.calls);
+        self.attempts.extend(other.attempts);
+        self.episodes.extend(other.episodes);
+        self.reports.extend(other.reports);
+        self.retire.extend(other.retire);
+        self
+    }
+
+    /// Whether the write holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+            && self.attempts.is_empty()
+            && self.episodes.is_empty()
+            && self.reports.is_empty()
+            && self.charges.is_empty()
+            && self.retire.is_empty()
+            && self.superseding.is_none()
+    }
+
     /// Spends one use of a budget with this write (see [`Charge`]).
     pub fn charge(mut self, charge: Charge) -> Self {
         self.charges.push(charge);

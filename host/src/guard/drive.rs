@@ -30,10 +30,26 @@ pub(super) struct Progress {
     /// The send on the wire right now. If the invocation is cancelled (its
     /// wall clock ran out) mid-send, this is what may have taken effect.
     pub in_flight: Option<Unsettled>,
-    /// Buffered outcome writes not waited for yet, by attempt key: the call
-    /// waits for them before it ends.
-    pub queued: Vec<(String, QueuedWrite)>,
+    /// Buffered outcome writes not made yet, and the keys of their attempts:
+    /// they ride with the call's completion (or are written before the call
+    /// ends without one), one write for the whole call.
+    held: (LedgerWrite, Vec<String>),
 }
+
+impl Progress {
+    /// Holds the outcome write of attempt `key` for the call's next write.
+    fn hold(&mut self, key: String, write: LedgerWrite) {
+        let (held, mut keys) = self.take_held();
+        keys.push(key);
+        self.held = (held.and(write), keys);
+    }
+
+    /// The held outcome writes, and the keys of their attempts, taken.
+    pub fn take_held(&mut self) -> (LedgerWrite, Vec<String>) {
+        std::mem::take(&mut self.held)
+    }
+}
+
 
 /// How driving an attempt ended.
 pub(super) enum Driven {
@@ -71,17 +87,17 @@ impl Guard {
             let (durability, driven) = self.attempt_once(&mut d, progress.as_deref_mut()).await;
             crate::metrics::attempt(&d.downstream.name, d.attempt.state);
             let _written = crate::phases::time(crate::phases::Phase::OutcomeWrite);
-            let write = self.ledger.queue(LedgerWrite::new().attempt_over(d.attempt.clone(), prior), durability);
+            let write = LedgerWrite::new().attempt_over(d.attempt.clone(), prior);
             match progress {
                 Some(progress) if durability == Durability::Buffered => {
-                    progress.queued.push((d.attempt.key.clone(), write));
+                    progress.hold(d.attempt.key.clone(), write);
                     progress.in_flight = None;
                 }
                 Some(progress) => {
-                    outcome_written(&d.attempt.key, write).await;
+                    outcome_written(&d.attempt.key, self.ledger.queue(write, durability)).await;
                     progress.in_flight = None;
                 }
-                None => outcome_written(&d.attempt.key, write).await,
+                None => outcome_written(&d.attempt.key, self.ledger.queue(write, durability)).await,
             }
             driven
         }
@@ -161,9 +177,24 @@ pub(super) fn settle(attempt: &mut AttemptRecord, state: AttemptState, response:
 /// Waits for the outcome write of attempt `key`; a failure is logged, since
 /// recovery resolves the attempt with the same key.
 pub(super) async fn outcome_written(key: &str, write: QueuedWrite) {
-    match write.wait().await {
+    outcomes_written(&[key], write.wait().await);
+}
+
+/// What came of writing the outcomes of attempts `keys` (if any): on
+/// success the `after-outcome-write` failpoint; a failure is logged, since
+/// recovery resolves each attempt with its key.
+pub(super) fn outcomes_written<K: AsRef<str>>(keys: &[K], written: Result<(), crate::ledger::LedgerError>) {
+    if keys.is_empty() {
+        return;
+    }
+    match written {
         Ok(()) => failpoint("after-outcome-write"),
-        Err(e) => tracing::error!(error = %e, %key, "could not record an attempt's outcome; recovery will resolve it with the same key"),
+        Err(e) => {
+            for key in keys {
+                let key = key.as_ref();
+                tracing::error!(error = %e, %key, "could not record an attempt's outcome; recovery will resolve it with the same key");
+            }
+        }
     }
 }
 

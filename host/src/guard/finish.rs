@@ -2,6 +2,7 @@
 //! a retry or recovery), and recording what its caller was told — which
 //! closes the episode of an irreversible action (`docs/guard.md`).
 
+use super::drive::outcomes_written;
 use super::{CallGuard, Guard};
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{CallRecord, CallState, Reported, StoredOutcome, now_ms};
@@ -36,14 +37,19 @@ impl Guard {
         // Completed: no claim is needed any more.
         (record.owner, record.lease_until_ms) = (None, None);
         // Buffered: a lost completion is rebuilt by re-running the plugin,
-        // whose sends replay from their recorded attempts.
-        // Queued behind the outcomes of the call's sends, so waiting for it
-        // usually finds those written already.
-        let completion = self.ledger.queue(LedgerWrite::new().call(record.clone()), Durability::Buffered);
-        call.flush().await;
-        match completion.wait().await {
-            Ok(()) => self.remember(&record),
-            Err(e) => tracing::warn!(error = %e, call_id = %record.call_id, "could not record the completed tool call; a replay will re-run it"),
+        // whose sends replay from their recorded attempts. The buffered
+        // outcomes of those sends ride with it: one write, and a completion
+        // never lands without them (docs/ledger.md).
+        let (write, outcomes) = call.completion(record.clone());
+        match self.ledger.queue(write, Durability::Buffered).wait().await {
+            Ok(()) => {
+                outcomes_written(&outcomes, Ok(()));
+                self.remember(&record);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, call_id = %record.call_id, "could not record the completed tool call; a replay will re-run it");
+                outcomes_written(&outcomes, Err(e));
+            }
         }
         if record.episode.is_some() {
             self.outgoing.leaving((record.session.clone(), record.tool.clone(), record.args_digest.clone()), &record.call_id);

@@ -6,7 +6,7 @@
 //! with its own key.
 
 use super::claim::Held;
-use super::drive::{Drive, Driven, Progress, outcome_written};
+use super::drive::{Drive, Driven, Progress, outcomes_written};
 use super::{CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
 use crate::keys;
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, PlannedSend, Resolution, now_ms};
@@ -38,13 +38,21 @@ impl CallGuard {
         Self { guard, record, persisted, rules, next_step: 0, sends: 0, open_steps: Vec::new(), progress: Progress::default(), _lock: lock }
     }
 
-    /// Waits for the buffered outcome writes of this call's sends, so the
-    /// ledger holds them before the call's result (or error) is returned and
-    /// its lock is released.
+    /// Writes the buffered outcomes this call's sends hold, and waits, so
+    /// the ledger holds them before they are read again, or the call's
+    /// error is returned and its lock released.
     pub(super) async fn flush(&mut self) {
-        for (key, write) in self.progress.queued.drain(..) {
-            outcome_written(&key, write).await;
+        let (write, keys) = self.progress.take_held();
+        if !keys.is_empty() {
+            outcomes_written(&keys, self.guard.ledger.queue(write, Durability::Buffered).wait().await);
         }
+    }
+
+    /// The call's completion, with the buffered outcomes its sends hold
+    /// (one atomic write), and the keys of those attempts.
+    pub(super) fn completion(&mut self, completed: CallRecord) -> (LedgerWrite, Vec<String>) {
+        let (outcomes, keys) = self.progress.take_held();
+        (outcomes.call(completed), keys)
     }
 
     /// The tool call this guard serves.
@@ -230,6 +238,18 @@ impl CallGuard {
         self.persisted = true;
         failpoint("after-attempt-write");
         Ok(())
+    }
+}
+
+impl Drop for CallGuard {
+    /// A call dropped without ending (a host fault) still writes the
+    /// outcomes it holds, buffered and not waited for, as if it had queued
+    /// them when they came.
+    fn drop(&mut self) {
+        let (write, keys) = self.progress.take_held();
+        if !keys.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
+            drop(self.guard.ledger.queue(write, Durability::Buffered));
+        }
     }
 }
 
