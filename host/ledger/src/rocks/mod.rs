@@ -394,7 +394,7 @@ impl Backend for Rocks {
         if !handed {
             return Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
         }
-        let ticket = Ticket { result, sync };
+        let ticket = Ticket { result };
         Some(Ok(Box::pin(async move { ticket.wait().await.map_err(BackendError::Failed) })))
     }
 

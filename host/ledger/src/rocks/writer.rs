@@ -30,30 +30,14 @@ pub(super) struct Job {
     pub(super) done: Done,
 }
 
-/// How long a caller polls for an unsynced write's result before it sleeps:
-/// such a write takes the writer a few microseconds, less than waking a
-/// sleeping thread costs on a VM.
-const POLL: Duration = Duration::from_micros(30);
-
 /// A write queued for the writer thread: wait for its result.
 pub(super) struct Ticket {
     pub(super) result: tokio::sync::oneshot::Receiver<Result<(), String>>,
-    pub(super) sync: bool,
 }
 
 impl Ticket {
     /// The write's result, once the writer has applied (and, if asked, synced) it.
-    pub(super) async fn wait(mut self) -> Result<(), String> {
-        if !self.sync {
-            let until = Instant::now() + POLL;
-            while Instant::now() < until {
-                match self.result.try_recv() {
-                    Ok(result) => return result,
-                    Err(tokio::sync::oneshot::error::TryRecvError::Closed) => break,
-                    Err(tokio::sync::oneshot::error::TryRecvError::Empty) => std::hint::spin_loop(),
-                }
-            }
-        }
+    pub(super) async fn wait(self) -> Result<(), String> {
         self.result.await.unwrap_or_else(|_| Err("the ledger's writer thread stopped".into()))
     }
 }
