@@ -157,17 +157,6 @@ impl LedgerWrite {
         self
     }
 
-    /// Whether the write holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.calls.is_empty()
-            && self.attempts.is_empty()
-            && self.episodes.is_empty()
-            && self.reports.is_empty()
-            && self.charges.is_empty()
-            && self.retire.is_empty()
-            && self.superseding.is_none()
-    }
-
     /// Spends one use of a budget with this write (see [`Charge`]).
     pub fn charge(mut self, charge: Charge) -> Self {
         self.charges.push(charge);

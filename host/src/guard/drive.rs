@@ -50,7 +50,6 @@ impl Progress {
     }
 }
 
-
 /// How driving an attempt ended.
 pub(super) enum Driven {
     /// A definitive answer (from the downstream or found by reconciliation).
