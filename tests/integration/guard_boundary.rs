@@ -173,7 +173,6 @@ async fn a_guarded_call_costs_exactly_one_synced_write() {
     assert_eq!(h.ledger().write_counts(), after);
 }
 
-
 #[tokio::test]
 async fn a_calls_outcomes_ride_with_its_completion_and_land_even_when_it_does_not_complete() {
     let h = harness(Downstream::default()).await;

@@ -39,9 +39,9 @@ pub(super) struct Progress {
 impl Progress {
     /// Holds the outcome write of attempt `key` for the call's next write.
     fn hold(&mut self, key: String, write: LedgerWrite) {
-        let (held, mut keys) = self.take_held();
+        let (held, keys) = &mut self.held;
+        *held = std::mem::take(held).and(write);
         keys.push(key);
-        self.held = (held.and(write), keys);
     }
 
     /// The held outcome writes, and the keys of their attempts, taken.
@@ -92,11 +92,12 @@ impl Guard {
                     progress.hold(d.attempt.key.clone(), write);
                     progress.in_flight = None;
                 }
-                Some(progress) => {
+                progress => {
                     outcome_written(&d.attempt.key, self.ledger.queue(write, durability)).await;
-                    progress.in_flight = None;
+                    if let Some(progress) = progress {
+                        progress.in_flight = None;
+                    }
                 }
-                None => outcome_written(&d.attempt.key, self.ledger.queue(write, durability)).await,
             }
             driven
         }

@@ -10,7 +10,7 @@ use super::drive::{Drive, Driven, Progress, outcomes_written};
 use super::{CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
 use crate::keys;
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, PlannedSend, Resolution, now_ms};
-use crate::ledger::{Durability, LedgerWrite, Prior};
+use crate::ledger::{Durability, LedgerWrite, Prior, QueuedWrite};
 use crate::policy::{self, Downstream, Effect, Refusal};
 use std::sync::Arc;
 
@@ -42,10 +42,16 @@ impl CallGuard {
     /// the ledger holds them before they are read again, or the call's
     /// error is returned and its lock released.
     pub(super) async fn flush(&mut self) {
-        let (write, keys) = self.progress.take_held();
-        if !keys.is_empty() {
-            outcomes_written(&keys, self.guard.ledger.queue(write, Durability::Buffered).wait().await);
+        if let Some((write, keys)) = self.queue_held() {
+            outcomes_written(&keys, write.wait().await);
         }
+    }
+
+    /// Queues the buffered outcomes this call's sends hold, if any, as one
+    /// write; with the keys of their attempts.
+    fn queue_held(&mut self) -> Option<(QueuedWrite, Vec<String>)> {
+        let (write, keys) = self.progress.take_held();
+        (!keys.is_empty()).then(|| (self.guard.ledger.queue(write, Durability::Buffered), keys))
     }
 
     /// The call's completion, with the buffered outcomes its sends hold
@@ -246,9 +252,8 @@ impl Drop for CallGuard {
     /// outcomes it holds, buffered and not waited for, as if it had queued
     /// them when they came.
     fn drop(&mut self) {
-        let (write, keys) = self.progress.take_held();
-        if !keys.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
-            drop(self.guard.ledger.queue(write, Durability::Buffered));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            drop(self.queue_held());
         }
     }
 }
