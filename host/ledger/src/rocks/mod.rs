@@ -29,8 +29,9 @@
 //! which commits everything queued while it was busy as one batch, and a
 //! sync thread fsyncs for the synced ones: group commit without a thread per
 //! waiting writer. A write with nothing queued ahead of it is applied on its
-//! caller's thread instead ([`Writer::apply_now`]); if synced, only its fsync
-//! is left to the sync thread. Reads
+//! caller's thread instead ([`Writer::apply_now`]); if synced, its fsync
+//! runs there too when no other synced write waits for one
+//! ([`Writer::sync_now`]), and is left to the sync thread otherwise. Reads
 //! from async callers may be answered from memory only ([`memory_only`]).
 
 mod index;
@@ -383,7 +384,10 @@ impl Backend for Rocks {
         let (done, result) = tokio::sync::oneshot::channel();
         let handed = match writer.apply_now(&self.db, batch) {
             // Applied with nothing ahead of it: only the fsync is left.
-            Now::Applied(Ok(())) if sync => writer.sync_applied(done).is_ok(),
+            Now::Applied(Ok(())) if sync => match writer.sync_now(&self.db) {
+                Some(synced) => return Some(Ok(Box::pin(std::future::ready(synced.map_err(BackendError::Failed))))),
+                None => writer.sync_applied(done).is_ok(),
+            },
             Now::Applied(written) => return Some(Ok(Box::pin(std::future::ready(written.map_err(BackendError::Failed))))),
             Now::Queue(batch) => writer.queue(Job { batch, sync, done }).is_ok(),
             Now::Stalled => match self.batch(write) {

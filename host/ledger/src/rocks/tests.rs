@@ -158,6 +158,41 @@ fn a_write_with_nothing_queued_lands_on_its_callers_thread() {
 }
 
 #[test]
+fn a_lone_synced_write_is_fsynced_by_its_caller_and_one_behind_another_by_the_sync_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let write = |id: &str| LedgerWrite::new().call(crate::suite::call("s", id));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let workers = |n| tokio::runtime::Builder::new_multi_thread().worker_threads(n).build().unwrap();
+    let two = workers(2);
+    let _in_runtime = two.enter();
+    // Alone, on one of two workers: durable by the time enqueue returns.
+    let syncs = ledger.wal_syncs().unwrap();
+    let mut alone = ledger.enqueue(&write("a"), Durability::Synced).unwrap().unwrap();
+    assert_eq!(alone.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(())), "synced on the caller's thread");
+    assert_eq!(ledger.wal_syncs().unwrap() - syncs, 1, "by one fsync");
+    // Behind a synced write still waiting for its (slowed) fsync: handed to
+    // the sync thread, which tells it after an fsync of its own.
+    let _slow = SlowFsync::new(std::time::Duration::from_millis(300));
+    let (earlier, earlier_result) = tokio::sync::oneshot::channel();
+    assert!(ledger.writer.as_ref().unwrap().sync_applied(earlier).is_ok());
+    let syncs = ledger.wal_syncs().unwrap();
+    let mut behind = ledger.enqueue(&write("b"), Durability::Synced).unwrap().unwrap();
+    assert!(ledger.call("s", "b").unwrap().is_some(), "applied on the caller's thread");
+    assert!(behind.as_mut().poll(&mut cx).is_pending(), "its fsync is the sync thread's");
+    assert_eq!(earlier_result.blocking_recv().unwrap(), Ok(()));
+    assert_eq!(wait_for(behind), Ok(()));
+    assert!(ledger.wal_syncs().unwrap() - syncs >= 1);
+    drop(_in_runtime);
+    // With one async worker, never: that worker serves everything.
+    let one = workers(1);
+    let _in_runtime = one.enter();
+    let mut lone = ledger.enqueue(&write("c"), Durability::Synced).unwrap().unwrap();
+    assert!(lone.as_mut().poll(&mut cx).is_pending(), "one worker never waits on the disk");
+    assert_eq!(wait_for(lone), Ok(()));
+}
+
+#[test]
 fn a_buffered_write_never_overtakes_one_queued_before_it() {
     use AttemptState::*;
     let dir = tempfile::tempdir().unwrap();

@@ -6,9 +6,10 @@
 //! `SyncWAL`) while the writer goes on applying — a pipelined group commit.
 //! A buffered write never waits behind an fsync, and when nothing is queued
 //! ahead of it, no write waits for the writer either: it is applied on its
-//! caller's thread ([`Writer::apply_now`]) and, if synced, handed straight
-//! to the sync thread ([`Writer::sync_applied`]). `docs/ledger.md` ("Who does the
-//! I/O") has the contract.
+//! caller's thread ([`Writer::apply_now`]) and, if synced, fsynced there
+//! when no other synced write waits for one ([`Writer::sync_now`]) or else
+//! handed straight to the sync thread ([`Writer::sync_applied`]).
+//! `docs/ledger.md` ("Who does the I/O") has the contract.
 
 use super::write_options;
 use crate::Durability;
@@ -43,9 +44,10 @@ impl Ticket {
 }
 
 /// The writer thread (and, behind it, the sync thread). Callers wait on
-/// their job's channel, so an async worker never blocks on an fsync or a
-/// stalled write (only on a buffered write it may apply itself, see
-/// [`Writer::apply_now`]), and N waiting writes cost one wake-up of a
+/// their job's channel, so an async worker never blocks on a stalled write
+/// nor on an fsync another write could share (only on a write it may apply
+/// itself, see [`Writer::apply_now`], and the fsync of a lone synced one,
+/// [`Writer::sync_now`]), and N waiting writes cost one wake-up of a
 /// thread, not N threads.
 pub(super) struct Writer {
     queue: Option<mpsc::Sender<Job>>,
@@ -55,6 +57,10 @@ pub(super) struct Writer {
     /// caller's thread: a buffered write skips the queue only while this is
     /// zero, so it never lands before one queued earlier.
     pub(super) queued: Arc<AtomicUsize>,
+    /// Synced writes not yet told their fsync ended (queued, waiting for the
+    /// sync thread, or being synced on a caller's thread): a synced write
+    /// with nothing ahead of it is synced by its caller only while this is zero.
+    syncs: Arc<AtomicUsize>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -65,13 +71,15 @@ impl Writer {
         let (to_sync, waiting) = mpsc::channel::<Vec<Done>>();
         let queued = Arc::new(AtomicUsize::new(0));
         let applied = queued.clone();
+        let syncs = Arc::new(AtomicUsize::new(0));
+        let (synced, failed) = (syncs.clone(), syncs.clone());
         let sync_db = db.clone();
         let inline_sync = to_sync.clone();
         let syncer = std::thread::Builder::new()
             .name("toolguard-ledger-sync".into())
             .spawn(move || {
                 while let Ok(first) = waiting.recv() {
-                    sync_round(&sync_db, first, &waiting);
+                    synced.fetch_sub(sync_round(&sync_db, first, &waiting), SeqCst);
                 }
             })
             .map_err(|e| format!("cannot start the ledger's sync thread: {e}"))?;
@@ -85,24 +93,46 @@ impl Writer {
                     {
                         group.push(job);
                     }
-                    apply_group(&db, group, &applied, &to_sync);
+                    failed.fetch_sub(apply_group(&db, group, &applied, &to_sync), SeqCst);
                 }
                 // Every write is applied; the syncs still queued finish before the database closes.
                 drop(to_sync);
                 let _ = syncer.join();
             })
             .map_err(|e| format!("cannot start the ledger's writer thread: {e}"))?;
-        Ok(Self { queue: Some(queue), to_sync: Some(inline_sync), queued, thread: Some(thread) })
+        Ok(Self { queue: Some(queue), to_sync: Some(inline_sync), queued, syncs, thread: Some(thread) })
     }
 
     /// Queues `job` for the writer thread; gives it back if the thread has stopped.
     pub(super) fn queue(&self, job: Job) -> Result<(), Job> {
         let Some(queue) = self.queue.as_ref() else { return Err(job) };
+        let syncs = usize::from(job.sync);
         self.queued.fetch_add(1, SeqCst);
+        self.syncs.fetch_add(syncs, SeqCst);
         queue.send(job).map_err(|mpsc::SendError(job)| {
             self.queued.fetch_sub(1, SeqCst);
+            self.syncs.fetch_sub(syncs, SeqCst);
             job
         })
+    }
+
+    /// Syncs the WAL on the caller's thread, after [`Writer::apply_now`]
+    /// applied a synced write, when no other synced write is waiting for an
+    /// fsync (nothing would share the sync thread's fsync with it) and the
+    /// caller is one of two or more async workers (the others go on serving
+    /// while this one waits on the disk): `None` otherwise, to hand it to
+    /// the sync thread. The caller's task goes on the moment the fsync ends,
+    /// with no thread to wake on the way.
+    pub(super) fn sync_now(&self, db: &DB) -> Option<Result<(), String>> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let many_workers = Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread && h.metrics().num_workers() > 1);
+        if !many_workers || self.syncs.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
+            return None;
+        }
+        let result = db.flush_wal(true).map_err(|e| e.to_string());
+        slow_fsync();
+        self.syncs.fetch_sub(1, SeqCst);
+        Some(result)
     }
 
     /// Hands a write [`Writer::apply_now`] applied to the sync thread, which
@@ -110,7 +140,11 @@ impl Writer {
     /// back if the thread has stopped.
     pub(super) fn sync_applied(&self, done: Done) -> Result<(), Done> {
         let Some(to_sync) = self.to_sync.as_ref() else { return Err(done) };
-        to_sync.send(vec![done]).map_err(|mpsc::SendError(mut done)| done.pop().expect("one"))
+        self.syncs.fetch_add(1, SeqCst);
+        to_sync.send(vec![done]).map_err(|mpsc::SendError(mut done)| {
+            self.syncs.fetch_sub(1, SeqCst);
+            done.pop().expect("one")
+        })
     }
 
     /// Applies `batch`, unsynced, on the caller's thread — a WAL append to
@@ -150,8 +184,10 @@ pub(super) enum Now {
 /// Applies `group` as one batch, unsynced, and tells each buffered writer
 /// how it went; the writers that need their write synced are handed to the
 /// sync thread (`to_sync`). A failed batch fails every write in it. The
-/// group leaves `queued` once applied, before anyone is told.
-pub(super) fn apply_group(db: &DB, group: Vec<Job>, queued: &AtomicUsize, to_sync: &mpsc::Sender<Vec<Done>>) {
+/// group leaves `queued` once applied, before anyone is told. Returns how
+/// many synced writes it told itself (their batch failed, or the sync
+/// thread has stopped), which no fsync will tell.
+pub(super) fn apply_group(db: &DB, group: Vec<Job>, queued: &AtomicUsize, to_sync: &mpsc::Sender<Vec<Done>>) -> usize {
     let n = group.len();
     let mut batches = Vec::with_capacity(n);
     let (mut synced, mut buffered) = (Vec::new(), Vec::with_capacity(n));
@@ -164,37 +200,43 @@ pub(super) fn apply_group(db: &DB, group: Vec<Job>, queued: &AtomicUsize, to_syn
     for tx in buffered {
         let _ = tx.send(result.clone());
     }
-    match result {
-        Ok(()) if !synced.is_empty() => {
-            if let Err(mpsc::SendError(synced)) = to_sync.send(synced) {
-                for tx in synced {
-                    let _ = tx.send(Err("the ledger's sync thread has stopped; the write may not be durable".into()));
-                }
-            }
-        }
-        Ok(()) => {}
-        Err(e) => {
-            for tx in synced {
-                let _ = tx.send(Err(e.clone()));
-            }
-        }
+    let told = match result {
+        Ok(()) if synced.is_empty() => return 0,
+        Ok(()) => match to_sync.send(synced) {
+            Ok(()) => return 0,
+            Err(mpsc::SendError(synced)) => (synced, "the ledger's sync thread has stopped; the write may not be durable".to_string()),
+        },
+        Err(e) => (synced, e),
+    };
+    let (synced, error) = told;
+    let n = synced.len();
+    for tx in synced {
+        let _ = tx.send(Err(error.clone()));
     }
+    n
 }
 
 /// One fsync of the WAL for `first` and every writer queued behind it: all
 /// their writes were applied before they were queued here, so one
-/// `SyncWAL` makes them all durable. Then each is told.
-pub(super) fn sync_round(db: &DB, mut first: Vec<Done>, waiting: &mpsc::Receiver<Vec<Done>>) {
+/// `SyncWAL` makes them all durable. Then each is told; returns how many.
+pub(super) fn sync_round(db: &DB, mut first: Vec<Done>, waiting: &mpsc::Receiver<Vec<Done>>) -> usize {
     while let Ok(more) = waiting.try_recv() {
         first.extend(more);
     }
     let result = db.flush_wal(true).map_err(|e| e.to_string());
+    slow_fsync();
+    let n = first.len();
+    for tx in first {
+        let _ = tx.send(result.clone());
+    }
+    n
+}
+
+/// The extra time of [`simulate_slow_fsync`], slept after an fsync.
+fn slow_fsync() {
     let extra = SLOW_FSYNC_MICROS.load(std::sync::atomic::Ordering::Relaxed);
     if extra > 0 {
         std::thread::sleep(Duration::from_micros(extra));
-    }
-    for tx in first {
-        let _ = tx.send(result.clone());
     }
 }
 
