@@ -385,10 +385,10 @@ impl Backend for Rocks {
         let handed = match writer.apply_now(&self.db, batch) {
             // Applied with nothing ahead of it: only the fsync is left.
             Now::Applied(Ok(())) if sync => match writer.sync_now(&self.db) {
-                Some(synced) => return Some(Ok(Box::pin(std::future::ready(synced.map_err(BackendError::Failed))))),
+                Some(synced) => return Some(Ok(ready(synced))),
                 None => writer.sync_applied(done).is_ok(),
             },
-            Now::Applied(written) => return Some(Ok(Box::pin(std::future::ready(written.map_err(BackendError::Failed))))),
+            Now::Applied(written) => return Some(Ok(ready(written))),
             Now::Queue(batch) => writer.queue(Job { batch, sync, done }).is_ok(),
             Now::Stalled => match self.batch(write) {
                 Ok(batch) => writer.queue(Job { batch, sync, done }).is_ok(),
@@ -468,6 +468,11 @@ impl Backend for Rocks {
         let tables: u64 = cfs.map(|cf| prop("rocksdb.cur-size-all-mem-tables", cf) + prop("rocksdb.estimate-table-readers-mem", cf)).sum();
         tables + prop("rocksdb.block-cache-usage", self.cf(CF_CALLS))
     }
+}
+
+/// A write's result known already (it was applied, and if need be synced, on the caller's thread).
+fn ready(result: Result<(), String>) -> Pending {
+    Box::pin(std::future::ready(result.map_err(BackendError::Failed)))
 }
 
 fn write_options(durability: Durability) -> WriteOptions {

@@ -129,8 +129,7 @@ impl Writer {
         if !many_workers || self.syncs.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
             return None;
         }
-        let result = db.flush_wal(true).map_err(|e| e.to_string());
-        slow_fsync();
+        let result = sync_wal(db);
         self.syncs.fetch_sub(1, SeqCst);
         Some(result)
     }
@@ -200,7 +199,7 @@ pub(super) fn apply_group(db: &DB, group: Vec<Job>, queued: &AtomicUsize, to_syn
     for tx in buffered {
         let _ = tx.send(result.clone());
     }
-    let told = match result {
+    let (synced, error) = match result {
         Ok(()) if synced.is_empty() => return 0,
         Ok(()) => match to_sync.send(synced) {
             Ok(()) => return 0,
@@ -208,7 +207,6 @@ pub(super) fn apply_group(db: &DB, group: Vec<Job>, queued: &AtomicUsize, to_syn
         },
         Err(e) => (synced, e),
     };
-    let (synced, error) = told;
     let n = synced.len();
     for tx in synced {
         let _ = tx.send(Err(error.clone()));
@@ -223,8 +221,7 @@ pub(super) fn sync_round(db: &DB, mut first: Vec<Done>, waiting: &mpsc::Receiver
     while let Ok(more) = waiting.try_recv() {
         first.extend(more);
     }
-    let result = db.flush_wal(true).map_err(|e| e.to_string());
-    slow_fsync();
+    let result = sync_wal(db);
     let n = first.len();
     for tx in first {
         let _ = tx.send(result.clone());
@@ -232,12 +229,14 @@ pub(super) fn sync_round(db: &DB, mut first: Vec<Done>, waiting: &mpsc::Receiver
     n
 }
 
-/// The extra time of [`simulate_slow_fsync`], slept after an fsync.
-fn slow_fsync() {
+/// One fsync of the WAL (`SyncWAL`), slowed by [`simulate_slow_fsync`]'s extra time if set.
+fn sync_wal(db: &DB) -> Result<(), String> {
+    let result = db.flush_wal(true).map_err(|e| e.to_string());
     let extra = SLOW_FSYNC_MICROS.load(std::sync::atomic::Ordering::Relaxed);
     if extra > 0 {
         std::thread::sleep(Duration::from_micros(extra));
     }
+    result
 }
 
 /// `toolguard bench`'s slow-disk mode: extra time every fsync of the WAL
