@@ -306,3 +306,25 @@ fn reads_skip_index_entries_a_wrong_prior_left_behind() {
     assert!(ledger.attempts_in_state(AttemptState::Pending).unwrap().is_empty());
     assert_eq!(ledger.attempts_in_state(AttemptState::Succeeded).unwrap().len(), 1);
 }
+
+#[test]
+fn settled_tables_are_compressed_to_well_under_the_records_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let mut json_bytes = 0;
+    for batch in 0..20 {
+        let mut write = LedgerWrite::new();
+        for i in 0..100 {
+            let id = format!("call-{batch}-{i}");
+            let (call, attempt) = (crate::suite::call("s", &id), attempt(&id, AttemptState::Succeeded));
+            json_bytes += serde_json::to_vec(&call).unwrap().len() + serde_json::to_vec(&attempt).unwrap().len();
+            write = write.call(call).attempt_over(attempt, Prior::Absent);
+        }
+        ledger.commit(&write, Durability::Buffered).unwrap();
+    }
+    ledger.settle().unwrap();
+    let sst = |cf| ledger.db.property_int_value_cf(ledger.cf(cf), "rocksdb.live-sst-files-size").unwrap().unwrap() as usize;
+    let table_bytes = sst(CF_CALLS) + sst(CF_ATTEMPTS);
+    // Uncompressed, the tables hold every record's JSON and its key: more than `json_bytes`.
+    assert!(table_bytes * 2 < json_bytes, "{table_bytes} bytes of tables for {json_bytes} bytes of records: are the tables compressed?");
+}
