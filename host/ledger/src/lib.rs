@@ -29,7 +29,7 @@ pub use checks::sent_nothing;
 pub use claim::Claim;
 pub use error::LedgerError;
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
-pub use rocks::simulate_slow_fsync;
+pub use rocks::{DEFAULT_BLOCK_CACHE_MIB, simulate_slow_fsync};
 pub use write::{Charge, EpisodeOp, LedgerWrite, Prior, Superseding};
 
 use backend::{Backend, Pending};
@@ -95,8 +95,17 @@ impl Ledger {
     /// The directory cannot be used, another process holds the ledger, or it
     /// was written by an incompatible version.
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
+        Self::open_cached(dir, rocks::DEFAULT_BLOCK_CACHE_MIB)
+    }
+
+    /// [`Ledger::open`] with a block cache of `cache_mib` MiB (what
+    /// RocksDB keeps in memory of the table files it read).
+    ///
+    /// # Errors
+    /// As [`Ledger::open`].
+    pub fn open_cached(dir: &Path, cache_mib: u64) -> Result<Self, LedgerError> {
         let location = dir.display().to_string();
-        let backend = rocks::Rocks::open(dir).map_err(|e| LedgerError::of(&location, e))?;
+        let backend = rocks::Rocks::open_cached(dir, cache_mib).map_err(|e| LedgerError::of(&location, e))?;
         Self::init(Arc::new(backend), location, true)
     }
 
@@ -123,15 +132,16 @@ impl Ledger {
     }
 
     /// Opens the ledger a config names: `postgres://…` or `postgresql://…`
-    /// connects to PostgreSQL; anything else is a RocksDB directory.
+    /// connects to PostgreSQL; anything else is a RocksDB directory, opened
+    /// writable with a block cache of `cache_mib` MiB.
     ///
     /// # Errors
     /// As [`Ledger::open`] or [`Ledger::connect`].
-    pub fn open_at(location: &LedgerLocation, read_only: bool) -> Result<Self, LedgerError> {
+    pub fn open_at(location: &LedgerLocation, read_only: bool, cache_mib: u64) -> Result<Self, LedgerError> {
         match location {
             LedgerLocation::Postgres(url) => Self::connect(url),
             LedgerLocation::Dir(dir) if read_only => Self::open_read_only(dir),
-            LedgerLocation::Dir(dir) => Self::open(dir),
+            LedgerLocation::Dir(dir) => Self::open_cached(dir, cache_mib),
         }
     }
 

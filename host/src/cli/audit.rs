@@ -1,7 +1,6 @@
 //! `toolguard audit`: every component against the reviewer's policy, or the
 //! grant history. Exits 1 on any FAIL, so it can gate a CI pipeline.
 
-use crate::ledger::Ledger;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -34,7 +33,7 @@ pub async fn run(config_path: &Path, components: &[PathBuf], json: bool, history
 
 fn print_history(config: &crate::Config, json: bool) -> u8 {
     // The ledger's client blocks (PostgreSQL's runs its own runtime).
-    let history = tokio::task::block_in_place(|| Ledger::open_at(&config.ledger, true).and_then(|l| l.grant_history()));
+    let history = tokio::task::block_in_place(|| config.open_ledger(true).and_then(|l| l.grant_history()));
     let history = match history {
         Ok(h) => h,
         Err(e) => {

@@ -109,7 +109,7 @@ pub fn run(config: &Path, command: LedgerCommand) -> u8 {
 fn resolve(config: &Path, key: &str, note: &str) -> u8 {
     let result = crate::Config::load(config)
         .map_err(|e| e.to_string())
-        .and_then(|c| Ledger::open_at(&c.ledger, false).map_err(|e| e.to_string()))
+        .and_then(|c| c.open_ledger(false).map_err(|e| e.to_string()))
         .and_then(|l| l.resolve_not_sent(key, note).map_err(|e| e.to_string()));
     match result {
         Ok(attempt) => {
@@ -128,7 +128,7 @@ fn prune(config: &Path) -> u8 {
         let Some(retention) = c.retention else {
             return Err("the config has no [retention]: the ledger keeps everything. Set `[retention] hours = N` to prune".into());
         };
-        let ledger = Ledger::open_at(&c.ledger, false).map_err(|e| e.to_string())?;
+        let ledger = c.open_ledger(false).map_err(|e| e.to_string())?;
         let now = crate::ledger::records::now_ms();
         ledger.prune(now.saturating_sub(retention.hours * 3_600_000), now).map_err(|e| e.to_string())
     });
@@ -146,7 +146,7 @@ fn prune(config: &Path) -> u8 {
 
 fn open(config: &Path) -> Result<Ledger, String> {
     let config = crate::Config::load(config).map_err(|e| e.to_string())?;
-    Ledger::open_at(&config.ledger, true).map_err(|e| e.to_string())
+    config.open_ledger(true).map_err(|e| e.to_string())
 }
 
 fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::ledger::LedgerError> {

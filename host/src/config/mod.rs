@@ -31,6 +31,9 @@ pub struct Config {
     /// database shared by a fleet (`ledger = "postgres://…"`, or the URL in
     /// the environment variable `ledger_url_env` names).
     pub ledger: LedgerLocation,
+    /// MiB of a RocksDB ledger's table files its host keeps in memory
+    /// (`ledger_cache_mib`, default [`crate::ledger::DEFAULT_BLOCK_CACHE_MIB`]).
+    pub ledger_cache_mib: u64,
     /// Where precompiled components are cached (default `<data_dir>/compiled`).
     pub compile_cache: PathBuf,
     /// Engine-wide settings.
@@ -131,6 +134,7 @@ struct RawConfig {
     data_dir: PathBuf,
     ledger: Option<String>,
     ledger_url_env: Option<String>,
+    ledger_cache_mib: Option<u64>,
     compile_cache: Option<PathBuf>,
     #[serde(default)]
     engine: EngineConfig,
@@ -183,6 +187,19 @@ fn ledger_location(
     }
 }
 
+/// The block cache of a RocksDB ledger: 1 MiB to 64 GiB; PostgreSQL's is
+/// the server's own (`shared_buffers`).
+fn ledger_cache(mib: Option<u64>, ledger: &LedgerLocation) -> Result<u64, String> {
+    match (mib, ledger) {
+        (None, _) => Ok(crate::ledger::DEFAULT_BLOCK_CACHE_MIB),
+        (Some(_), LedgerLocation::Postgres(_)) => {
+            Err("sizes a RocksDB ledger's cache; a PostgreSQL ledger caches in the server (its `shared_buffers`): remove it".into())
+        }
+        (Some(m), LedgerLocation::Dir(_)) if (1..=65_536).contains(&m) => Ok(m),
+        (Some(m), LedgerLocation::Dir(_)) => Err(format!("{m} is out of range: give 1 to 65536 (MiB)")),
+    }
+}
+
 fn default_data_dir() -> PathBuf {
     PathBuf::from(".toolguard")
 }
@@ -203,6 +220,14 @@ impl Config {
         Self::parse(&text, &file, &base)
     }
 
+    /// Opens the ledger this config names (read-only: while a host holds it).
+    ///
+    /// # Errors
+    /// As [`crate::ledger::Ledger::open_at`].
+    pub fn open_ledger(&self, read_only: bool) -> Result<crate::ledger::Ledger, crate::ledger::LedgerError> {
+        crate::ledger::Ledger::open_at(&self.ledger, read_only, self.ledger_cache_mib)
+    }
+
     /// Parses config `text`, naming it `file` in errors and resolving relative
     /// paths against `base`.
     ///
@@ -216,6 +241,7 @@ impl Config {
         let data_dir = resolve(&raw.data_dir);
         let compile_cache = raw.compile_cache.as_deref().map_or_else(|| data_dir.join("compiled"), resolve);
         let ledger = ledger_location(raw.ledger, raw.ledger_url_env, &data_dir, &resolve).map_err(|(f, m)| err(f, m))?;
+        let ledger_cache_mib = ledger_cache(raw.ledger_cache_mib, &ledger).map_err(|m| err("ledger_cache_mib", m))?;
         let engine = raw.engine;
         if engine.pool_instances == 0 {
             return Err(err("engine.pool_instances", "must be at least 1".into()));
@@ -299,6 +325,7 @@ impl Config {
         Ok(Self {
             data_dir,
             ledger,
+            ledger_cache_mib,
             compile_cache,
             engine,
             mcp: raw.mcp,

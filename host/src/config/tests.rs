@@ -91,3 +91,17 @@ fn resolves_paths_and_layers_limits() {
     assert_eq!((a.limits.cpu_ms, a.limits.wall_ms), (200, 5));
     assert_eq!(a.limits.memory_mb, super::limits::DEFAULT_MEMORY_MB);
 }
+
+#[test]
+fn the_ledger_cache_is_sized_for_rocksdb_only_and_within_bounds() {
+    assert_eq!(parse("").unwrap().ledger_cache_mib, crate::ledger::DEFAULT_BLOCK_CACHE_MIB);
+    assert_eq!(parse("ledger_cache_mib = 256").unwrap().ledger_cache_mib, 256);
+    for bad in ["ledger_cache_mib = 0", "ledger_cache_mib = 65537"] {
+        let e = parse(bad).unwrap_err();
+        assert_eq!(e.field, "ledger_cache_mib", "{bad}");
+        assert!(e.message.contains("1 to 65536"), "{e}");
+    }
+    let e = parse("ledger = \"postgres://db/x\"\nledger_cache_mib = 64").unwrap_err();
+    assert_eq!(e.field, "ledger_cache_mib");
+    assert!(e.message.contains("shared_buffers"), "{e}");
+}

@@ -57,9 +57,10 @@ use std::sync::Arc;
 /// Memory all memtables together may use before RocksDB flushes them.
 const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 
-/// Memory for data, index and filter blocks read from table files, shared by
-/// all column families (RocksDB's default is 32 MiB per family).
-const LEDGER_BLOCK_CACHE: usize = 8 << 20;
+/// The default memory for data, index and filter blocks read from table
+/// files, in MiB, shared by all column families (RocksDB's own default is
+/// 32 MiB per family); `ledger_cache_mib` in the config sets it.
+pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 8;
 
 fn cf_options(cache: &Cache) -> Options {
     let mut table = BlockBasedOptions::default();
@@ -138,8 +139,15 @@ fn db_error(e: &rocksdb::Error) -> BackendError {
 }
 
 impl Rocks {
-    /// Opens (creating if needed) the database in `dir`.
+    /// Opens (creating if needed) the database in `dir`, with the default block cache.
+    #[cfg(test)]
     pub(crate) fn open(dir: &Path) -> Result<Self, BackendError> {
+        Self::open_cached(dir, DEFAULT_BLOCK_CACHE_MIB)
+    }
+
+    /// Opens (creating if needed) the database in `dir`, with a block cache
+    /// of `cache_mib` MiB.
+    pub(crate) fn open_cached(dir: &Path, cache_mib: u64) -> Result<Self, BackendError> {
         std::fs::create_dir_all(dir).map_err(|e| failed(format!("cannot create the directory: {e}")))?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
@@ -150,7 +158,7 @@ impl Rocks {
         // Tickers only (no histograms or timers): WAL fsyncs for /metrics.
         opts.enable_statistics();
         opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
-        let cache = Cache::new_lru_cache(LEDGER_BLOCK_CACHE);
+        let cache = Cache::new_lru_cache(usize::try_from(cache_mib << 20).unwrap_or(usize::MAX));
         let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)));
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| describe_open_error(&e))?);
         Ok(Self { writer: Some(Writer::start(db.clone())?), db, opts: Some(opts), dir: dir.to_path_buf() })

@@ -328,3 +328,13 @@ fn settled_tables_are_compressed_to_well_under_the_records_json() {
     // Uncompressed, the tables hold every record's JSON and its key: more than `json_bytes`.
     assert!(table_bytes * 2 < json_bytes, "{table_bytes} bytes of tables for {json_bytes} bytes of records: are the tables compressed?");
 }
+
+#[test]
+fn the_block_cache_has_the_size_asked_for_shared_by_every_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open_cached(dir.path(), 3).unwrap();
+    for name in ALL_CFS {
+        let capacity = ledger.db.property_int_value_cf(ledger.cf(name), "rocksdb.block-cache-capacity").unwrap();
+        assert_eq!(capacity, Some(3 << 20), "{name}");
+    }
+}

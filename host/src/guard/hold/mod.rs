@@ -149,6 +149,10 @@ impl Guard {
                 {
                     return Ok(Seen { call, episode: None, executor: None, expired: Some(at) });
                 }
+                // A conflict or a replay: the call's record decides alone.
+                if call.as_ref().is_some_and(|c| decides_alone(c, &tool, &digest)) {
+                    return Ok(Seen { call, ..Seen::default() });
+                }
                 let number = call.as_ref().and_then(|c| c.episode);
                 let episode = match (&call, number) {
                     (Some(_), None) => None,
@@ -171,6 +175,7 @@ impl Guard {
         if let Some(at) = seen.expired {
             return Decision::Expired(at);
         }
+        // The first two arms are [`decides_alone`]'s: keep them together.
         match (seen.call, seen.episode) {
             (Some(c), _) if c.tool != id.tool || c.args_digest != id.args_digest => Decision::Conflict(c),
             (Some(c), _) if c.state == CallState::Completed && c.outcome.is_some() => Decision::Replay(c),
@@ -223,4 +228,11 @@ fn new_call(id: &CallIdentity, episode: u64, follower: bool) -> CallRecord {
         follower,
         ..CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone())
     }
+}
+
+/// Whether a call's own record decides its admission, so nothing else need
+/// be read: it was first made with another tool or arguments (a conflict),
+/// or it completed (a replay). The first two arms of [`Guard::decide`].
+fn decides_alone(call: &CallRecord, tool: &str, args_digest: &str) -> bool {
+    call.tool != tool || call.args_digest != args_digest || (call.state == CallState::Completed && call.outcome.is_some())
 }
