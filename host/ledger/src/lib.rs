@@ -132,8 +132,9 @@ impl Ledger {
     }
 
     /// Opens the ledger a config names: `postgres://…` or `postgresql://…`
-    /// connects to PostgreSQL; anything else is a RocksDB directory, opened
-    /// writable with a block cache of `cache_mib` MiB.
+    /// connects to PostgreSQL; anything else is a RocksDB directory: opened
+    /// writable with a block cache of `cache_mib` MiB, or read-only (a short
+    /// inspection, on RocksDB's default cache).
     ///
     /// # Errors
     /// As [`Ledger::open`] or [`Ledger::connect`].
