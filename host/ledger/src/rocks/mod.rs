@@ -59,11 +59,8 @@ const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 
 /// The default memory for data, index and filter blocks read from table
 /// files, in MiB, shared by all column families (RocksDB's own default is
-/// 32 MiB per family); `ledger_cache_mib` in the config sets it. 64 MiB
-/// holds the index and filter partitions of a 10 M-call ledger, which
-/// 8 MiB did not (docs/benchmarks.md, (i)); it fills only as a large
-/// ledger is read that widely.
-pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 64;
+/// 32 MiB per family); `ledger_cache_mib` in the config sets it.
+pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 8;
 
 fn cf_options(cache: &Cache) -> Options {
     let mut table = BlockBasedOptions::default();
