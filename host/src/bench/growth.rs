@@ -275,13 +275,32 @@ async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale) -> anyhow:
 async fn cold_replays(runtime: &Arc<Runtime>, filled: usize, scale: Scale, sample: usize) -> anyhow::Result<f64> {
     let n = scale.n(5_000);
     let rt = runtime.clone();
+    let (cached, read) = (page_cache_mib(), disk_read_bytes());
     let (_, wall) = drive(8, n, move |k| {
         let i = (k * 7_919_993 + sample * filled / 3) % filled;
         let request = crate::CallRequest { session: session_of(i), call_id: call_id_of(i), tool: "refund".into(), args_json: args_of(i).to_string(), principal: None };
         replay(rt.clone(), request)
     })
     .await?;
+    // Where the reads came from: the disk, or the OS page cache.
+    println!(
+        "    (cold replays, pass {sample}, {filled} calls: OS page cache {cached} MiB before; {:.1} KiB read from the disk per replay)",
+        disk_read_bytes().saturating_sub(read) as f64 / 1024.0 / n as f64
+    );
     Ok(n as f64 / wall.as_secs_f64())
+}
+
+/// The OS page cache now, in MiB (`Cached` of `/proc/meminfo`; 0 if unreadable).
+fn page_cache_mib() -> u64 {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = info.lines().find_map(|l| l.strip_prefix("Cached:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    kib.unwrap_or(0) / 1024
+}
+
+/// Bytes this process has read from the disk (`read_bytes` of `/proc/self/io`; 0 if unreadable).
+fn disk_read_bytes() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    io.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 /// The figures of one backend, each against the empty ledger's.
