@@ -3,7 +3,7 @@
 //! lock per action, a locked PostgreSQL row) and asks here whether the write
 //! may go on.
 
-use super::records::{AttemptRecord, AttemptState, EpisodeRecord, GrantRecord};
+use super::records::{AttemptRecord, AttemptState, EpisodeId, GrantRecord};
 use super::{BackendError, Charge, Superseding};
 
 /// Whether `attempts` prove their call sent nothing that could have taken
@@ -30,7 +30,7 @@ pub(super) fn within_budget(c: &Charge, used: u64) -> Result<(), BackendError> {
 }
 
 /// The refusal of an episode change whose condition no longer held.
-pub(super) fn episode_changed(r: &EpisodeRecord) -> BackendError {
+pub(super) fn episode_changed(r: &EpisodeId) -> BackendError {
     BackendError::Conflict(format!("episode {} of `{}` changed under this write", r.episode, r.tool))
 }
 

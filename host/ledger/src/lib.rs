@@ -28,7 +28,7 @@ mod write;
 pub use checks::sent_nothing;
 pub use claim::Claim;
 pub use error::LedgerError;
-pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
+pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
 pub use rocks::{DEFAULT_BLOCK_CACHE_MIB, simulate_slow_fsync};
 pub use write::{Charge, EpisodeOp, LedgerWrite, Prior, Superseding};
 

@@ -65,7 +65,7 @@ pub(super) fn to_3(ledger: &Ledger) -> Result<(), LedgerError> {
     ledger.backend.backfill_episode_index().map_err(|e| ledger.backend_err(e))?;
     let calls = ledger.calls(None)?.into_iter().filter_map(|c| RetireEntry::of_call(&c));
     let episodes = ledger.backend.episodes().map_err(|e| ledger.backend_err(e))?;
-    let closed = episodes.iter().filter(|e| e.closed).map(|e| RetireEntry::of_close(e, e.closed_ms.unwrap_or(e.opened_ms)));
+    let closed = episodes.iter().filter(|e| e.closed).map(|e| RetireEntry::of_close(&e.id(), e.closed_ms.unwrap_or(e.opened_ms)));
     let entries: Vec<RetireEntry> = calls.chain(closed).collect();
     for chunk in entries.chunks(1_000) {
         let write = chunk.iter().cloned().fold(LedgerWrite::new(), LedgerWrite::retiring);

@@ -164,7 +164,33 @@ pub struct EpisodeRecord {
     pub closed_ms: Option<u64>,
 }
 
+/// Which episode: an action (session, tool, args digest) and its number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpisodeId {
+    /// The session of the action.
+    pub session: String,
+    /// The tool of the action.
+    pub tool: String,
+    /// The digest of its canonical arguments.
+    pub args_digest: String,
+    /// The episode's number within the action.
+    pub episode: u64,
+}
+
+impl EpisodeId {
+    /// The episode `call` belongs to, if it belongs to one.
+    pub fn of_call(call: &CallRecord) -> Option<Self> {
+        let episode = call.episode?;
+        Some(Self { session: call.session.clone(), tool: call.tool.clone(), args_digest: call.args_digest.clone(), episode })
+    }
+}
+
 impl EpisodeRecord {
+    /// Which episode this is.
+    pub fn id(&self) -> EpisodeId {
+        EpisodeId { session: self.session.clone(), tool: self.tool.clone(), args_digest: self.args_digest.clone(), episode: self.episode }
+    }
+
     /// Episode `episode` of `call`'s action, opened now with `call` as its executor.
     pub fn open(call: &CallRecord, episode: u64) -> Self {
         Self {

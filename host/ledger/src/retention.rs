@@ -19,7 +19,7 @@
 //! afresh. `docs/ledger.md` ("Retention") gives the safety argument.
 
 use crate::error::failed;
-use super::{AttemptRecord, Backend, BackendError, CallRecord, CallState, EpisodeRecord, Ledger, LedgerError};
+use super::{AttemptRecord, Backend, BackendError, CallRecord, CallState, EpisodeId, Ledger, LedgerError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -65,7 +65,7 @@ impl RetireEntry {
     }
 
     /// The entry closing `episode` at `at_ms` adds.
-    pub(crate) fn of_close(episode: &EpisodeRecord, at_ms: u64) -> Self {
+    pub(crate) fn of_close(episode: &EpisodeId, at_ms: u64) -> Self {
         let unit = Unit::Episode {
             session: episode.session.clone(),
             tool: episode.tool.clone(),

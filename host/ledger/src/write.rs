@@ -1,7 +1,7 @@
 //! A write to the ledger: records to put together, atomically, and the
 //! conditions under which the whole write is refused.
 
-use super::records::{AttemptRecord, AttemptState, CallRecord, EpisodeRecord, Reported};
+use super::records::{AttemptRecord, AttemptState, CallRecord, EpisodeId, EpisodeRecord, Reported};
 use super::retention::RetireEntry;
 
 /// Records to write together, atomically; with conditions (an episode
@@ -52,10 +52,12 @@ pub enum EpisodeOp {
         /// The executor it must still have.
         from: String,
     },
-    /// Marks it closed at `at_ms` (a no-op if it is closed already).
+    /// Marks it closed at `at_ms` (a no-op if it is closed already, or if
+    /// the ledger holds no such episode). Only its identity is needed: the
+    /// ledger closes the record it holds.
     Close {
         /// The episode.
-        record: EpisodeRecord,
+        episode: EpisodeId,
         /// When it closed (Unix ms).
         at_ms: u64,
     },
@@ -63,9 +65,10 @@ pub enum EpisodeOp {
 
 impl EpisodeOp {
     /// The episode this changes.
-    pub fn record(&self) -> &EpisodeRecord {
+    pub fn id(&self) -> EpisodeId {
         match self {
-            Self::Open(record) | Self::Hand { record, .. } | Self::Close { record, .. } => record,
+            Self::Open(record) | Self::Hand { record, .. } => record.id(),
+            Self::Close { episode, .. } => episode.clone(),
         }
     }
 }

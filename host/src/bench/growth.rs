@@ -214,7 +214,7 @@ async fn write_calls(ledger: &Ledger, t: &Template, from: usize, to: usize) -> a
                         let (call, attempt, episode) = copy(&ledger, &t, n, &digests[n % PER_SESSION]);
                         let opened = EpisodeRecord { closed: false, closed_ms: None, ..episode.clone() };
                         open = open.call(call).attempt_over(attempt, Prior::Absent).episode(EpisodeOp::Open(opened));
-                        close = close.episode(EpisodeOp::Close { at_ms: episode.closed_ms.unwrap_or_default(), record: episode });
+                        close = close.episode(EpisodeOp::Close { at_ms: episode.closed_ms.unwrap_or_default(), episode: episode.id() });
                     }
                     ledger.commit(open, crate::ledger::Durability::Buffered)?;
                     ledger.commit(close, crate::ledger::Durability::Buffered)?;

@@ -5,7 +5,7 @@
 use super::drive::outcomes_written;
 use super::{CallGuard, Guard};
 use crate::error::{CallError, ErrorKind};
-use crate::ledger::records::{CallRecord, CallState, Reported, StoredOutcome, now_ms};
+use crate::ledger::records::{CallRecord, CallState, EpisodeId, Reported, StoredOutcome, now_ms};
 use crate::ledger::{Durability, EpisodeOp, LedgerError, LedgerWrite};
 use serde_json::Value;
 
@@ -89,11 +89,9 @@ impl Guard {
         }
         let mut write = LedgerWrite::new().reported(session, call_id, reported);
         let _action = self.action_lock(session, &call.tool, &call.args_digest).lock_owned().await;
-        if let (Reported::Definitive, Some(n)) = (reported, call.episode) {
-            let (s, t, d) = (call.session.clone(), call.tool.clone(), call.args_digest.clone());
-            if let Some(episode) = self.ledger.read(move |l| l.episode(&s, &t, &d, Some(n))).await? {
-                write = write.episode(EpisodeOp::Close { record: episode, at_ms: delivered_ms });
-            }
+        // The ledger closes the episode it holds: no need to read it here.
+        if let (Reported::Definitive, Some(episode)) = (reported, EpisodeId::of_call(&call)) {
+            write = write.episode(EpisodeOp::Close { episode, at_ms: delivered_ms });
         }
         self.ledger.commit_async(write, Durability::Buffered).await
     }

@@ -552,33 +552,34 @@ impl Backend for Postgres {
                 tx.execute(sql, &[session, call_id, &reported.as_str()]).map_err(failed)?;
             }
             for op in &write.episodes {
-                let r = op.record();
-                let (n, record) = (big(r.episode)?, serde_json::to_string(r).map_err(failed)?);
+                let r = op.id();
+                let n = big(r.episode)?;
                 let key: [&(dyn r2d2_postgres::postgres::types::ToSql + Sync); 4] = [&r.session, &r.tool, &r.args_digest, &n];
                 let changed = match op {
-                    EpisodeOp::Open(_) => {
+                    EpisodeOp::Open(opened) => {
+                        let record = serde_json::to_string(opened).map_err(failed)?;
                         let sql = "INSERT INTO toolguard_episodes (session, tool, args_digest, episode, executor, closed, record) \
                                    VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
-                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &r.executor, &r.closed, &record]).map_err(failed)?
+                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &opened.executor, &opened.closed, &record]).map_err(failed)?
                     }
-                    EpisodeOp::Hand { from, .. } => {
+                    EpisodeOp::Hand { record, from } => {
                         let sql = "UPDATE toolguard_episodes SET executor = $5, \
                                    record = (record::jsonb || jsonb_build_object('executor', $5::text))::text \
                                    WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND executor = $6";
-                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &r.executor, from]).map_err(failed)?
+                        tx.execute(sql, &[key[0], key[1], key[2], key[3], &record.executor, from]).map_err(failed)?
                     }
                     EpisodeOp::Close { at_ms, .. } => {
                         let sql = "UPDATE toolguard_episodes SET closed = true, \
                                    record = (record::jsonb || jsonb_build_object('closed', true, 'closed_ms', $5::bigint))::text \
                                    WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND NOT closed";
                         if tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(failed)? == 1 {
-                            retention::add_retire(&mut tx, &RetireEntry::of_close(r, *at_ms))?;
+                            retention::add_retire(&mut tx, &RetireEntry::of_close(&r, *at_ms))?;
                         }
                         continue;
                     }
                 };
                 if changed == 0 {
-                    return Err(checks::episode_changed(r));
+                    return Err(checks::episode_changed(&r));
                 }
             }
             tx.commit().map_err(|e| BackendError::Failed(e.to_string()))

@@ -62,7 +62,8 @@ const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 /// 32 MiB per family); `ledger_cache_mib` in the config sets it.
 pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 8;
 
-fn cf_options(cache: &Cache) -> Options {
+/// The options of family `name`.
+fn cf_options(name: &str, cache: &Cache) -> Options {
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(cache);
     // Index and filter blocks count against the cache instead of growing
@@ -92,7 +93,28 @@ fn cf_options(cache: &Cache) -> Options {
     // Compression runs in flushes and compactions, off the write path.
     o.set_compression_type(rocksdb::DBCompressionType::Lz4);
     o.set_bottommost_compression_type(rocksdb::DBCompressionType::Zstd);
+    if name == CF_EPISODES {
+        // Admitting a new call reads its action's latest episode: a scan of
+        // the action's prefix, which without a prefix filter seeks into the
+        // memtables and every table file even when (as for nearly every new
+        // call) the action has none. With the action as the prefix, the
+        // memtable's prefix bloom and each table's filter skip them instead.
+        // Only [`Rocks::latest_episode`] seeks by prefix; every other read
+        // seeks in total order ([`read_options`]).
+        o.set_prefix_extractor(rocksdb::SliceTransform::create("toolguard.episode-action", episode_action, Some(is_episode_key)));
+        o.set_memtable_prefix_bloom_ratio(0.1);
+    }
     o
+}
+
+/// The action part of an episode key: all but its 8-byte episode number.
+fn episode_action(key: &[u8]) -> &[u8] {
+    &key[..key.len().saturating_sub(8)]
+}
+
+/// Whether `key` is long enough to be an episode key.
+fn is_episode_key(key: &[u8]) -> bool {
+    key.len() > 8
 }
 
 
@@ -126,8 +148,11 @@ pub(crate) fn memory_only<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Read options in total order (a family's prefix filter is never used to
+/// skip data), answered from memory only on a [`memory_only`] thread.
 fn read_options() -> ReadOptions {
     let mut o = ReadOptions::default();
+    o.set_total_order_seek(true);
     if MEMORY_ONLY.get() {
         o.set_read_tier(rocksdb::ReadTier::BlockCache);
     }
@@ -159,7 +184,7 @@ impl Rocks {
         opts.enable_statistics();
         opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
         let cache = Cache::new_lru_cache(usize::try_from(cache_mib << 20).unwrap_or(usize::MAX));
-        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)));
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(n, &cache)));
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| describe_open_error(&e))?);
         Ok(Self { writer: Some(Writer::start(db.clone())?), db, opts: Some(opts), dir: dir.to_path_buf() })
     }
@@ -205,6 +230,30 @@ impl Rocks {
             out.extend(f(&k, &v));
         }
         Ok(out)
+    }
+
+    /// The action's episode with the highest number, if it has any: a scan
+    /// of its episodes (a few at most) by prefix, so the prefix filters skip
+    /// what holds none of them.
+    fn latest_episode(&self, session: &str, tool: &str, args_digest: &str) -> Result<Option<EpisodeRecord>, BackendError> {
+        let Some(family) = self.db.cf_handle(CF_EPISODES) else { return Ok(None) };
+        let prefix = action_prefix(session, tool, args_digest);
+        let mut opts = read_options();
+        opts.set_total_order_seek(false);
+        opts.set_prefix_same_as_start(true);
+        if let Some(upper) = prefix_successor(&prefix) {
+            opts.set_iterate_upper_bound(upper);
+        }
+        let start = episode_key(session, tool, args_digest, 0);
+        let mut last = None;
+        for item in self.db.iterator_cf_opt(family, opts, IteratorMode::From(&start, rocksdb::Direction::Forward)) {
+            let (k, v) = item.map_err(|e| db_error(&e))?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            last = Some(v);
+        }
+        last.map(|v| serde_json::from_slice(&v).map_err(|e| failed(format!("damaged record: {e}")))).transpose()
     }
 
     /// How many keys under `prefix` sort at or after `from`, counting at most `max`.
@@ -273,7 +322,7 @@ impl Rocks {
             self.index(&mut batch, attempt, *prior);
         }
         for op in &write.episodes {
-            let r = op.record();
+            let r = op.id();
             let key = episode_key(&r.session, &r.tool, &r.args_digest, r.episode);
             let stored: Option<EpisodeRecord> = self.get_json(CF_EPISODES, &key)?;
             let new = match (op, stored) {
@@ -281,11 +330,11 @@ impl Rocks {
                 (EpisodeOp::Hand { record, from }, Some(old)) if old.executor == *from => EpisodeRecord { executor: record.executor.clone(), ..old },
                 (EpisodeOp::Close { .. }, Some(old)) if old.closed => continue,
                 (EpisodeOp::Close { at_ms, .. }, Some(old)) => {
-                    batch.put_cf(self.cf(CF_RETIRE), retire_key(&RetireEntry::of_close(&old, *at_ms)), []);
+                    batch.put_cf(self.cf(CF_RETIRE), retire_key(&RetireEntry::of_close(&r, *at_ms)), []);
                     EpisodeRecord { closed: true, closed_ms: Some(*at_ms), ..old }
                 }
                 (EpisodeOp::Close { .. }, None) => continue,
-                _ => return Err(checks::episode_changed(r)),
+                _ => return Err(checks::episode_changed(&r)),
             };
             batch.put_cf(self.cf(CF_EPISODES), key, serde_json::to_vec(&new).map_err(failed)?);
         }
@@ -322,7 +371,7 @@ impl Backend for Rocks {
         match episode {
             Some(n) => self.get_json(CF_EPISODES, &episode_key(session, tool, args_digest, n)),
             // An action has a few episodes at most: the last of them is the latest.
-            None => Ok(Self::records::<EpisodeRecord>(&self.scan(CF_EPISODES, &action_prefix(session, tool, args_digest), |_, v| Some(v.to_vec()))?)?.pop()),
+            None => self.latest_episode(session, tool, args_digest),
         }
     }
 

@@ -28,6 +28,55 @@ fn scans_stay_inside_their_prefix_past_many_tombstones() {
     assert!(ledger.scan(CF_EPISODES, b"b", |k, _| Some(k.to_vec())).unwrap().is_empty());
 }
 
+/// Episode `n` of action (session `s`, tool `refund`, digest `digest`).
+fn episode_of(digest: &str, n: u64) -> EpisodeRecord {
+    EpisodeRecord { args_digest: digest.into(), opened_ms: 1, ..EpisodeRecord::open(&crate::suite::call("s", &format!("c{n}")), n) }
+}
+
+fn open_episodes(ledger: &Rocks, digest: &str, numbers: std::ops::RangeInclusive<u64>) {
+    for n in numbers {
+        ledger.commit(&LedgerWrite::new().episode(EpisodeOp::Open(episode_of(digest, n))), Durability::Buffered).unwrap();
+    }
+}
+
+#[test]
+fn the_latest_episode_is_found_by_prefix_in_memtables_tables_and_tables_written_before_the_prefix_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    // A ledger written before episodes had a prefix filter: its tables have none.
+    {
+        let mut opts = Options::default();
+        (opts.create_if_missing(true), opts.create_missing_column_families(true));
+        let db = DB::open_cf(&opts, dir.path(), ALL_CFS).unwrap();
+        for n in 1..=2 {
+            let e = episode_of("d", n);
+            db.put_cf(db.cf_handle(CF_EPISODES).unwrap(), episode_key("s", "refund", "d", n), serde_json::to_vec(&e).unwrap()).unwrap();
+        }
+        db.flush_cf(db.cf_handle(CF_EPISODES).unwrap()).unwrap();
+    }
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let latest = |digest: &str| ledger.episode("s", "refund", digest, None).unwrap().map(|e| e.episode);
+    assert_eq!(latest("d"), Some(2), "from a table without the prefix filter");
+    // `dd`'s key starts with `d`'s bytes but for the length prefix: another action.
+    open_episodes(&ledger, "dd", 1..=5);
+    open_episodes(&ledger, "d", 3..=3);
+    assert_eq!((latest("d"), latest("dd"), latest("e")), (Some(3), Some(5), None), "from the memtable");
+    ledger.db.flush_cf(ledger.cf(CF_EPISODES)).unwrap();
+    let filtered = || {
+        use rocksdb::statistics::Ticker::{LastLevelSeekFiltered, NonLastLevelSeekFiltered};
+        let opts = ledger.opts.as_ref().unwrap();
+        opts.get_ticker_count(LastLevelSeekFiltered) + opts.get_ticker_count(NonLastLevelSeekFiltered)
+    };
+    let before = filtered();
+    assert_eq!(latest("e"), None);
+    assert!(filtered() > before, "the table's prefix filter answered for an action it holds nothing of");
+    open_episodes(&ledger, "d", 4..=4);
+    assert_eq!((latest("d"), latest("dd"), latest("e")), (Some(4), Some(5), None), "across memtable and tables");
+    ledger.settle().unwrap();
+    assert_eq!((latest("d"), latest("dd"), latest("e")), (Some(4), Some(5), None), "after compaction into one table");
+    assert_eq!(ledger.episode("s", "refund", "d", Some(2)).unwrap().map(|e| e.episode), Some(2), "point reads still see every episode");
+    assert_eq!(ledger.all_episodes().unwrap().len(), 9, "a total-order scan still sees every action");
+}
+
 fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
     crate::suite::attempt(call_id, 0, 0, state)
 }

@@ -155,7 +155,7 @@ fn episodes_open_once_hand_over_conditionally_and_close(store: &dyn Store) {
     assert_eq!(latest().unwrap().executor, "c3");
     // Closing is idempotent and keeps the first time.
     for at in [50, 60] {
-        ledger.commit(LedgerWrite::new().episode(EpisodeOp::Close { record: episode(1, "c3"), at_ms: at }), Durability::Buffered).unwrap();
+        ledger.commit(LedgerWrite::new().episode(EpisodeOp::Close { episode: episode(1, "c3").id(), at_ms: at }), Durability::Buffered).unwrap();
     }
     let closed = latest().unwrap();
     assert_eq!((closed.closed, closed.closed_ms, closed.executor.as_str()), (true, Some(50), "c3"));

@@ -32,13 +32,13 @@ pub(super) fn a_pruning_pass_removes_old_final_units_and_leaves_tombstones(store
     // Episode 1 of the refund: closed long ago, an executor and a follower.
     let (x, y) = (in_episode(completed("x", 1_000), 1, false), in_episode(call("s", "y"), 1, true));
     commit(&ledger, LedgerWrite::new().call(x).call(y).attempt(attempt("x", 0, 0, AttemptState::Succeeded)).episode(EpisodeOp::Open(episode(1, "x"))));
-    commit(&ledger, LedgerWrite::new().episode(EpisodeOp::Close { record: episode(1, "x"), at_ms: 1_100 }));
+    commit(&ledger, LedgerWrite::new().episode(EpisodeOp::Close { episode: episode(1, "x").id(), at_ms: 1_100 }));
     // Episode 1 of another action: closed long ago, but an attempt is still unknown.
     let other = |c: CallRecord| CallRecord { args_digest: "other".into(), ..c };
     let z = other(in_episode(completed("z", 1_000), 1, false));
     let open = EpisodeRecord { args_digest: "other".into(), ..episode(1, "z") };
     commit(&ledger, LedgerWrite::new().call(z).attempt(attempt("z", 0, 0, AttemptState::Unknown)).episode(EpisodeOp::Open(open.clone())));
-    commit(&ledger, LedgerWrite::new().episode(EpisodeOp::Close { record: open, at_ms: 1_100 }));
+    commit(&ledger, LedgerWrite::new().episode(EpisodeOp::Close { episode: open.id(), at_ms: 1_100 }));
     // Episode 2 of the refund: open (its caller has not heard).
     commit(&ledger, LedgerWrite::new().call(in_episode(call("s", "w"), 2, false)).episode(EpisodeOp::Open(episode(2, "w"))));
 
