@@ -140,7 +140,7 @@ fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
     assert!(buffered.into_iter().all(|(_, r)| r.try_recv() == Ok(Ok(()))), "every buffered writer is told at once");
     let synced = synced.into_iter().map(|(_, r)| r).next().unwrap();
     assert!(synced.try_recv().is_err(), "the synced writer waits for the fsync");
-    sync_round(&ledger.db, waiting.recv().unwrap(), &waiting);
+    sync_round(&ledger.db, waiting.recv().unwrap(), &waiting, &std::sync::atomic::AtomicU64::new(0));
     assert_eq!(ledger.wal_syncs().unwrap() - syncs, 1, "65 writes, one fsync");
     assert_eq!(synced.try_recv(), Ok(Ok(())), "and then it is told");
     assert_eq!(ledger.calls(Some("s")).unwrap().len(), 64);
@@ -242,6 +242,53 @@ fn a_lone_synced_write_is_fsynced_by_its_caller_and_one_behind_another_by_the_sy
 }
 
 #[test]
+fn a_slow_disk_turns_the_callers_own_fsync_off_until_fsyncs_are_fast_again() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let writer = ledger.writer.as_ref().unwrap();
+    let max = super::writer::INLINE_FSYNC_MAX.as_micros() as u64;
+    let write = |id: String| LedgerWrite::new().call(crate::suite::call("s", &id));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let two = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    let _in_runtime = two.enter();
+    // A lone synced write, with no slow fsync seen, is fsynced by its caller.
+    let mut first = ledger.enqueue(&write("first".into()), Durability::Synced).unwrap().unwrap();
+    assert!(first.as_mut().poll(&mut cx).is_ready(), "fsynced on the caller's thread");
+    let disk = writer.fsync_micros.load(Relaxed) * 4; // this disk's own fsync, µs
+    // One fsync 40 times slower than the limit (the sync thread's here)...
+    let _slow = SlowFsync::new(super::writer::INLINE_FSYNC_MAX * 40);
+    let (done, result) = tokio::sync::oneshot::channel();
+    assert!(writer.sync_applied(done).is_ok());
+    assert_eq!(result.blocking_recv().unwrap(), Ok(()));
+    let after_slow = writer.fsync_micros.load(Relaxed);
+    assert!(after_slow > max, "one slow fsync lifts the average over the limit: {after_slow} µs");
+    // ...and the next lone synced write is the sync thread's (whose fsync,
+    // still slow, cannot have ended before it is polled): its caller's
+    // worker is not held for a slow disk's fsync.
+    let mut next = ledger.enqueue(&write("next".into()), Durability::Synced).unwrap().unwrap();
+    assert!(next.as_mut().poll(&mut cx).is_pending(), "handed to the sync thread after a slow fsync");
+    assert_eq!(wait_for(next), Ok(()));
+    drop(_slow);
+    if disk * 2 > max {
+        eprintln!("this disk's fsync ({disk} µs) is too near the limit ({max} µs) to show the caller's fsync coming back");
+        return;
+    }
+    // Fast fsyncs (the sync thread's) bring the caller's own fsync back:
+    // five lone synced writes in a row are durable when enqueue returns.
+    let mut in_a_row = 0;
+    for i in 0..100 {
+        let mut write = ledger.enqueue(&write(format!("w{i}")), Durability::Synced).unwrap().unwrap();
+        in_a_row = if write.as_mut().poll(&mut cx).is_ready() { in_a_row + 1 } else { 0 };
+        assert_eq!(wait_for(write), Ok(()));
+        if in_a_row == 5 {
+            return;
+        }
+    }
+    panic!("100 fast fsyncs did not turn the caller's own fsync back on (average {} µs)", writer.fsync_micros.load(Relaxed));
+}
+
+#[test]
 fn a_buffered_write_never_overtakes_one_queued_before_it() {
     use AttemptState::*;
     let dir = tempfile::tempdir().unwrap();
@@ -271,13 +318,17 @@ fn wait_for<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
 }
 
-/// The slowed fsync of `simulate_slow_fsync`, undone when dropped.
-struct SlowFsync;
+/// The slowed fsync of `simulate_slow_fsync`, undone when dropped. The
+/// slowdown is process-wide: tests that slow the disk take turns, so none
+/// undoes another's while it counts on it.
+struct SlowFsync(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
 
 impl SlowFsync {
     fn new(extra: std::time::Duration) -> Self {
+        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let turn = TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         super::simulate_slow_fsync(extra);
-        Self
+        Self(turn)
     }
 }
 

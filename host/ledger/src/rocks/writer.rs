@@ -14,7 +14,7 @@
 use super::write_options;
 use crate::Durability;
 use rocksdb::{DB, ErrorKind, WriteBatch, WriteOptions};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,9 @@ pub(super) struct Writer {
     /// sync thread, or being synced on a caller's thread): a synced write
     /// with nothing ahead of it is synced by its caller only while this is zero.
     syncs: Arc<AtomicUsize>,
+    /// How long recent fsyncs of the WAL took (µs, a moving average): a
+    /// caller fsyncs its own write only while the disk is fast.
+    pub(super) fsync_micros: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -75,11 +78,13 @@ impl Writer {
         let (synced, failed) = (syncs.clone(), syncs.clone());
         let sync_db = db.clone();
         let inline_sync = to_sync.clone();
+        let fsync_micros = Arc::new(AtomicU64::new(0));
+        let timed = fsync_micros.clone();
         let syncer = std::thread::Builder::new()
             .name("toolguard-ledger-sync".into())
             .spawn(move || {
                 while let Ok(first) = waiting.recv() {
-                    synced.fetch_sub(sync_round(&sync_db, first, &waiting), SeqCst);
+                    synced.fetch_sub(sync_round(&sync_db, first, &waiting, &timed), SeqCst);
                 }
             })
             .map_err(|e| format!("cannot start the ledger's sync thread: {e}"))?;
@@ -100,7 +105,7 @@ impl Writer {
                 let _ = syncer.join();
             })
             .map_err(|e| format!("cannot start the ledger's writer thread: {e}"))?;
-        Ok(Self { queue: Some(queue), to_sync: Some(inline_sync), queued, syncs, thread: Some(thread) })
+        Ok(Self { queue: Some(queue), to_sync: Some(inline_sync), queued, syncs, fsync_micros, thread: Some(thread) })
     }
 
     /// Queues `job` for the writer thread; gives it back if the thread has stopped.
@@ -118,18 +123,23 @@ impl Writer {
 
     /// Syncs the WAL on the caller's thread, after [`Writer::apply_now`]
     /// applied a synced write, when no other synced write is waiting for an
-    /// fsync (nothing would share the sync thread's fsync with it) and the
+    /// fsync (nothing would share the sync thread's fsync with it), the
     /// caller is one of two or more async workers (the others go on serving
-    /// while this one waits on the disk): `None` otherwise, to hand it to
+    /// while this one waits on the disk) and recent fsyncs took at most
+    /// [`INLINE_FSYNC_MAX`] (a slow disk would hold the worker, and every
+    /// task queued on it, for milliseconds): `None` otherwise, to hand it to
     /// the sync thread. The caller's task goes on the moment the fsync ends,
     /// with no thread to wake on the way.
     pub(super) fn sync_now(&self, db: &DB) -> Option<Result<(), String>> {
         use tokio::runtime::{Handle, RuntimeFlavor};
+        if self.fsync_micros.load(Relaxed) > INLINE_FSYNC_MAX.as_micros() as u64 {
+            return None;
+        }
         let many_workers = Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread && h.metrics().num_workers() > 1);
         if !many_workers || self.syncs.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
             return None;
         }
-        let result = sync_wal(db);
+        let result = sync_wal(db, &self.fsync_micros);
         self.syncs.fetch_sub(1, SeqCst);
         Some(result)
     }
@@ -217,11 +227,11 @@ pub(super) fn apply_group(db: &DB, group: Vec<Job>, queued: &AtomicUsize, to_syn
 /// One fsync of the WAL for `first` and every writer queued behind it: all
 /// their writes were applied before they were queued here, so one
 /// `SyncWAL` makes them all durable. Then each is told; returns how many.
-pub(super) fn sync_round(db: &DB, mut first: Vec<Done>, waiting: &mpsc::Receiver<Vec<Done>>) -> usize {
+pub(super) fn sync_round(db: &DB, mut first: Vec<Done>, waiting: &mpsc::Receiver<Vec<Done>>, fsync_micros: &AtomicU64) -> usize {
     while let Ok(more) = waiting.try_recv() {
         first.extend(more);
     }
-    let result = sync_wal(db);
+    let result = sync_wal(db, fsync_micros);
     let n = first.len();
     for tx in first {
         let _ = tx.send(result.clone());
@@ -229,13 +239,26 @@ pub(super) fn sync_round(db: &DB, mut first: Vec<Done>, waiting: &mpsc::Receiver
     n
 }
 
-/// One fsync of the WAL (`SyncWAL`), slowed by [`simulate_slow_fsync`]'s extra time if set.
-fn sync_wal(db: &DB) -> Result<(), String> {
+/// The slowest recent fsync (µs, moving average) at which a caller still
+/// fsyncs its own write ([`Writer::sync_now`]): handing a write to the sync
+/// thread costs two thread wake-ups, tens of µs on a VM, less than an
+/// async worker held for longer than this.
+pub(super) const INLINE_FSYNC_MAX: Duration = Duration::from_micros(500);
+
+/// One fsync of the WAL (`SyncWAL`), slowed by [`simulate_slow_fsync`]'s
+/// extra time if set; folds how long it took into `fsync_micros` (each
+/// fsync a quarter of the average, so one slow fsync turns inline fsyncs
+/// off and a few fast ones turn them back on).
+fn sync_wal(db: &DB, fsync_micros: &AtomicU64) -> Result<(), String> {
+    let started = Instant::now();
     let result = db.flush_wal(true).map_err(|e| e.to_string());
-    let extra = SLOW_FSYNC_MICROS.load(std::sync::atomic::Ordering::Relaxed);
+    let extra = SLOW_FSYNC_MICROS.load(Relaxed);
     if extra > 0 {
         std::thread::sleep(Duration::from_micros(extra));
     }
+    let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let average = fsync_micros.load(Relaxed);
+    fsync_micros.store(average.saturating_mul(3).saturating_add(took) / 4, Relaxed);
     result
 }
 
@@ -246,7 +269,7 @@ static SLOW_FSYNC_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::Atom
 /// Makes every fsync of the WAL by this process's sync threads take
 /// `extra` longer (`Duration::ZERO` turns it off). For `toolguard bench` only.
 pub fn simulate_slow_fsync(extra: Duration) {
-    SLOW_FSYNC_MICROS.store(extra.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+    SLOW_FSYNC_MICROS.store(extra.as_micros() as u64, Relaxed);
 }
 
 /// How long the writer keeps polling for the next write before it sleeps:
