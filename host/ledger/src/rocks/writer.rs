@@ -248,7 +248,8 @@ pub(super) const INLINE_FSYNC_MAX: Duration = Duration::from_micros(500);
 /// One fsync of the WAL (`SyncWAL`), slowed by [`simulate_slow_fsync`]'s
 /// extra time if set; folds how long it took into `fsync_micros` (each
 /// fsync a quarter of the average, so one slow fsync turns inline fsyncs
-/// off and a few fast ones turn them back on).
+/// off, and fast ones turn them back on: 4 after a 4 ms fsync, a few
+/// dozen after a stall of seconds).
 fn sync_wal(db: &DB, fsync_micros: &AtomicU64) -> Result<(), String> {
     let started = Instant::now();
     let result = db.flush_wal(true).map_err(|e| e.to_string());
