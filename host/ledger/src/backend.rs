@@ -46,6 +46,11 @@ pub(crate) trait Backend: Send + Sync {
     fn read_from_memory(&self, _read: &mut dyn FnMut()) -> bool {
         false
     }
+    /// Whether writes given to [`Backend::enqueue`] land in the order they
+    /// were given (a single writer thread).
+    fn lands_in_order(&self) -> bool {
+        false
+    }
     /// Whether other hosts share this ledger: then calls are claimed.
     fn shared(&self) -> bool {
         false

@@ -341,7 +341,7 @@ impl Ledger {
     pub fn queue(&self, write: LedgerWrite, durability: Durability) -> QueuedWrite {
         let waiting = match self.backend.enqueue(&write, durability) {
             Some(Ok(pending)) => Waiting::Writer(pending),
-            Some(Err(e)) => Waiting::Failed(e),
+            Some(Err(e)) => Waiting::Ready(Err(e)),
             None => {
                 let backend = self.backend.clone();
                 Waiting::Pool(tokio::task::spawn_blocking(move || backend.commit(&write, durability)))
@@ -353,6 +353,13 @@ impl Ledger {
     fn count(&self, durability: Durability) {
         let slot = usize::from(durability == Durability::Buffered);
         self.counts[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether writes queued with [`Ledger::queue`] land in the order they
+    /// were queued (RocksDB's writer thread), so a write may be queued
+    /// behind one it must follow without waiting for it first.
+    pub fn lands_in_order(&self) -> bool {
+        self.backend.lands_in_order()
     }
 
     /// Whether other hosts share this ledger (PostgreSQL): then a host claims
@@ -429,7 +436,8 @@ pub struct QueuedWrite {
 enum Waiting {
     Writer(Pending),
     Pool(tokio::task::JoinHandle<Result<(), BackendError>>),
-    Failed(BackendError),
+    /// Applied or failed already (or refused before it was queued).
+    Ready(Result<(), BackendError>),
 }
 
 impl QueuedWrite {
@@ -438,15 +446,43 @@ impl QueuedWrite {
     /// # Errors
     /// The write failed; nothing of it was applied.
     pub async fn wait(self) -> Result<(), LedgerError> {
-        let written = match self.waiting {
+        let Self { ledger, durability, waiting } = self;
+        let written = match waiting {
             Waiting::Writer(pending) => pending.await,
-            Waiting::Pool(task) => task.await.unwrap_or_else(|e| Err(BackendError::Failed(format!("the ledger write panicked: {e}")))),
-            Waiting::Failed(e) => Err(e),
+            Waiting::Pool(task) => task.await.unwrap_or_else(|e| Err(pool_panic(&e))),
+            Waiting::Ready(written) => return written.map_err(|e| ledger.backend_err(e)),
         };
-        written.map_err(|e| self.ledger.backend_err(e))?;
-        self.ledger.count(self.durability);
-        Ok(())
+        landed(&ledger, durability, written)
     }
+
+    /// The write's result if it has landed (applied, and synced if it is
+    /// to be), without waiting: `None` while it has not. Once it has
+    /// returned a result, it returns it again on every call.
+    pub fn try_wait(&mut self) -> Option<Result<(), LedgerError>> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let polled = match &mut self.waiting {
+            Waiting::Writer(pending) => pending.as_mut().poll(&mut cx),
+            Waiting::Pool(task) => std::pin::Pin::new(task).poll(&mut cx).map(|r| r.unwrap_or_else(|e| Err(pool_panic(&e)))),
+            Waiting::Ready(written) => return Some(written.clone().map_err(|e| self.ledger.backend_err(e))),
+        };
+        let std::task::Poll::Ready(written) = polled else { return None };
+        self.waiting = Waiting::Ready(written.clone());
+        Some(landed(&self.ledger, self.durability, written))
+    }
+}
+
+/// A write's result just come from the backend, counted once if it landed.
+fn landed(ledger: &Ledger, durability: Durability, written: Result<(), BackendError>) -> Result<(), LedgerError> {
+    written.map_err(|e| ledger.backend_err(e))?;
+    ledger.count(durability);
+    Ok(())
+}
+
+fn pool_panic(e: &tokio::task::JoinError) -> BackendError {
+    BackendError::Failed(format!("the ledger write panicked: {e}"))
+}
+
+impl QueuedWrite {
 }
 
 /// Where a ledger lives.

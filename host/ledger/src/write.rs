@@ -12,12 +12,24 @@ pub struct LedgerWrite {
     pub(super) calls: Vec<CallRecord>,
     pub(super) attempts: Vec<(AttemptRecord, Prior)>,
     pub(super) episodes: Vec<EpisodeOp>,
-    /// (session, call id, what its caller was told): set on the stored record.
-    pub(super) reports: Vec<(String, String, Reported)>,
+    /// What callers were told: set on the stored records.
+    pub(super) reports: Vec<Report>,
     pub(super) superseding: Option<Superseding>,
     pub(super) charges: Vec<Charge>,
     /// Retire-index entries to add beside those the records imply (migrations).
     pub(super) retire: Vec<RetireEntry>,
+}
+
+/// What the caller of one tool call was told, to set on its stored record.
+#[derive(Debug, Clone)]
+pub(super) struct Report {
+    pub(super) session: String,
+    pub(super) call_id: String,
+    pub(super) reported: Reported,
+    /// The stored record as the writer read it (or wrote it) last, under the
+    /// call's lock: RocksDB then writes it back with `reported` set instead
+    /// of reading it again.
+    pub(super) read: Option<Box<CallRecord>>,
 }
 
 /// One use of a budget, recorded with the write that spends it; the write is
@@ -131,7 +143,16 @@ impl LedgerWrite {
     /// Records what the caller of (session, call id) was told, on its stored
     /// record (a no-op if there is none).
     pub fn reported(mut self, session: &str, call_id: &str, reported: Reported) -> Self {
-        self.reports.push((session.into(), call_id.into(), reported));
+        self.reports.push(Report { session: session.into(), call_id: call_id.into(), reported, read: None });
+        self
+    }
+
+    /// [`LedgerWrite::reported`] on `call`, the stored record as the caller
+    /// read or wrote it last while holding the call's lock, so that nothing
+    /// else can have changed it since: the ledger need not read it again.
+    pub fn reported_on(mut self, call: CallRecord, reported: Reported) -> Self {
+        let (session, call_id) = (call.session.clone(), call.call_id.clone());
+        self.reports.push(Report { session, call_id, reported, read: Some(Box::new(call)) });
         self
     }
 

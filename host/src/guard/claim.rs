@@ -4,42 +4,76 @@
 //! them before a plugin runs; recovery before it re-sends or reconciles.
 
 use super::Guard;
+use super::finish::Landing;
 use crate::ledger::records::{CallRecord, now_ms};
 use crate::ledger::{Claim, LedgerError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// The lock a run of one tool call (session, call id) holds; also the lock
-/// under which the guard decides about one action (session, tool, digest).
-pub(super) type CallLock = Arc<tokio::sync::Mutex<()>>;
+/// The lock a run of one tool call (session, call id) holds, with the
+/// completion its last run queued and nobody has waited for yet.
+pub(super) type CallLock = Arc<tokio::sync::Mutex<Option<Landing>>>;
 
 /// A held call lock.
-pub(super) type Held = tokio::sync::OwnedMutexGuard<()>;
+pub(super) type Held = tokio::sync::OwnedMutexGuard<Option<Landing>>;
+
+/// The lock under which the guard decides about one action (session, tool, digest).
+pub(super) type ActionLock = Arc<tokio::sync::Mutex<()>>;
 
 /// How often a host waits for another host's run of the same tool call.
 pub(super) const CLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Locks by name, each dropped from the map once nobody holds or waits for it.
-pub(super) struct Locks<K>(Mutex<HashMap<K, CallLock>>);
+/// What a lock keeps for its next holder; while it is busy, the lock stays
+/// in its map even when nobody holds or waits for it.
+pub(super) trait Slot: Default {
+    /// Whether the slot still holds something the next holder must wait for.
+    fn busy(&mut self) -> bool;
+}
 
-impl<K> Default for Locks<K> {
-    fn default() -> Self {
-        Self(Mutex::new(HashMap::new()))
+impl Slot for () {
+    fn busy(&mut self) -> bool {
+        false
     }
 }
 
-impl<K: std::hash::Hash + Eq> Locks<K> {
-    /// The lock of `key`.
-    pub fn get(&self, key: K) -> CallLock {
-        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.retain(|_, l| Arc::strong_count(l) > 1);
+impl Slot for Option<Landing> {
+    fn busy(&mut self) -> bool {
+        self.as_mut().is_some_and(|landing| !landing.landed())
+    }
+}
+
+/// Locks by name, each dropped from the map once nobody holds or waits for
+/// it and its slot is not busy.
+pub(super) struct Locks<K, V = ()> {
+    map: Mutex<HashMap<K, Arc<tokio::sync::Mutex<V>>>>,
+    /// How many locks the map kept when it was last swept.
+    kept: std::sync::atomic::AtomicUsize,
+}
+
+impl<K, V> Default for Locks<K, V> {
+    fn default() -> Self {
+        Self { map: Mutex::new(HashMap::new()), kept: std::sync::atomic::AtomicUsize::new(0) }
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V: Slot> Locks<K, V> {
+    /// The lock of `key`. Locks nobody uses are swept out once the map has
+    /// doubled since its last sweep: a sweep per call would cost as many
+    /// steps as there are calls in flight.
+    pub fn get(&self, key: K) -> Arc<tokio::sync::Mutex<V>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut map = self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= 2 * self.kept.load(Relaxed) + 64 {
+            map.retain(|_, l| Arc::strong_count(l) > 1 || l.try_lock().map_or(true, |mut slot| slot.busy()));
+            self.kept.store(map.len(), Relaxed);
+        }
         map.entry(key).or_default().clone()
     }
 
-    /// Whether the lock of `key` is held right now.
+    /// Whether the lock of `key` is held right now, or its slot is busy.
     pub fn held(&self, key: &K) -> bool {
-        let map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.get(key).is_some_and(|l| l.try_lock().is_err())
+        let map = self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(key).is_some_and(|l| l.try_lock().map_or(true, |mut slot| slot.busy()))
     }
 }
 
@@ -56,13 +90,19 @@ impl Guard {
         self.in_flight.get((session.to_string(), call_id.to_string()))
     }
 
-    /// Takes the lock of tool call (session, call id), waiting for a run of it in progress.
+    /// Takes the lock of tool call (session, call id), waiting for a run of
+    /// it in progress, and then for the completion its last run queued: what
+    /// is read under the lock is what the ledger holds.
     pub(super) async fn lock_call(&self, session: &str, call_id: &str) -> Held {
-        self.call_lock(session, call_id).lock_owned().await
+        let mut held = self.call_lock(session, call_id).lock_owned().await;
+        if let Some(landing) = held.take() {
+            landing.wait().await;
+        }
+        held
     }
 
     /// The lock under which the guard decides about an action (session, tool, args digest).
-    pub(super) fn action_lock(&self, session: &str, tool: &str, args_digest: &str) -> CallLock {
+    pub(super) fn action_lock(&self, session: &str, tool: &str, args_digest: &str) -> ActionLock {
         self.actions.get((session.to_string(), tool.to_string(), args_digest.to_string()))
     }
 

@@ -6,7 +6,7 @@ use super::drive::outcomes_written;
 use super::{CallGuard, Guard};
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{CallRecord, CallState, EpisodeId, Reported, StoredOutcome, now_ms};
-use crate::ledger::{Durability, EpisodeOp, LedgerError, LedgerWrite};
+use crate::ledger::{Durability, EpisodeOp, LedgerError, LedgerWrite, QueuedWrite};
 use serde_json::Value;
 
 impl Guard {
@@ -40,17 +40,16 @@ impl Guard {
         // whose sends replay from their recorded attempts. The buffered
         // outcomes of those sends ride with it: one write, and a completion
         // never lands without them (docs/ledger.md).
+        // Not waited for: the answer goes on while the writer applies it.
+        // The call's lock keeps it (a [`Landing`]) until it has landed, so
+        // whoever takes the lock next reads what the ledger holds; a
+        // replay meanwhile is answered from memory (docs/ledger.md).
         let (write, outcomes) = call.completion(record.clone());
-        match self.ledger.queue(write, Durability::Buffered).wait().await {
-            Ok(()) => {
-                outcomes_written(&outcomes, Ok(()));
-                self.remember(&record);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, call_id = %record.call_id, "could not record the completed tool call; a replay will re-run it");
-                outcomes_written(&outcomes, Err(e));
-            }
-        }
+        self.remember(&record);
+        let mut landing = Landing::new(self.ledger.queue(write, Durability::Buffered), outcomes, record.clone());
+        // Applied on this thread already when nothing was queued ahead of it.
+        landing.landed();
+        call.leave(landing);
         if record.episode.is_some() {
             self.outgoing.leaving((record.session.clone(), record.tool.clone(), record.args_digest.clone()), &record.call_id);
         }
@@ -73,26 +72,106 @@ impl Guard {
     /// # Errors
     /// The ledger could not be read or written.
     pub async fn report(&self, session: &str, call_id: &str, reported: Reported, delivered_ms: u64) -> Result<(), LedgerError> {
-        let _lock = self.lock_call(session, call_id).await;
-        let (s, c) = (session.to_string(), call_id.to_string());
-        let Some(call) = self.ledger.read(move |l| l.call(&s, &c)).await? else { return Ok(()) };
+        let mut lock = self.call_lock(session, call_id).lock_owned().await;
+        // The completion this host's run of the call queued, if nobody has
+        // waited for it yet: its record is what the ledger will hold, and a
+        // ledger that applies writes in order lands this report after it
+        // without waiting for it first.
+        let known = match lock.take() {
+            Some(mut landing) if self.ledger.lands_in_order() => landing.record.take().map(|record| (record, landing)),
+            Some(landing) => {
+                landing.wait().await;
+                None
+            }
+            None => None,
+        };
+        let (call, landing) = match known {
+            Some((record, landing)) => (record, Some(landing)),
+            None => {
+                let (s, c) = (session.to_string(), call_id.to_string());
+                let Some(call) = self.ledger.read(move |l| l.call(&s, &c)).await? else { return Ok(()) };
+                (call, None)
+            }
+        };
         let action = (call.session.clone(), call.tool.clone(), call.args_digest.clone());
         let written = self.record_report(call, reported, delivered_ms).await;
+        if let Some(landing) = landing {
+            landing.wait().await;
+        }
         self.outgoing.recorded(&action, call_id);
         written
     }
 
     async fn record_report(&self, call: CallRecord, reported: Reported, delivered_ms: u64) -> Result<(), LedgerError> {
-        let (session, call_id) = (call.session.as_str(), call.call_id.as_str());
         if call.reported == Reported::Definitive || call.reported == reported {
             return Ok(());
         }
-        let mut write = LedgerWrite::new().reported(session, call_id, reported);
-        let _action = self.action_lock(session, &call.tool, &call.args_digest).lock_owned().await;
+        let _action = self.action_lock(&call.session, &call.tool, &call.args_digest).lock_owned().await;
         // The ledger closes the episode it holds: no need to read it here.
-        if let (Reported::Definitive, Some(episode)) = (reported, EpisodeId::of_call(&call)) {
-            write = write.episode(EpisodeOp::Close { episode, at_ms: delivered_ms });
+        let close = match (reported, EpisodeId::of_call(&call)) {
+            (Reported::Definitive, Some(episode)) => Some(EpisodeOp::Close { episode, at_ms: delivered_ms }),
+            _ => None,
+        };
+        // Read (or written) under the call's lock, which is held: the ledger
+        // need not read the record again.
+        let mut write = LedgerWrite::new().reported_on(call, reported);
+        if let Some(close) = close {
+            write = write.episode(close);
         }
         self.ledger.commit_async(write, Durability::Buffered).await
     }
 }
+
+/// A tool call's completion, queued and not waited for, kept in the call's
+/// lock ([`super::claim::CallLock`]) until it lands: the next holder of the
+/// lock waits for it, so nobody reads the call before the ledger holds it.
+pub(super) struct Landing {
+    write: QueuedWrite,
+    call_id: String,
+    /// The keys of the attempts whose outcomes ride with it; emptied once
+    /// how the write went has been told.
+    outcomes: Vec<String>,
+    /// The call, as completed: for the report of what its caller was told.
+    record: Option<CallRecord>,
+    /// Whether how the write went has been told (logged) yet.
+    told: bool,
+}
+
+impl Landing {
+    /// The completion `write` of `record`, with the outcomes of `outcomes`.
+    fn new(write: QueuedWrite, outcomes: Vec<String>, record: CallRecord) -> Self {
+        Self { write, call_id: record.call_id.clone(), outcomes, record: Some(record), told: false }
+    }
+
+    /// Whether the write has landed; how it went is told the first time it has.
+    pub(super) fn landed(&mut self) -> bool {
+        if self.told {
+            return true;
+        }
+        let Some(written) = self.write.try_wait() else { return false };
+        self.told = true;
+        tell(&self.call_id, &std::mem::take(&mut self.outcomes), written);
+        true
+    }
+
+    /// Waits for the write to land, and tells how it went.
+    pub(super) async fn wait(mut self) {
+        if !self.landed() {
+            let written = self.write.wait().await;
+            tell(&self.call_id, &self.outcomes, written);
+        }
+    }
+}
+
+/// Tells how the completion of `call_id` went, with the outcomes of the
+/// attempts `outcomes` that rode with it.
+fn tell(call_id: &str, outcomes: &[String], written: Result<(), LedgerError>) {
+    if let Err(e) = &written {
+        tracing::warn!(error = %e, %call_id, "could not record the completed tool call; a replay will re-run it");
+    }
+    outcomes_written(outcomes, written);
+}
+
+#[cfg(test)]
+#[path = "landing_tests.rs"]
+mod tests;

@@ -59,7 +59,7 @@ pub struct Guard {
     clients: BTreeMap<String, reqwest::Client>,
     downstreams: Downstreams,
     /// One lock per tool call in progress: concurrent duplicates wait for it.
-    in_flight: claim::Locks<(String, String)>,
+    in_flight: claim::Locks<(String, String), Option<finish::Landing>>,
     /// One lock per irreversible action being decided about (hold rule).
     actions: claim::Locks<(String, String, String)>,
     /// One lock per budget being spent: on a host's own ledger, what makes

@@ -32,6 +32,22 @@ pub(super) struct Completed {
     bytes: usize,
 }
 
+/// How many bytes `value` takes as JSON, counted without building it.
+fn json_len(value: &StoredOutcome) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
+}
+
 impl Completed {
     /// The completed call (session, call id), if it is kept.
     pub fn get(&self, session: &str, call_id: &str) -> Option<Arc<Done>> {
@@ -43,7 +59,7 @@ impl Completed {
     /// calls until the cache is within its bounds again.
     pub fn insert(&mut self, record: &CallRecord) {
         let Some(outcome) = record.outcome.clone() else { return };
-        let size = serde_json::to_vec(&outcome).map_or(usize::MAX, |v| v.len());
+        let size = json_len(&outcome);
         if size > MAX_ENTRY_BYTES {
             return;
         }

@@ -61,6 +61,12 @@ impl CallGuard {
         (outcomes.call(completed), keys)
     }
 
+    /// Ends the run, leaving the call's queued completion in its lock for
+    /// the lock's next holder to wait for.
+    pub(super) fn leave(mut self, landing: super::finish::Landing) {
+        *self._lock = Some(landing);
+    }
+
     /// The tool call this guard serves.
     pub(super) fn record(&self) -> &CallRecord {
         &self.record

@@ -546,7 +546,8 @@ impl Backend for Postgres {
                     tx.execute(&upsert, &params).map_err(failed)?;
                 }
             }
-            for (session, call_id, reported) in &write.reports {
+            // A report's record as its caller read it is not needed: the update sets one field.
+            for crate::write::Report { session, call_id, reported, .. } in &write.reports {
                 let sql = "UPDATE toolguard_calls SET record = (record::jsonb || jsonb_build_object('reported', $3::text))::text \
                            WHERE session = $1 AND call_id = $2";
                 tx.execute(sql, &[session, call_id, &reported.as_str()]).map_err(failed)?;

@@ -309,10 +309,14 @@ impl Rocks {
         for entry in &write.retire {
             batch.put_cf(self.cf(CF_RETIRE), retire_key(entry), []);
         }
-        for (session, call_id, reported) in &write.reports {
-            let key = call_key(session, call_id);
-            if let Some(mut call) = self.get_json::<CallRecord>(CF_CALLS, &key)? {
-                call.reported = *reported;
+        for report in &write.reports {
+            let key = call_key(&report.session, &report.call_id);
+            let stored = match &report.read {
+                Some(call) => Some((**call).clone()),
+                None => self.get_json::<CallRecord>(CF_CALLS, &key)?,
+            };
+            if let Some(mut call) = stored {
+                call.reported = report.reported;
                 batch.put_cf(self.cf(CF_CALLS), key, serde_json::to_vec(&call).map_err(failed)?);
             }
         }
@@ -435,6 +439,10 @@ impl Backend for Rocks {
 
     fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), BackendError> {
         self.db.write_opt(self.batch(write)?, &write_options(durability)).map_err(|e| BackendError::Failed(e.to_string()))
+    }
+
+    fn lands_in_order(&self) -> bool {
+        self.writer.is_some()
     }
 
     fn enqueue(&self, write: &LedgerWrite, durability: Durability) -> Option<Result<Pending, BackendError>> {
