@@ -459,15 +459,31 @@ impl QueuedWrite {
     /// to be), without waiting: `None` while it has not. Once it has
     /// returned a result, it returns it again on every call.
     pub fn try_wait(&mut self) -> Option<Result<(), LedgerError>> {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match self.poll_landed(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(written) => Some(written),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    /// [`QueuedWrite::wait`] without giving the write up: cancelled, it
+    /// can be waited for again; landed, it returns the same result again.
+    ///
+    /// # Errors
+    /// The write failed; nothing of it was applied.
+    pub async fn landed(&mut self) -> Result<(), LedgerError> {
+        std::future::poll_fn(|cx| self.poll_landed(cx)).await
+    }
+
+    fn poll_landed(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), LedgerError>> {
         let polled = match &mut self.waiting {
-            Waiting::Writer(pending) => pending.as_mut().poll(&mut cx),
-            Waiting::Pool(task) => std::pin::Pin::new(task).poll(&mut cx).map(|r| r.unwrap_or_else(|e| Err(pool_panic(&e)))),
-            Waiting::Ready(written) => return Some(written.clone().map_err(|e| self.ledger.backend_err(e))),
+            Waiting::Writer(pending) => pending.as_mut().poll(cx),
+            Waiting::Pool(task) => std::pin::Pin::new(task).poll(cx).map(|r| r.unwrap_or_else(|e| Err(pool_panic(&e)))),
+            Waiting::Ready(written) => return std::task::Poll::Ready(written.clone().map_err(|e| self.ledger.backend_err(e))),
         };
-        let std::task::Poll::Ready(written) = polled else { return None };
-        self.waiting = Waiting::Ready(written.clone());
-        Some(landed(&self.ledger, self.durability, written))
+        polled.map(|written| {
+            self.waiting = Waiting::Ready(written.clone());
+            landed(&self.ledger, self.durability, written)
+        })
     }
 }
 

@@ -92,12 +92,14 @@ impl Guard {
 
     /// Takes the lock of tool call (session, call id), waiting for a run of
     /// it in progress, and then for the completion its last run queued: what
-    /// is read under the lock is what the ledger holds.
+    /// is read under the lock is what the ledger holds. Cancel-safe.
     pub(super) async fn lock_call(&self, session: &str, call_id: &str) -> Held {
         let mut held = self.call_lock(session, call_id).lock_owned().await;
-        if let Some(landing) = held.take() {
+        // Left in the lock while it is waited for: cancelled, the next holder waits.
+        if let Some(landing) = held.as_mut() {
             landing.wait().await;
         }
+        *held = None;
         held
     }
 

@@ -76,28 +76,31 @@ impl Guard {
         // The completion this host's run of the call queued, if nobody has
         // waited for it yet: its record is what the ledger will hold, and a
         // ledger that applies writes in order lands this report after it
-        // without waiting for it first.
-        let known = match lock.take() {
-            Some(mut landing) if self.ledger.lands_in_order() => landing.record.take().map(|record| (record, landing)),
+        // without waiting for it first. It stays in the lock until it has
+        // landed, so a cancelled report leaves it for the next holder.
+        let in_order = self.ledger.lands_in_order();
+        let known = match lock.as_mut() {
+            Some(landing) if in_order => landing.record.take(),
             Some(landing) => {
                 landing.wait().await;
                 None
             }
             None => None,
         };
-        let (call, landing) = match known {
-            Some((record, landing)) => (record, Some(landing)),
+        let call = match known {
+            Some(record) => record,
             None => {
                 let (s, c) = (session.to_string(), call_id.to_string());
                 let Some(call) = self.ledger.read(move |l| l.call(&s, &c)).await? else { return Ok(()) };
-                (call, None)
+                call
             }
         };
         let action = (call.session.clone(), call.tool.clone(), call.args_digest.clone());
         let written = self.record_report(call, reported, delivered_ms).await;
-        if let Some(landing) = landing {
+        if let Some(landing) = lock.as_mut() {
             landing.wait().await;
         }
+        *lock = None;
         self.outgoing.recorded(&action, call_id);
         written
     }
@@ -154,11 +157,13 @@ impl Landing {
         true
     }
 
-    /// Waits for the write to land, and tells how it went.
-    pub(super) async fn wait(mut self) {
-        if !self.landed() {
-            let written = self.write.wait().await;
-            tell(&self.call_id, &self.outcomes, written);
+    /// Waits for the write to land, and tells how it went. Cancelled, it
+    /// can be waited for again.
+    pub(super) async fn wait(&mut self) {
+        if !self.told {
+            let written = self.write.landed().await;
+            self.told = true;
+            tell(&self.call_id, &std::mem::take(&mut self.outcomes), written);
         }
     }
 }

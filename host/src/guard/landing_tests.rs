@@ -35,6 +35,9 @@ async fn the_next_holder_of_a_calls_lock_waits_for_its_queued_completion() {
         drop(guard.lock_call("s", &format!("other-{n}")).await);
     }
     assert!(guard.in_progress("s", "c1"), "a sweep keeps a lock whose completion has not landed");
+    // A holder that gives up waiting leaves the completion for the next one.
+    assert!(tokio::time::timeout(Duration::from_millis(20), guard.lock_call("s", "c1")).await.is_err());
+    assert!(guard.in_progress("s", "c1"), "a cancelled wait leaves the completion in the lock");
     let held = guard.lock_call("s", "c1").await;
     simulate_slow_fsync(Duration::ZERO);
     assert!(held.is_none(), "the holder took the completion out");

@@ -108,8 +108,8 @@ impl Guard {
     pub(super) async fn wait_for(&self, session: &str, executor: &str, deadline: Instant) {
         let left = deadline.saturating_duration_since(Instant::now());
         if self.in_progress(session, executor) {
-            let lock = self.call_lock(session, executor);
-            let _ = tokio::time::timeout(left, lock.lock_owned()).await;
+            // Its run, then the completion it queued (which keeps it in progress).
+            let _ = tokio::time::timeout(left, self.lock_call(session, executor)).await;
         } else {
             tokio::time::sleep(left.min(CLAIM_POLL)).await;
         }
