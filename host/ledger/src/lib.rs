@@ -445,14 +445,8 @@ impl QueuedWrite {
     ///
     /// # Errors
     /// The write failed; nothing of it was applied.
-    pub async fn wait(self) -> Result<(), LedgerError> {
-        let Self { ledger, durability, waiting } = self;
-        let written = match waiting {
-            Waiting::Writer(pending) => pending.await,
-            Waiting::Pool(task) => task.await.unwrap_or_else(|e| Err(pool_panic(&e))),
-            Waiting::Ready(written) => return written.map_err(|e| ledger.backend_err(e)),
-        };
-        landed(&ledger, durability, written)
+    pub async fn wait(mut self) -> Result<(), LedgerError> {
+        self.landed().await
     }
 
     /// The write's result if it has landed (applied, and synced if it is
@@ -480,25 +474,18 @@ impl QueuedWrite {
             Waiting::Pool(task) => std::pin::Pin::new(task).poll(cx).map(|r| r.unwrap_or_else(|e| Err(pool_panic(&e)))),
             Waiting::Ready(written) => return std::task::Poll::Ready(written.clone().map_err(|e| self.ledger.backend_err(e))),
         };
+        // Just come from the backend: counted here, once, if it landed.
         polled.map(|written| {
             self.waiting = Waiting::Ready(written.clone());
-            landed(&self.ledger, self.durability, written)
+            written.map_err(|e| self.ledger.backend_err(e))?;
+            self.ledger.count(self.durability);
+            Ok(())
         })
     }
 }
 
-/// A write's result just come from the backend, counted once if it landed.
-fn landed(ledger: &Ledger, durability: Durability, written: Result<(), BackendError>) -> Result<(), LedgerError> {
-    written.map_err(|e| ledger.backend_err(e))?;
-    ledger.count(durability);
-    Ok(())
-}
-
 fn pool_panic(e: &tokio::task::JoinError) -> BackendError {
     BackendError::Failed(format!("the ledger write panicked: {e}"))
-}
-
-impl QueuedWrite {
 }
 
 /// Where a ledger lives.

@@ -27,8 +27,8 @@ pub(super) struct Report {
     pub(super) call_id: String,
     pub(super) reported: Reported,
     /// The stored record as the writer read it (or wrote it) last, under the
-    /// call's lock: RocksDB then writes it back with `reported` set instead
-    /// of reading it again.
+    /// call's lock, with `reported` set already: RocksDB writes it as it is
+    /// instead of reading it again.
     pub(super) read: Option<Box<CallRecord>>,
 }
 
@@ -150,8 +150,9 @@ impl LedgerWrite {
     /// [`LedgerWrite::reported`] on `call`, the stored record as the caller
     /// read or wrote it last while holding the call's lock, so that nothing
     /// else can have changed it since: the ledger need not read it again.
-    pub fn reported_on(mut self, call: CallRecord, reported: Reported) -> Self {
+    pub fn reported_on(mut self, mut call: CallRecord, reported: Reported) -> Self {
         let (session, call_id) = (call.session.clone(), call.call_id.clone());
+        call.reported = reported;
         self.reports.push(Report { session, call_id, reported, read: Some(Box::new(call)) });
         self
     }

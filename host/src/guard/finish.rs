@@ -46,12 +46,13 @@ impl Guard {
         // replay meanwhile is answered from memory (docs/ledger.md).
         let (write, outcomes) = call.completion(record.clone());
         self.remember(&record);
-        let mut landing = Landing::new(self.ledger.queue(write, Durability::Buffered), outcomes, record.clone());
+        let leaving = record.episode.is_some().then(|| ((record.session.clone(), record.tool.clone(), record.args_digest.clone()), record.call_id.clone()));
+        let mut landing = Landing::new(self.ledger.queue(write, Durability::Buffered), outcomes, record);
         // Applied on this thread already when nothing was queued ahead of it.
         landing.landed();
         call.leave(landing);
-        if record.episode.is_some() {
-            self.outgoing.leaving((record.session.clone(), record.tool.clone(), record.args_digest.clone()), &record.call_id);
+        if let Some((action, call_id)) = leaving {
+            self.outgoing.leaving(action, &call_id);
         }
         result
     }
@@ -152,8 +153,7 @@ impl Landing {
             return true;
         }
         let Some(written) = self.write.try_wait() else { return false };
-        self.told = true;
-        tell(&self.call_id, &std::mem::take(&mut self.outcomes), written);
+        self.tell(written);
         true
     }
 
@@ -162,19 +162,18 @@ impl Landing {
     pub(super) async fn wait(&mut self) {
         if !self.told {
             let written = self.write.landed().await;
-            self.told = true;
-            tell(&self.call_id, &std::mem::take(&mut self.outcomes), written);
+            self.tell(written);
         }
     }
-}
 
-/// Tells how the completion of `call_id` went, with the outcomes of the
-/// attempts `outcomes` that rode with it.
-fn tell(call_id: &str, outcomes: &[String], written: Result<(), LedgerError>) {
-    if let Err(e) = &written {
-        tracing::warn!(error = %e, %call_id, "could not record the completed tool call; a replay will re-run it");
+    /// Tells how the write went: the completion's, and its outcomes'.
+    fn tell(&mut self, written: Result<(), LedgerError>) {
+        self.told = true;
+        if let Err(e) = &written {
+            tracing::warn!(error = %e, call_id = %self.call_id, "could not record the completed tool call; a replay will re-run it");
+        }
+        outcomes_written(&std::mem::take(&mut self.outcomes), written);
     }
-    outcomes_written(outcomes, written);
 }
 
 #[cfg(test)]

@@ -311,14 +311,14 @@ impl Rocks {
         }
         for report in &write.reports {
             let key = call_key(&report.session, &report.call_id);
-            let stored = match &report.read {
-                Some(call) => Some((**call).clone()),
-                None => self.get_json::<CallRecord>(CF_CALLS, &key)?,
+            let value = match &report.read {
+                Some(call) => serde_json::to_vec(call).map_err(failed)?,
+                None => match self.get_json::<CallRecord>(CF_CALLS, &key)? {
+                    Some(call) => serde_json::to_vec(&CallRecord { reported: report.reported, ..call }).map_err(failed)?,
+                    None => continue,
+                },
             };
-            if let Some(mut call) = stored {
-                call.reported = report.reported;
-                batch.put_cf(self.cf(CF_CALLS), key, serde_json::to_vec(&call).map_err(failed)?);
-            }
+            batch.put_cf(self.cf(CF_CALLS), key, value);
         }
         for (attempt, prior) in &write.attempts {
             let value = serde_json::to_vec(attempt).map_err(failed)?;
