@@ -4,7 +4,7 @@
 //! them before a plugin runs; recovery before it re-sends or reconciles.
 
 use super::Guard;
-use super::finish::Landing;
+use super::landing::Landing;
 use crate::ledger::records::{CallRecord, now_ms};
 use crate::ledger::{Claim, LedgerError};
 use std::collections::HashMap;
@@ -97,7 +97,7 @@ impl Guard {
         let mut held = self.call_lock(session, call_id).lock_owned().await;
         // Left in the lock while it is waited for: cancelled, the next holder waits.
         if let Some(landing) = held.as_mut() {
-            landing.wait().await;
+            let _ = landing.wait().await;
         }
         *held = None;
         held

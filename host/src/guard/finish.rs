@@ -2,11 +2,12 @@
 //! a retry or recovery), and recording what its caller was told — which
 //! closes the episode of an irreversible action (`docs/guard.md`).
 
-use super::drive::outcomes_written;
+use super::claim::Held;
+use super::landing::Landing;
 use super::{CallGuard, Guard};
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{CallRecord, CallState, EpisodeId, Reported, StoredOutcome, now_ms};
-use crate::ledger::{Durability, EpisodeOp, LedgerError, LedgerWrite, QueuedWrite};
+use crate::ledger::{Durability, EpisodeOp, LedgerError, LedgerWrite};
 use serde_json::Value;
 
 impl Guard {
@@ -43,14 +44,23 @@ impl Guard {
         // Not waited for: the answer goes on while the writer applies it.
         // The call's lock keeps it (a [`Landing`]) until it has landed, so
         // whoever takes the lock next reads what the ledger holds; a
-        // replay meanwhile is answered from memory (docs/ledger.md).
-        let (write, outcomes) = call.completion(record.clone());
+        // replay meanwhile is answered from memory (docs/ledger.md). An
+        // irreversible call's completion, on a ledger that lands writes in
+        // order, is not even queued yet: it rides with the report of what
+        // the caller was told, one write instead of two (`super::landing`).
         self.remember(&record);
         let leaving = record.episode.is_some().then(|| ((record.session.clone(), record.tool.clone(), record.args_digest.clone()), record.call_id.clone()));
-        let mut landing = Landing::new(self.ledger.queue(write, Durability::Buffered), outcomes, record);
-        // Applied on this thread already when nothing was queued ahead of it.
-        landing.landed();
-        call.leave(landing);
+        if leaving.is_some() && self.ledger.lands_in_order() {
+            let (held, outcomes) = call.take_held();
+            let lock = call.leave(Landing::deferred(self.ledger.clone(), held, outcomes, record));
+            self.deferrals.watch(lock);
+        } else {
+            let (write, outcomes) = call.completion(record.clone());
+            let mut landing = Landing::new(self.ledger.queue(write, Durability::Buffered), outcomes, record);
+            // Applied on this thread already when nothing was queued ahead of it.
+            landing.landed();
+            call.leave(landing);
+        }
         if let Some((action, call_id)) = leaving {
             self.outgoing.leaving(action, &call_id);
         }
@@ -74,108 +84,80 @@ impl Guard {
     /// The ledger could not be read or written.
     pub async fn report(&self, session: &str, call_id: &str, reported: Reported, delivered_ms: u64) -> Result<(), LedgerError> {
         let mut lock = self.call_lock(session, call_id).lock_owned().await;
-        // The completion this host's run of the call queued, if nobody has
-        // waited for it yet: its record is what the ledger will hold, and a
+        // The completion this host's run of the call left, if nobody has
+        // waited for it yet: its record is what the ledger holds or will. A
         // ledger that applies writes in order lands this report after it
-        // without waiting for it first. It stays in the lock until it has
-        // landed, so a cancelled report leaves it for the next holder.
-        let in_order = self.ledger.lands_in_order();
-        let known = match lock.as_mut() {
-            Some(landing) if in_order => landing.record.take(),
-            Some(landing) => {
-                landing.wait().await;
-                None
-            }
-            None => None,
-        };
-        let call = match known {
-            Some(record) => record,
+        // without waiting for it first (and one still deferred rides with
+        // it); it stays in the lock until it has landed, so a cancelled
+        // report leaves it for the next holder.
+        if !self.ledger.lands_in_order()
+            && let Some(landing) = lock.as_mut()
+        {
+            let _ = landing.wait().await;
+        }
+        let known = lock.as_ref().and_then(|landing| landing.record.as_ref());
+        let read = match known {
+            Some(_) => None,
             None => {
                 let (s, c) = (session.to_string(), call_id.to_string());
                 let Some(call) = self.ledger.read(move |l| l.call(&s, &c)).await? else { return Ok(()) };
-                call
+                Some(call)
             }
         };
+        let call = known.or(read.as_ref()).expect("known or read");
         let action = (call.session.clone(), call.tool.clone(), call.args_digest.clone());
-        let written = self.record_report(call, reported, delivered_ms).await;
-        if let Some(landing) = lock.as_mut() {
-            landing.wait().await;
-        }
+        let written = if call.reported == Reported::Definitive || call.reported == reported {
+            Ok(())
+        } else {
+            self.record_report(&mut lock, read, reported, delivered_ms).await
+        };
+        // The completion (if it did not ride with the report): landed before the lock goes.
+        let landed = match lock.as_mut() {
+            Some(landing) => landing.wait().await,
+            None => Ok(()),
+        };
         *lock = None;
         self.outgoing.recorded(&action, call_id);
-        written
+        written.and(landed)
     }
 
-    async fn record_report(&self, call: CallRecord, reported: Reported, delivered_ms: u64) -> Result<(), LedgerError> {
-        if call.reported == Reported::Definitive || call.reported == reported {
-            return Ok(());
-        }
+    /// Writes that the caller of the call in `lock` was told `reported`,
+    /// closing its episode if that is definitive: the call is the one its
+    /// landing keeps, or else `read`. A completion still deferred rides
+    /// with it, the call's record written once.
+    async fn record_report(&self, lock: &mut Held, read: Option<CallRecord>, reported: Reported, delivered_ms: u64) -> Result<(), LedgerError> {
+        let call = read.as_ref().or_else(|| lock.as_ref().and_then(|landing| landing.record.as_ref())).expect("known or read");
         let _action = self.action_lock(&call.session, &call.tool, &call.args_digest).lock_owned().await;
+        // From here to the queueing of the write, nothing waits: the
+        // deferred completion is never taken out and left behind.
+        let mut landing = lock.as_mut();
+        let call = read.or_else(|| landing.as_mut().and_then(|l| l.record.take())).expect("known or read");
         // The ledger closes the episode it holds: no need to read it here.
         let close = match (reported, EpisodeId::of_call(&call)) {
             (Reported::Definitive, Some(episode)) => Some(EpisodeOp::Close { episode, at_ms: delivered_ms }),
             _ => None,
         };
-        // Read (or written) under the call's lock, which is held: the ledger
-        // need not read the record again.
-        let mut write = LedgerWrite::new().reported_on(call, reported);
-        if let Some(close) = close {
-            write = write.episode(close);
+        let (write, riding) = match landing {
+            Some(landing) => match landing.take_deferred() {
+                Some((held, _)) => (held.call(CallRecord { reported, ..call }), Some(landing)),
+                None => (LedgerWrite::new().reported_on(call, reported), None),
+            },
+            // Read (or written) under the call's lock, which is held: the
+            // ledger need not read the record again.
+            None => (LedgerWrite::new().reported_on(call, reported), None),
+        };
+        let write = match close {
+            Some(close) => write.episode(close),
+            None => write,
+        };
+        let queued = self.ledger.queue(write, Durability::Buffered);
+        match riding {
+            // Waited for, and told, as the completion's landing.
+            Some(landing) => {
+                landing.ride(queued);
+                Ok(())
+            }
+            None => queued.wait().await,
         }
-        self.ledger.commit_async(write, Durability::Buffered).await
     }
 }
-
-/// A tool call's completion, queued and not waited for, kept in the call's
-/// lock ([`super::claim::CallLock`]) until it lands: the next holder of the
-/// lock waits for it, so nobody reads the call before the ledger holds it.
-pub(super) struct Landing {
-    write: QueuedWrite,
-    call_id: String,
-    /// The keys of the attempts whose outcomes ride with it; emptied once
-    /// how the write went has been told.
-    outcomes: Vec<String>,
-    /// The call, as completed: for the report of what its caller was told.
-    record: Option<CallRecord>,
-    /// Whether how the write went has been told (logged) yet.
-    told: bool,
-}
-
-impl Landing {
-    /// The completion `write` of `record`, with the outcomes of `outcomes`.
-    fn new(write: QueuedWrite, outcomes: Vec<String>, record: CallRecord) -> Self {
-        Self { write, call_id: record.call_id.clone(), outcomes, record: Some(record), told: false }
-    }
-
-    /// Whether the write has landed; how it went is told the first time it has.
-    pub(super) fn landed(&mut self) -> bool {
-        if self.told {
-            return true;
-        }
-        let Some(written) = self.write.try_wait() else { return false };
-        self.tell(written);
-        true
-    }
-
-    /// Waits for the write to land, and tells how it went. Cancelled, it
-    /// can be waited for again.
-    pub(super) async fn wait(&mut self) {
-        if !self.told {
-            let written = self.write.landed().await;
-            self.tell(written);
-        }
-    }
-
-    /// Tells how the write went: the completion's, and its outcomes'.
-    fn tell(&mut self, written: Result<(), LedgerError>) {
-        self.told = true;
-        if let Err(e) = &written {
-            tracing::warn!(error = %e, call_id = %self.call_id, "could not record the completed tool call; a replay will re-run it");
-        }
-        outcomes_written(&std::mem::take(&mut self.outcomes), written);
-    }
-}
-
-#[cfg(test)]
-#[path = "landing_tests.rs"]
-mod tests;

@@ -45,3 +45,88 @@ async fn the_next_holder_of_a_calls_lock_waits_for_its_queued_completion() {
     drop(held);
     assert!(!guard.in_progress("s", "c1"));
 }
+
+/// A host with the payments plugin granted an in-process provider that
+/// answers every refund, its ledger in `dir`; its completions wait `wait`
+/// for their reports.
+async fn refund_host(dir: &std::path::Path, wait: Duration) -> crate::Runtime {
+    let provider = crate::bench::guarded::null_provider().await.unwrap();
+    let rt = crate::bench::guarded::refund_host(dir, &provider).await.unwrap();
+    rt.guard().unwrap().deferrals.wait_us.store(wait.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+    rt
+}
+
+/// The call `call_id` as the ledger of `rt` holds it.
+async fn stored(rt: &crate::Runtime, call_id: &str) -> CallRecord {
+    let ledger = rt.guard().unwrap().ledger().clone();
+    let call_id = call_id.to_string();
+    ledger.read(move |l| l.call("bench", &call_id)).await.unwrap().expect("the call is in the ledger")
+}
+
+#[tokio::test]
+async fn an_irreversible_calls_completion_rides_with_the_report_of_what_its_caller_was_told() {
+    use crate::ledger::records::Reported;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = refund_host(dir.path(), Duration::from_secs(3600)).await;
+    let request = crate::bench::guarded::refund("c1".into(), 1);
+    let answer = rt.call(&request).await;
+    assert!(answer.is_ok(), "{answer:?}");
+    assert_ne!(stored(&rt, "c1").await.state, CallState::Completed, "the completion waits for the report");
+    assert!(rt.guard().unwrap().in_progress("bench", "c1"), "a call whose completion has not landed is still in progress");
+    let ledger = rt.guard().unwrap().ledger().clone();
+    let buffered = ledger.write_counts().1;
+    rt.report(&request, &answer).await;
+    assert_eq!(ledger.write_counts().1, buffered + 1, "the completion and the report landed as one write");
+    let call = stored(&rt, "c1").await;
+    assert_eq!((call.state, call.reported), (CallState::Completed, Reported::Definitive));
+    let attempts = ledger.read(|l| l.attempts_of_call("bench", "c1")).await.unwrap();
+    assert!(attempts.iter().all(|a| a.state == crate::ledger::records::AttemptState::Succeeded), "the send's outcome rode with them: {attempts:?}");
+    let episode = ledger.read(move |l| l.episode("bench", &call.tool, &call.args_digest, call.episode)).await.unwrap().unwrap();
+    assert!(episode.closed, "a definitive report closes the episode");
+    assert!(!rt.guard().unwrap().in_progress("bench", "c1"));
+}
+
+#[tokio::test]
+async fn a_completion_whose_report_never_comes_lands_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = refund_host(dir.path(), Duration::from_millis(1)).await;
+    assert!(rt.call(&crate::bench::guarded::refund("c1".into(), 1)).await.is_ok());
+    // No report: the watcher queues it once it has waited.
+    for _ in 0..1000 {
+        let call = stored(&rt, "c1").await;
+        if call.state == CallState::Completed {
+            assert!(call.outcome.is_some(), "it landed with its outcome");
+            assert_eq!(call.reported, crate::ledger::records::Reported::Nothing, "nothing was reported");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("a completion without a report never landed");
+}
+
+#[tokio::test]
+async fn the_next_holder_of_the_lock_lands_a_deferred_completion_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = refund_host(dir.path(), Duration::from_secs(3600)).await;
+    assert!(rt.call(&crate::bench::guarded::refund("c1".into(), 1)).await.is_ok());
+    assert_ne!(stored(&rt, "c1").await.state, CallState::Completed);
+    let held = rt.guard().unwrap().lock_call("bench", "c1").await;
+    assert_eq!(stored(&rt, "c1").await.state, CallState::Completed, "the lock was handed over only once the completion had landed");
+    drop(held);
+    assert!(!rt.guard().unwrap().in_progress("bench", "c1"));
+}
+
+#[test]
+fn a_host_that_goes_away_lands_the_completions_waiting_for_their_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let rt = refund_host(dir.path(), Duration::from_secs(3600)).await;
+        assert!(rt.call(&crate::bench::guarded::refund("c1".into(), 1)).await.is_ok());
+        assert_ne!(stored(&rt, "c1").await.state, CallState::Completed);
+    });
+    drop(runtime);
+    let ledger = Ledger::open(&dir.path().join("data").join("ledger")).unwrap();
+    let call = ledger.call("bench", "c1").unwrap().unwrap();
+    assert_eq!(call.state, CallState::Completed, "the completion was queued when its lock went away");
+}

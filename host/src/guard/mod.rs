@@ -26,6 +26,7 @@ mod direct;
 mod drive;
 mod finish;
 mod hold;
+mod landing;
 mod message;
 mod outgoing;
 mod reconcile;
@@ -59,7 +60,9 @@ pub struct Guard {
     clients: BTreeMap<String, reqwest::Client>,
     downstreams: Downstreams,
     /// One lock per tool call in progress: concurrent duplicates wait for it.
-    in_flight: claim::Locks<(String, String), Option<finish::Landing>>,
+    in_flight: claim::Locks<(String, String), Option<landing::Landing>>,
+    /// Irreversible calls' completions waiting to ride with their reports.
+    deferrals: landing::Deferrals,
     /// One lock per irreversible action being decided about (hold rule).
     actions: claim::Locks<(String, String, String)>,
     /// One lock per budget being spent: on a host's own ledger, what makes
@@ -159,6 +162,7 @@ impl Guard {
             clients,
             downstreams,
             in_flight: claim::Locks::default(),
+            deferrals: landing::Deferrals::default(),
             actions: claim::Locks::default(),
             budgets: claim::Locks::default(),
             outgoing: outgoing::Outgoing::default(),

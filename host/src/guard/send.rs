@@ -57,14 +57,21 @@ impl CallGuard {
     /// The call's completion, with the buffered outcomes its sends hold
     /// (one atomic write), and the keys of those attempts.
     pub(super) fn completion(&mut self, completed: CallRecord) -> (LedgerWrite, Vec<String>) {
-        let (outcomes, keys) = self.progress.take_held();
+        let (outcomes, keys) = self.take_held();
         (outcomes.call(completed), keys)
     }
 
-    /// Ends the run, leaving the call's queued completion in its lock for
-    /// the lock's next holder to wait for.
-    pub(super) fn leave(mut self, landing: super::finish::Landing) {
+    /// The buffered outcomes this call's sends hold, taken, and the keys of
+    /// their attempts: for a completion that carries them.
+    pub(super) fn take_held(&mut self) -> (LedgerWrite, Vec<String>) {
+        self.progress.take_held()
+    }
+
+    /// Ends the run, leaving the call's completion in its lock for the
+    /// lock's next holder to wait for; the lock, to watch it.
+    pub(super) fn leave(mut self, landing: super::landing::Landing) -> super::claim::CallLock {
         *self._lock = Some(landing);
+        tokio::sync::OwnedMutexGuard::mutex(&self._lock).clone()
     }
 
     /// The tool call this guard serves.
