@@ -15,7 +15,8 @@
 //! - [`recover`]: unsettled attempts resolved at start-up.
 //!
 //! Beside them: [`claim`] (the lock and, on a shared ledger, the claim every
-//! step that acts on a call takes), [`message`] (the guard's request,
+//! step that acts on a call takes), [`landing`] (a completion kept in its
+//! call's lock until it lands), [`message`] (the guard's request,
 //! response and error types), [`wire`] (refusals and key injection),
 //! [`transport`] (retries and classification of one send), [`direct`]
 //! (`fetch`, unrecorded), [`tls`] (each downstream's HTTP client).
