@@ -130,3 +130,47 @@ fn a_host_that_goes_away_lands_the_completions_waiting_for_their_reports() {
     let call = ledger.call("bench", "c1").unwrap().unwrap();
     assert_eq!(call.state, CallState::Completed, "the completion was queued when its lock went away");
 }
+
+/// A provider that answers every refund and counts them.
+async fn counting_provider() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = count.clone();
+    let app = axum::Router::new().route(
+        "/v1/refunds",
+        axum::routing::post(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = r#"{"id":"re_1","object":"refund","amount":1,"currency":"usd","payment_intent":"pi_bench","reason":"duplicate","status":"succeeded","metadata":{},"created":0}"#;
+            async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, count)
+}
+
+#[tokio::test]
+async fn an_identical_call_before_the_report_is_held_with_the_outcome_and_sends_nothing() {
+    use crate::error::ErrorKind;
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, refunds) = counting_provider().await;
+    let rt = crate::bench::guarded::refund_host(dir.path(), &provider).await.unwrap();
+    rt.guard().unwrap().deferrals.wait_us.store(3_600_000_000, std::sync::atomic::Ordering::Relaxed);
+    let first = crate::bench::guarded::refund("c1".into(), 1);
+    let answer = rt.call(&first).await;
+    assert!(answer.is_ok(), "{answer:?}");
+    assert_eq!(refunds.load(SeqCst), 1);
+    // The model repeats the refund under a new id before the first answer
+    // was recorded as told: its completion still waits for the report.
+    // (It waits, up to its hold wait, for the first answer to be told.)
+    let repeat = rt.call(&crate::bench::guarded::refund("c2".into(), 1)).await.unwrap_err();
+    assert_eq!(repeat.kind, ErrorKind::Held, "{repeat}");
+    assert!(repeat.detail.as_ref().is_some_and(|d| d.get("earlier_outcome").is_some()), "held with the first call's outcome: {repeat:?}");
+    assert_eq!(refunds.load(SeqCst), 1, "the repeat sent nothing");
+    assert_eq!(stored(&rt, "c1").await.state, CallState::Completed, "the repeat landed the first call's completion before deciding");
+    // Once the caller was told, an identical call is a new action.
+    rt.report(&first, &answer).await;
+    assert!(rt.call(&crate::bench::guarded::refund("c3".into(), 1)).await.is_ok());
+    assert_eq!(refunds.load(SeqCst), 2);
+}
