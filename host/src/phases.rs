@@ -11,6 +11,10 @@ use std::time::Instant;
 pub enum Phase {
     /// The guard's admission: replay, conflict and hold checks, the call's records.
     Admit,
+    /// The ledger reads the hold rule decides on (inside [`Phase::Admit`]).
+    AdmitRead,
+    /// The write that admits the call (inside [`Phase::Admit`]).
+    AdmitWrite,
     /// The sandboxed run of the plugin, sends included.
     Run,
     /// The synced write of an attempt before its send (inside [`Phase::Run`]).
@@ -26,10 +30,10 @@ pub enum Phase {
 }
 
 /// Every phase, in the order a call passes them.
-pub const ALL: [Phase; 7] = [Phase::Admit, Phase::Run, Phase::PendingWrite, Phase::Http, Phase::OutcomeWrite, Phase::Finish, Phase::Report];
+pub const ALL: [Phase; 9] = [Phase::Admit, Phase::AdmitRead, Phase::AdmitWrite, Phase::Run, Phase::PendingWrite, Phase::Http, Phase::OutcomeWrite, Phase::Finish, Phase::Report];
 
 static ON: AtomicBool = AtomicBool::new(false);
-static NANOS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+static NANOS: [AtomicU64; ALL.len()] = [const { AtomicU64::new(0) }; ALL.len()];
 
 /// Turns the clocks on (from zero) or off.
 pub fn enable(on: bool) {
@@ -64,3 +68,4 @@ impl Drop for Timer {
         }
     }
 }
+

@@ -80,6 +80,8 @@ pub struct Ledger {
     secret: KeySecret,
     /// Writes committed so far: (synced, buffered).
     counts: Arc<[std::sync::atomic::AtomicU64; 2]>,
+    /// Async reads that could not be answered from memory and went to the blocking pool.
+    pool_reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -151,7 +153,7 @@ impl Ledger {
     fn init(backend: Arc<dyn Backend>, location: String, writable: bool) -> Result<Self, LedgerError> {
         let failed = |message| LedgerError::at(&location, message);
         let (schema, secret) = backend.meta(writable).map_err(|e| LedgerError::of(&location, e))?;
-        let ledger = Self { backend, location: location.clone().into(), secret: KeySecret(secret), counts: Arc::default() };
+        let ledger = Self { backend, location: location.clone().into(), secret: KeySecret(secret), counts: Arc::default(), pool_reads: Arc::default() };
         match schema.as_str() {
             SCHEMA => {}
             // Read-only opens read schema-1 records as they are.
@@ -318,6 +320,7 @@ impl Ledger {
                 answered => return answered,
             }
         }
+        self.pool_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ledger = self.clone();
         tokio::task::spawn_blocking(move || read(&ledger)).await.expect("a ledger read panicked")
     }
@@ -413,6 +416,13 @@ impl Ledger {
     /// synced writes per fsync is the group-commit batch size.
     pub fn wal_syncs(&self) -> Option<u64> {
         self.backend.wal_syncs()
+    }
+
+    /// How many [`Ledger::read`]s of this handle (and its clones) went to
+    /// the blocking pool: memory could not answer them (or, on PostgreSQL,
+    /// every one).
+    pub fn pool_reads(&self) -> u64 {
+        self.pool_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many writes this handle (and its clones) committed: (synced,

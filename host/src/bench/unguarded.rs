@@ -70,13 +70,16 @@ pub async fn throughput(dir: &std::path::Path, bound: &Bound, scale: Scale) -> a
             measure(rt, in_flight, scale.n(in_flight * 16).min(total), &format!("warm-{side}{in_flight}-")).await?;
         }
         let u = measure(&unguarded, in_flight, total, &format!("u{in_flight}-")).await?;
-        let (syncs, synced) = (ledger.wal_syncs().unwrap_or(0), ledger.write_counts().0);
+        let (syncs, synced, pool_reads) = (ledger.wal_syncs().unwrap_or(0), ledger.write_counts().0, ledger.pool_reads());
         let g = measure(&guarded, in_flight, total, &format!("b{in_flight}-")).await?;
+        let pool_reads = (ledger.pool_reads() - pool_reads) as f64 / total as f64;
         let fsyncs = ledger.wal_syncs().unwrap_or(0).saturating_sub(syncs).max(1);
         let shared = (ledger.write_counts().0 - synced) as f64 / fsyncs as f64;
         figures.extend(compare(in_flight, &g, &u, bound));
         // Group commit at work: synced ledger writes (one per call) per WAL fsync.
         figures.push(Figure::new(format!("(b) guarded, {in_flight:>3} in flight, synced writes per fsync"), shared, "writes"));
+        // Reads memory could not answer: each a hop to the blocking pool and back.
+        figures.push(Figure::new(format!("(b) guarded, {in_flight:>3} in flight, ledger reads memory could not answer, per call"), pool_reads, "reads"));
     }
     figures.extend(by_phase(&guarded, &unguarded, scale).await?);
     for extra_ms in [1u64, 4] {
@@ -129,6 +132,8 @@ async fn by_phase(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, scale: Scale
     let (u, g) = (&sides[0], &sides[1]);
     let name = |p: Phase| match p {
         Phase::Admit => "admission (replay/conflict/hold checks, the call's records)",
+        Phase::AdmitRead => "  of which the hold rule's ledger reads",
+        Phase::AdmitWrite => "  of which the admission's write",
         Phase::Run => "sandboxed run, sends included",
         Phase::PendingWrite => "  of which the synced attempt write",
         Phase::Http => "  of which the HTTP exchange",

@@ -94,6 +94,7 @@ impl Guard {
                 what: budget.what.clone(),
             });
         }
+        let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
         match self.ledger.commit_async(write, Durability::Buffered).await {
             Ok(()) => Ok(true),
             Err(e) if e.is_conflict() => Ok(false),

@@ -101,7 +101,9 @@ impl Guard {
         loop {
             let next = {
                 let _action = self.action_lock(&id.session, &id.tool, &id.args_digest).lock_owned().await;
+                let read = crate::phases::time(crate::phases::Phase::AdmitRead);
                 let seen = self.look(&id, arrived_ms).await?;
+                drop(read);
                 // A new call while an answer of this action is on its way: whether
                 // it is a new action depends on when that answer left. Learn it first.
                 let open = seen.episode.as_ref().is_some_and(|e| !e.closed);
