@@ -10,7 +10,7 @@
 use super::drive::outcomes_written;
 use crate::ledger::records::CallRecord;
 use crate::ledger::{Durability, Ledger, LedgerError, LedgerWrite, QueuedWrite};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -140,14 +140,16 @@ type CallLock = Arc<tokio::sync::Mutex<Option<Landing>>>;
 /// The completions waiting for their reports, each queued alone by a
 /// background task if its report has not come within [`REPORT_WAIT`].
 pub(super) struct Deferrals {
-    tx: OnceLock<mpsc::UnboundedSender<(CallLock, Instant)>>,
+    /// The background task's queue; a new task is started when there is
+    /// none, or when the runtime that ran the last one has shut down.
+    tx: Mutex<Option<mpsc::UnboundedSender<(CallLock, Instant)>>>,
     /// [`REPORT_WAIT`] in µs; tests change it.
     wait_us: AtomicU64,
 }
 
 impl Default for Deferrals {
     fn default() -> Self {
-        Self { tx: OnceLock::new(), wait_us: AtomicU64::new(REPORT_WAIT.as_micros() as u64) }
+        Self { tx: Mutex::new(None), wait_us: AtomicU64::new(REPORT_WAIT.as_micros() as u64) }
     }
 }
 
@@ -155,12 +157,22 @@ impl Deferrals {
     /// Watches the completion deferred in `lock`: if it is still there in
     /// [`REPORT_WAIT`], it is queued. Call within a Tokio runtime.
     pub(super) fn watch(&self, lock: CallLock) {
-        let tx = self.tx.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
+        let due = Instant::now() + Duration::from_micros(self.wait_us.load(Relaxed));
+        let mut tx = self.tx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if tx.as_ref().is_none_or(mpsc::UnboundedSender::is_closed) {
+            let (sender, rx) = mpsc::unbounded_channel();
             tokio::spawn(flush_late(rx));
-            tx
-        });
-        let _ = tx.send((lock, Instant::now() + Duration::from_micros(self.wait_us.load(Relaxed))));
+            *tx = Some(sender);
+        }
+        let watching = tx.as_ref().expect("just made").send((lock, due));
+        drop(tx);
+        // The task is gone already (its runtime shutting down): queue it now.
+        if let Err(mpsc::error::SendError((lock, _))) = watching
+            && let Ok(mut slot) = lock.try_lock()
+            && let Some(landing) = slot.as_mut()
+        {
+            landing.queue();
+        }
     }
 }
 

@@ -174,3 +174,29 @@ async fn an_identical_call_before_the_report_is_held_with_the_outcome_and_sends_
     assert!(rt.call(&crate::bench::guarded::refund("c3".into(), 1)).await.is_ok());
     assert_eq!(refunds.load(SeqCst), 2);
 }
+
+#[test]
+fn a_watcher_whose_runtime_has_shut_down_is_replaced() {
+    use super::Deferrals;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let deferred = |call_id: &str| Arc::new(tokio::sync::Mutex::new(Some(Landing::deferred(ledger.clone(), LedgerWrite::new(), Vec::new(), completed(call_id)))));
+    let deferrals = Deferrals::default();
+    deferrals.wait_us.store(1_000, std::sync::atomic::Ordering::Relaxed);
+    // The first watcher task runs on a runtime that then shuts down.
+    let first = tokio::runtime::Runtime::new().unwrap();
+    first.block_on(async { deferrals.watch(deferred("c0")) });
+    drop(first);
+    let second = tokio::runtime::Runtime::new().unwrap();
+    second.block_on(async {
+        let lock = deferred("c1");
+        deferrals.watch(lock.clone());
+        for _ in 0..1000 {
+            if ledger.call("s", "c1").unwrap().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("a completion watched after the first watcher's runtime shut down never landed");
+    });
+}
