@@ -167,12 +167,19 @@ impl Deferrals {
         let watching = tx.as_ref().expect("just made").send((lock, due));
         drop(tx);
         // The task is gone already (its runtime shutting down): queue it now.
-        if let Err(mpsc::error::SendError((lock, _))) = watching
-            && let Ok(mut slot) = lock.try_lock()
-            && let Some(landing) = slot.as_mut()
-        {
-            landing.queue();
+        if let Err(mpsc::error::SendError((lock, _))) = watching {
+            queue_unless_held(&lock);
         }
+    }
+}
+
+/// Queues the completion deferred in `lock`, if any, unless someone holds
+/// the lock: a holder takes care of the completion itself.
+fn queue_unless_held(lock: &CallLock) {
+    if let Ok(mut slot) = lock.try_lock()
+        && let Some(landing) = slot.as_mut()
+    {
+        landing.queue();
     }
 }
 
@@ -185,12 +192,7 @@ async fn flush_late(mut rx: mpsc::UnboundedReceiver<(CallLock, Instant)>) {
             tokio::time::sleep_until(*last).await;
         }
         for (lock, _) in due.drain(..) {
-            // A holder of the lock takes care of the completion itself.
-            if let Ok(mut slot) = lock.try_lock()
-                && let Some(landing) = slot.as_mut()
-            {
-                landing.queue();
-            }
+            queue_unless_held(&lock);
         }
     }
 }
