@@ -21,6 +21,8 @@
 //!   (`ledger::retention`).
 //! - `expired`: 16-byte digest of (session, call id) → time pruned: the
 //!   tombstones of pruned calls.
+//! - `latest_episode`: 16-byte digest of (session, tool, args digest) → the
+//!   number of the action's latest episode ([`latest`]).
 //!
 //! Their keys are built in [`keys`]; the indexes are kept in [`index`].
 //!
@@ -36,6 +38,7 @@
 
 mod index;
 mod keys;
+mod latest;
 mod retention;
 #[cfg(test)]
 mod tests;
@@ -94,13 +97,14 @@ fn cf_options(name: &str, cache: &Cache) -> Options {
     o.set_compression_type(rocksdb::DBCompressionType::Lz4);
     o.set_bottommost_compression_type(rocksdb::DBCompressionType::Zstd);
     if name == CF_EPISODES {
-        // Admitting a new call reads its action's latest episode: a scan of
-        // the action's prefix, which without a prefix filter seeks into the
-        // memtables and every table file even when (as for nearly every new
-        // call) the action has none. With the action as the prefix, the
-        // memtable's prefix bloom and each table's filter skip them instead.
-        // Only [`Rocks::latest_episode`] seeks by prefix; every other read
-        // seeks in total order ([`read_options`]).
+        // Finding an action's latest episode without its `latest_episode`
+        // entry scans the action's prefix, which without a prefix filter
+        // seeks into the memtables and every table file even when the action
+        // has none. With the action as the prefix, the memtable's prefix
+        // bloom and each table's filter skip them instead. Only
+        // [`Rocks::latest_episode`]'s fallback seeks by prefix (a read-only
+        // open of an older ledger, an action whose latest episode was
+        // pruned); every other read seeks in total order ([`read_options`]).
         o.set_prefix_extractor(rocksdb::SliceTransform::create("toolguard.episode-action", episode_action, Some(is_episode_key)));
         o.set_memtable_prefix_bloom_ratio(0.1);
     }
@@ -128,6 +132,9 @@ pub(crate) struct Rocks {
     opts: Option<Options>,
     /// The database's directory.
     dir: std::path::PathBuf,
+    /// Whether family `latest_episode` indexes every action ([`latest`]);
+    /// a read-only open of an older ledger seeks by prefix instead.
+    latest_indexed: bool,
 }
 
 thread_local! {
@@ -186,7 +193,12 @@ impl Rocks {
         let cache = Cache::new_lru_cache(usize::try_from(cache_mib << 20).unwrap_or(usize::MAX));
         let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(n, &cache)));
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| describe_open_error(&e))?);
-        Ok(Self { writer: Some(Writer::start(db.clone())?), db, opts: Some(opts), dir: dir.to_path_buf() })
+        let mut rocks = Self { writer: Some(Writer::start(db.clone())?), db, opts: Some(opts), dir: dir.to_path_buf(), latest_indexed: false };
+        if !rocks.latest_is_indexed()? {
+            rocks.index_latest_episodes()?;
+        }
+        rocks.latest_indexed = true;
+        Ok(rocks)
     }
 
     /// Opens an existing database read-only (works while a host holds it).
@@ -197,7 +209,9 @@ impl Rocks {
         // A ledger of an older schema lacks the newer families; reads of them find nothing.
         let families = DB::list_cf(&Options::default(), dir).map_err(failed)?;
         let db = DB::open_cf_for_read_only(&Options::default(), dir, families, false).map_err(failed)?;
-        Ok(Self { writer: None, db: Arc::new(db), opts: None, dir: dir.to_path_buf() })
+        let mut rocks = Self { writer: None, db: Arc::new(db), opts: None, dir: dir.to_path_buf(), latest_indexed: false };
+        rocks.latest_indexed = rocks.latest_is_indexed()?;
+        Ok(rocks)
     }
 
     fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
@@ -230,30 +244,6 @@ impl Rocks {
             out.extend(f(&k, &v));
         }
         Ok(out)
-    }
-
-    /// The action's episode with the highest number, if it has any: a scan
-    /// of its episodes (a few at most) by prefix, so the prefix filters skip
-    /// what holds none of them.
-    fn latest_episode(&self, session: &str, tool: &str, args_digest: &str) -> Result<Option<EpisodeRecord>, BackendError> {
-        let Some(family) = self.db.cf_handle(CF_EPISODES) else { return Ok(None) };
-        let prefix = action_prefix(session, tool, args_digest);
-        let mut opts = read_options();
-        opts.set_total_order_seek(false);
-        opts.set_prefix_same_as_start(true);
-        if let Some(upper) = prefix_successor(&prefix) {
-            opts.set_iterate_upper_bound(upper);
-        }
-        let start = episode_key(session, tool, args_digest, 0);
-        let mut last = None;
-        for item in self.db.iterator_cf_opt(family, opts, IteratorMode::From(&start, rocksdb::Direction::Forward)) {
-            let (k, v) = item.map_err(|e| db_error(&e))?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            last = Some(v);
-        }
-        last.map(|v| serde_json::from_slice(&v).map_err(|e| failed(format!("damaged record: {e}")))).transpose()
     }
 
     /// How many keys under `prefix` sort at or after `from`, counting at most `max`.
@@ -330,7 +320,10 @@ impl Rocks {
             let key = episode_key(&r.session, &r.tool, &r.args_digest, r.episode);
             let stored: Option<EpisodeRecord> = self.get_json(CF_EPISODES, &key)?;
             let new = match (op, stored) {
-                (EpisodeOp::Open(record), None) => record.clone(),
+                (EpisodeOp::Open(record), None) => {
+                    self.index_latest(&mut batch, record);
+                    record.clone()
+                }
                 (EpisodeOp::Hand { record, from }, Some(old)) if old.executor == *from => EpisodeRecord { executor: record.executor.clone(), ..old },
                 (EpisodeOp::Close { .. }, Some(old)) if old.closed => continue,
                 (EpisodeOp::Close { at_ms, .. }, Some(old)) => {

@@ -39,42 +39,102 @@ fn open_episodes(ledger: &Rocks, digest: &str, numbers: std::ops::RangeInclusive
     }
 }
 
-#[test]
-fn the_latest_episode_is_found_by_prefix_in_memtables_tables_and_tables_written_before_the_prefix_filter() {
-    let dir = tempfile::tempdir().unwrap();
-    // A ledger written before episodes had a prefix filter: its tables have none.
-    {
-        let mut opts = Options::default();
-        (opts.create_if_missing(true), opts.create_missing_column_families(true));
-        let db = DB::open_cf(&opts, dir.path(), ALL_CFS).unwrap();
-        for n in 1..=2 {
-            let e = episode_of("d", n);
-            db.put_cf(db.cf_handle(CF_EPISODES).unwrap(), episode_key("s", "refund", "d", n), serde_json::to_vec(&e).unwrap()).unwrap();
-        }
-        db.flush_cf(db.cf_handle(CF_EPISODES).unwrap()).unwrap();
+/// A ledger written before `latest_episode` existed: episodes 1 and 2 of
+/// action `d`, in a table without the prefix filter, and no index mark.
+fn unindexed_ledger(dir: &Path) {
+    let mut opts = Options::default();
+    (opts.create_if_missing(true), opts.create_missing_column_families(true));
+    let db = DB::open_cf(&opts, dir, ALL_CFS).unwrap();
+    for n in 1..=2 {
+        let e = episode_of("d", n);
+        db.put_cf(db.cf_handle(CF_EPISODES).unwrap(), episode_key("s", "refund", "d", n), serde_json::to_vec(&e).unwrap()).unwrap();
     }
+    db.flush_cf(db.cf_handle(CF_EPISODES).unwrap()).unwrap();
+}
+
+fn ticker(ledger: &Rocks, t: rocksdb::statistics::Ticker) -> u64 {
+    ledger.opts.as_ref().unwrap().get_ticker_count(t)
+}
+
+#[test]
+fn the_latest_episode_is_found_by_point_reads_in_memtables_tables_and_ledgers_written_before_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    unindexed_ledger(dir.path());
     let ledger = Rocks::open(dir.path()).unwrap();
     let latest = |digest: &str| ledger.episode("s", "refund", digest, None).unwrap().map(|e| e.episode);
-    assert_eq!(latest("d"), Some(2), "from a table without the prefix filter");
+    let seeks = || ticker(&ledger, rocksdb::statistics::Ticker::NumberDbSeek);
+    let before = seeks();
+    assert_eq!(latest("d"), Some(2), "indexed when the ledger was opened");
     // `dd`'s key starts with `d`'s bytes but for the length prefix: another action.
     open_episodes(&ledger, "dd", 1..=5);
     open_episodes(&ledger, "d", 3..=3);
     assert_eq!((latest("d"), latest("dd"), latest("e")), (Some(3), Some(5), None), "from the memtable");
     ledger.db.flush_cf(ledger.cf(CF_EPISODES)).unwrap();
-    let filtered = || {
-        use rocksdb::statistics::Ticker::{LastLevelSeekFiltered, NonLastLevelSeekFiltered};
-        let opts = ledger.opts.as_ref().unwrap();
-        opts.get_ticker_count(LastLevelSeekFiltered) + opts.get_ticker_count(NonLastLevelSeekFiltered)
-    };
-    let before = filtered();
-    assert_eq!(latest("e"), None);
-    assert!(filtered() > before, "the table's prefix filter answered for an action it holds nothing of");
+    ledger.db.flush_cf(ledger.cf(CF_LATEST)).unwrap();
     open_episodes(&ledger, "d", 4..=4);
     assert_eq!((latest("d"), latest("dd"), latest("e")), (Some(4), Some(5), None), "across memtable and tables");
     ledger.settle().unwrap();
     assert_eq!((latest("d"), latest("dd"), latest("e")), (Some(4), Some(5), None), "after compaction into one table");
+    assert_eq!(seeks(), before, "no lookup of a latest episode seeks");
     assert_eq!(ledger.episode("s", "refund", "d", Some(2)).unwrap().map(|e| e.episode), Some(2), "point reads still see every episode");
     assert_eq!(ledger.all_episodes().unwrap().len(), 9, "a total-order scan still sees every action");
+    // Reopened: the mark stands, nothing is indexed again, the entries hold.
+    drop(ledger);
+    let ledger = Rocks::open(dir.path()).unwrap();
+    assert_eq!(ledger.episode("s", "refund", "d", None).unwrap().map(|e| e.episode), Some(4));
+}
+
+#[test]
+fn an_action_whose_latest_episode_was_pruned_is_found_by_prefix_seek() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let latest = |digest: &str| ledger.episode("s", "refund", digest, None).unwrap().map(|e| e.episode);
+    open_episodes(&ledger, "d", 1..=3);
+    open_episodes(&ledger, "e", 1..=1);
+    let prune = |digest: &str, n: u64| {
+        let removal = Removal {
+            entry: RetireEntry::of_close(&episode_of(digest, n).id(), 1),
+            calls: vec![],
+            attempts: vec![],
+            episode: Some(("s".into(), "refund".into(), digest.into(), n)),
+            pruned_ms: 2,
+        };
+        ledger.remove(&removal).unwrap();
+    };
+    // Episode 2 kept (as if a check failed), 3 pruned: 2 is the latest.
+    prune("d", 3);
+    prune("d", 1);
+    ledger.db.flush_cf(ledger.cf(CF_EPISODES)).unwrap();
+    let seeks = || ticker(&ledger, rocksdb::statistics::Ticker::NumberDbSeek);
+    let before = seeks();
+    assert_eq!(latest("d"), Some(2), "the entry names a pruned episode: found by seek");
+    assert!(seeks() > before, "the fallback seeks");
+    prune("e", 1);
+    assert_eq!(latest("e"), None, "every episode pruned");
+    // A new episode after pruning sets the entry again.
+    open_episodes(&ledger, "e", 1..=1);
+    assert_eq!(latest("e"), Some(1));
+    prune("d", 2);
+    assert_eq!(latest("d"), None);
+}
+
+#[test]
+fn a_read_only_open_of_a_ledger_written_before_the_index_seeks_by_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    unindexed_ledger(dir.path());
+    let ledger = Rocks::open_read_only(dir.path()).unwrap();
+    assert!(!ledger.latest_indexed);
+    assert_eq!(ledger.episode("s", "refund", "d", None).unwrap().map(|e| e.episode), Some(2));
+    assert_eq!(ledger.episode("s", "refund", "e", None).unwrap(), None);
+    drop(ledger);
+    // An index interrupted before its mark is written is built again whole.
+    let ledger = Rocks::open(dir.path()).unwrap();
+    ledger.db.delete_cf(ledger.cf(CF_META), latest::INDEXED).unwrap();
+    ledger.db.delete_cf(ledger.cf(CF_LATEST), latest::latest_key("s", "refund", "d")).unwrap();
+    drop(ledger);
+    let ledger = Rocks::open(dir.path()).unwrap();
+    assert!(ledger.latest_indexed);
+    assert_eq!(ledger.episode("s", "refund", "d", None).unwrap().map(|e| e.episode), Some(2));
 }
 
 fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
