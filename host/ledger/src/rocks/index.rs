@@ -1,5 +1,5 @@
-//! The RocksDB ledger's indexes, kept right by every write: attempts by
-//! state and by (call, step), the calls of each episode, and the retire index.
+//! The RocksDB ledger's indexes, kept right by every write: unsettled
+//! attempts by state, attempts by (call, step), the calls of each episode, and the retire index.
 
 use super::keys::{CF_BY_STATE, CF_CALL_ATTEMPTS, CF_EPISODE_CALLS, CF_RETIRE, call_key, episode_call_key, retire_key};
 use super::Rocks;
@@ -8,8 +8,12 @@ use crate::{AttemptRecord, AttemptState, CallRecord, Prior};
 use rocksdb::WriteBatch;
 
 impl Rocks {
-    /// Keeps the attempt indexes right. With the prior state known only what
-    /// changed is touched; otherwise every other state's entry is deleted blind.
+    /// Keeps the attempt indexes right. The by-state index holds only
+    /// unsettled attempts (`pending`, `unknown`): recovery and the metrics
+    /// look those up; a settled attempt needs no entry, so settling one
+    /// deletes its entry and adds none. With the prior state known only what
+    /// changed is touched; otherwise every other state's entry is deleted
+    /// blind (a ledger written before 2026-12-05 indexed settled states too).
     pub(super) fn index(&self, batch: &mut WriteBatch, attempt: &AttemptRecord, prior: Prior) {
         let by_state = |state: AttemptState| [&[state.tag()], attempt.key.as_bytes()].concat();
         let stale: &[AttemptState] = match prior {
@@ -21,7 +25,7 @@ impl Rocks {
         for state in stale.iter().filter(|s| **s != attempt.state) {
             batch.delete_cf(self.cf(CF_BY_STATE), by_state(*state));
         }
-        if prior != Prior::Was(attempt.state) {
+        if attempt.state.is_unsettled() && prior != Prior::Was(attempt.state) {
             batch.put_cf(self.cf(CF_BY_STATE), by_state(attempt.state), []);
         }
         if !matches!(prior, Prior::Was(_)) {

@@ -5,7 +5,8 @@
 //! - `calls`: (session, call id) → [`CallRecord`] JSON. Keys start with the
 //!   length-prefixed session, so a prefix scan is the by-session index.
 //! - `attempts`: idempotency key → [`AttemptRecord`] JSON.
-//! - `attempts_by_state`: state tag ‖ key → ∅.
+//! - `attempts_by_state`: state tag ‖ key → ∅, for unsettled attempts
+//!   (`pending`, `unknown`) only.
 //! - `call_attempts`: (session, call id) ‖ step → key.
 //! - `grant_history`: plugin ‖ 0 ‖ time → [`GrantRecord`] JSON: which component
 //!   digest ran with which effective grants, from when.
@@ -400,6 +401,10 @@ impl Backend for Rocks {
     }
 
     fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, BackendError> {
+        // Only unsettled attempts are indexed ([`Rocks::index`]).
+        if !state.is_unsettled() {
+            return Ok(self.attempts()?.into_iter().filter(|a| a.state == state).collect());
+        }
         let keys = self.scan(CF_BY_STATE, &[state.tag()], |k, _| Some(String::from_utf8_lossy(&k[1..]).into_owned()))?;
         Ok(self.attempts_by_key(&keys)?.into_iter().filter(|a| a.state == state).collect())
     }
