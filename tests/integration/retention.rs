@@ -67,6 +67,15 @@ fn a_pruned_call_is_refused_as_expired_and_an_open_episode_is_never_pruned() {
     let (ok, again) = w.refund("c2", 100);
     assert!(ok, "{again}");
     assert_eq!(w.refunds_of(100), 2);
+    // The action's episodes start again after pruning, and the hold rule
+    // still finds the latest: a third refund whose answer is lost holds its
+    // blind repeat.
+    w.sandbox.inject(Fault::DelayAfterCommit { ms: 2_000 });
+    let (ok, lost) = w.refund("c3", 100);
+    assert!(!ok && kind(&lost) == "outcome-unknown", "{lost}");
+    let (ok, repeat) = w.refund("c3-retry", 100);
+    assert!(!ok && kind(&repeat) == "held", "{repeat}");
+    assert_eq!(w.refunds_of(100), 3, "c1, c2 and c3: the repeat sent nothing");
 }
 
 #[test]
