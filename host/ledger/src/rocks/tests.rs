@@ -43,7 +43,8 @@ fn open_episodes(ledger: &Rocks, digest: &str, numbers: std::ops::RangeInclusive
 /// action `d`, in a table without the prefix filter, and no index mark.
 fn unindexed_ledger(dir: &Path) {
     let mut opts = Options::default();
-    (opts.create_if_missing(true), opts.create_missing_column_families(true));
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
     let db = DB::open_cf(&opts, dir, ALL_CFS).unwrap();
     for n in 1..=2 {
         let e = episode_of("d", n);
