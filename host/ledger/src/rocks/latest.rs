@@ -62,6 +62,25 @@ impl Rocks {
         batch.put_cf(self.cf(CF_LATEST), key, episode.episode.to_be_bytes());
     }
 
+    /// Sets the action's entry to its latest episode as a seek finds it.
+    /// Called when an episode was to be opened under a number that exists:
+    /// only an entry that fell behind (which nothing here writes) makes the
+    /// guard do that, and without the repair it would try again forever.
+    pub(super) fn repair_latest(&self, session: &str, tool: &str, args_digest: &str) {
+        let repaired = match self.latest_episode_by_seek(session, tool, args_digest) {
+            Ok(Some(latest)) => {
+                let key = latest_key(session, tool, args_digest);
+                self.db.put_cf(self.cf(CF_LATEST), key, latest.episode.to_be_bytes()).map_err(|e| e.to_string())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(format!("{e:?}")),
+        };
+        match repaired {
+            Ok(()) => tracing::warn!(session, tool, "an action's latest-episode entry was behind its episodes; repaired"),
+            Err(e) => tracing::error!(session, tool, error = %e, "an action's latest-episode entry is behind its episodes and could not be repaired"),
+        }
+    }
+
     /// The action's episode with the highest number, by a seek of the
     /// action's prefix (a few episodes at most), so the prefix filters skip
     /// what holds none of them.

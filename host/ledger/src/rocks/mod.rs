@@ -332,6 +332,11 @@ impl Rocks {
                     EpisodeRecord { closed: true, closed_ms: Some(*at_ms), ..old }
                 }
                 (EpisodeOp::Close { .. }, None) => continue,
+                (EpisodeOp::Open(_), Some(_)) => {
+                    // Opened from a stale latest episode: set its entry right first.
+                    self.repair_latest(&r.session, &r.tool, &r.args_digest);
+                    return Err(checks::episode_changed(&r));
+                }
                 _ => return Err(checks::episode_changed(&r)),
             };
             batch.put_cf(self.cf(CF_EPISODES), key, serde_json::to_vec(&new).map_err(failed)?);

@@ -120,6 +120,23 @@ fn an_action_whose_latest_episode_was_pruned_is_found_by_prefix_seek() {
 }
 
 #[test]
+fn an_entry_behind_its_episodes_is_repaired_by_the_opening_it_misleads() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    open_episodes(&ledger, "d", 1..=3);
+    // As if something had opened episodes 2 and 3 without their entry.
+    ledger.db.put_cf(ledger.cf(CF_LATEST), latest::latest_key("s", "refund", "d"), 1u64.to_be_bytes()).unwrap();
+    let latest = || ledger.episode("s", "refund", "d", None).unwrap().map(|e| e.episode);
+    assert_eq!(latest(), Some(1), "the entry is trusted");
+    // The guard opens the episode after the latest it read: 2 exists.
+    let stale = LedgerWrite::new().episode(EpisodeOp::Open(episode_of("d", 2)));
+    assert!(matches!(ledger.commit(&stale, Durability::Buffered), Err(BackendError::Conflict(_))));
+    assert_eq!(latest(), Some(3), "its next look finds the true latest");
+    ledger.commit(&LedgerWrite::new().episode(EpisodeOp::Open(episode_of("d", 4))), Durability::Buffered).unwrap();
+    assert_eq!(latest(), Some(4));
+}
+
+#[test]
 fn a_read_only_open_of_a_ledger_written_before_the_index_seeks_by_prefix() {
     let dir = tempfile::tempdir().unwrap();
     unindexed_ledger(dir.path());
