@@ -97,6 +97,15 @@ fn cf_options(name: &str, cache: &Cache) -> Options {
     // Compression runs in flushes and compactions, off the write path.
     o.set_compression_type(rocksdb::DBCompressionType::Lz4);
     o.set_bottommost_compression_type(rocksdb::DBCompressionType::Zstd);
+    // The blocks a memtable flush writes (data, index and filter) go into
+    // the block cache as they are written (`prepopulate_block_cache`, which
+    // the Rust binding has no setter for: set over the table options above,
+    // keeping them and the shared cache). Without it the first read to meet
+    // a freshly flushed table — the newest records, the likeliest to be
+    // read — could not be answered from memory and went to the blocking
+    // pool: ~0.1 of the guard's reads per call at 64 in flight
+    // (docs/benchmarks.md).
+    let mut o = o.get_options_from_string("block_based_table_factory={prepopulate_block_cache=kFlushOnly}").expect("a valid option string");
     if name == CF_EPISODES {
         // Finding an action's latest episode without its `latest_episode`
         // entry scans the action's prefix, which without a prefix filter

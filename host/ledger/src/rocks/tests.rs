@@ -439,6 +439,22 @@ impl Drop for SlowFsync {
 }
 
 #[test]
+fn what_a_flush_writes_is_read_from_memory_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    for i in 0..100 {
+        ledger.commit(&LedgerWrite::new().call(crate::suite::call("s", &format!("c{i}"))), Durability::Buffered).unwrap();
+    }
+    ledger.db.flush_cf(ledger.cf(CF_CALLS)).unwrap();
+    // Out of the memtable, in a table file: its blocks were cached as the flush wrote them.
+    for i in [0, 50, 99] {
+        let found = memory_only(|| ledger.call("s", &format!("c{i}")));
+        assert!(matches!(found, Ok(Some(_))), "c{i}: {found:?}");
+    }
+    assert_eq!(memory_only(|| ledger.call("s", "absent")), Ok(None), "a miss is answered by the cached filter");
+}
+
+#[test]
 fn a_read_that_needs_the_disk_is_answered_off_the_async_workers() {
     let dir = tempfile::tempdir().unwrap();
     {
@@ -536,5 +552,22 @@ fn the_block_cache_has_the_size_asked_for_shared_by_every_family() {
     for name in ALL_CFS {
         let capacity = ledger.db.property_int_value_cf(ledger.cf(name), "rocksdb.block-cache-capacity").unwrap();
         assert_eq!(capacity, Some(3 << 20), "{name}");
+    }
+}
+
+#[test]
+fn every_family_shares_the_one_block_cache_of_the_configured_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open_cached(dir.path(), 8).unwrap();
+    let prop = |name: &str, what: &str| ledger.db.property_int_value_cf(ledger.cf(name), what).unwrap().unwrap();
+    for i in 0..100 {
+        ledger.commit(&LedgerWrite::new().call(crate::suite::call("s", &format!("c{i}"))), Durability::Buffered).unwrap();
+    }
+    ledger.db.flush_cf(ledger.cf(CF_CALLS)).unwrap();
+    let used = prop(CF_CALLS, "rocksdb.block-cache-usage");
+    assert!(used > 0, "the flush cached what it wrote");
+    for name in ALL_CFS {
+        assert_eq!(prop(name, "rocksdb.block-cache-capacity"), 8 << 20, "{name}");
+        assert_eq!(prop(name, "rocksdb.block-cache-usage"), used, "{name} sees the blocks of `calls`: one cache");
     }
 }
