@@ -20,7 +20,7 @@
 //!   writable handle opens it, before it serves; the `meta` key
 //!   [`INDEXED`], written in the same batch, says it is done.
 
-use super::keys::{CF_EPISODES, CF_LATEST, CF_META, action_prefix, episode_key};
+use super::keys::{CF_EPISODES, CF_LATEST, CF_META, action_prefix, episode_key, prefix_successor};
 use super::{Rocks, db_error, read_options, write_options};
 use crate::error::failed;
 use crate::{BackendError, Durability, EpisodeRecord};
@@ -72,7 +72,8 @@ impl Rocks {
                 let key = latest_key(session, tool, args_digest);
                 self.db.put_cf(self.cf(CF_LATEST), key, latest.episode.to_be_bytes()).map_err(|e| e.to_string())
             }
-            Ok(None) => Ok(()),
+            // No episode at all: the conflict was not this entry's doing.
+            Ok(None) => return,
             Err(e) => Err(format!("{e:?}")),
         };
         match repaired {
@@ -90,7 +91,7 @@ impl Rocks {
         let mut opts = read_options();
         opts.set_total_order_seek(false);
         opts.set_prefix_same_as_start(true);
-        if let Some(upper) = super::keys::prefix_successor(&prefix) {
+        if let Some(upper) = prefix_successor(&prefix) {
             opts.set_iterate_upper_bound(upper);
         }
         let start = episode_key(session, tool, args_digest, 0);
