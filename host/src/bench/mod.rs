@@ -10,6 +10,7 @@
 //! - [`growth`]: (i) the same figures with 0, 1 M and 10 M completed calls in the ledger (only on request).
 //! - [`idle`]: (h) the CPU of `toolguard serve` idle and at one call per second.
 //! - [`languages`]: (j) a fresh sandbox + invoke of the same tool in Rust, Python and JavaScript.
+//! - [`threads`]: CPU per call by the role of the thread that spent it, for (b).
 //! - [`anchor`]: (k) MCP `tools/call` over stdio, against another MCP server on an equal tool.
 
 pub mod anchor;
@@ -19,6 +20,7 @@ pub mod guarded;
 pub mod host;
 pub mod idle;
 pub mod languages;
+pub mod threads;
 pub mod unguarded;
 
 use serde::Serialize;

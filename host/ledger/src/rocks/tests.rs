@@ -571,3 +571,27 @@ fn every_family_shares_the_one_block_cache_of_the_configured_size() {
         assert_eq!(prop(name, "rocksdb.block-cache-usage"), used, "{name} sees the blocks of `calls`: one cache");
     }
 }
+
+#[test]
+fn level_0_is_compacted_once_it_holds_8_flushed_files_not_4() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let level0 = || ledger.db.property_int_value_cf(ledger.cf(CF_CALLS), "rocksdb.num-files-at-level0").unwrap().unwrap();
+    // Each file spans the whole key range, as files of calls with random ids do
+    // (files that do not overlap would be moved down one by one instead).
+    let flush = |n: u64| {
+        let write = LedgerWrite::new().call(crate::suite::call("s", &format!("a{n}"))).call(crate::suite::call("s", &format!("z{n}")));
+        ledger.commit(&write, Durability::Buffered).unwrap();
+        ledger.db.flush_cf(ledger.cf(CF_CALLS)).unwrap();
+        ledger.db.wait_for_compact(&rocksdb::WaitForCompactOptions::default()).unwrap();
+    };
+    for n in 1..=7 {
+        flush(n);
+        assert_eq!(level0(), n, "{n} flushed files stay in level 0: no compaction yet");
+    }
+    flush(8);
+    assert_eq!(level0(), 0, "the 8th flushed file starts the compaction of level 0");
+    for n in 1..=8 {
+        assert!(ledger.call("s", &format!("a{n}")).unwrap().is_some(), "a{n} survives the compaction");
+    }
+}
