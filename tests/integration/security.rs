@@ -109,6 +109,32 @@ fn a_panic_while_driving_a_call_fails_that_call_and_recovery_leaves_the_attempt_
     assert_eq!(w.refunds_of(45), 1);
 }
 
+#[test]
+fn an_admission_that_loses_every_race_fails_clearly_and_sends_nothing() {
+    let w = World::new();
+    // Every conditional admission write fails as if another writer had won (a fault, simulated).
+    let mut child = w.spawn_refund("r1", 46, Some("conflict:admission-write"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the admission kept retrying a write that always loses");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let answer = stdout_json(&out);
+    assert_eq!(answer["kind"], "internal", "{answer}");
+    let message = answer["message"].as_str().unwrap();
+    assert!(message.contains("lost 100 races in a row") && message.contains("retrying the same tool call is safe"), "{message}");
+    assert!(w.sandbox.requests().is_empty(), "nothing left the host");
+    // Without the fault the same call goes through, once.
+    let (ok, answer) = w.refund("r1", 46);
+    assert!(ok, "{answer}");
+    assert_eq!(w.refunds_of(46), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn encoded_separators_in_a_path_never_leave_the_host() {
     let h = harness(Downstream::default()).await;

@@ -212,6 +212,15 @@ pub(crate) fn failpoint(name: &str) {
     }
 }
 
+/// Whether the `conflict:NAME` failpoint is set for `name`: the conditional
+/// ledger write there is to fail as if another writer had won the race
+/// (tests only, through `TOOLGUARD_FAILPOINT`; unset, never).
+pub(crate) fn conflict_failpoint(name: &str) -> bool {
+    static POINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let point = POINT.get_or_init(|| std::env::var("TOOLGUARD_FAILPOINT").ok());
+    point.as_deref().and_then(|p| p.strip_prefix("conflict:")) == Some(name)
+}
+
 /// The message of a caught panic.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "a panic".into())

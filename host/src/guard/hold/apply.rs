@@ -95,6 +95,9 @@ impl Guard {
             });
         }
         let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
+        if crate::guard::conflict_failpoint("admission-write") {
+            return Ok(false);
+        }
         match self.ledger.commit_async(write, Durability::Buffered).await {
             Ok(()) => Ok(true),
             Err(e) if e.is_conflict() => Ok(false),

@@ -70,6 +70,22 @@ enum Decision {
     Expired(u64),
 }
 
+/// How many conditional admission writes in a row one call may lose
+/// before admission gives up with an internal error instead of trying on.
+const MAX_LOST_RACES: u32 = 100;
+
+/// The error of a call whose admission lost [`MAX_LOST_RACES`] races.
+fn lost_every_race(call_id: &str) -> CallError {
+    tracing::error!(%call_id, "admission lost {MAX_LOST_RACES} conditional ledger writes in a row; gave up");
+    CallError::new(
+        crate::error::ErrorKind::Internal,
+        format!(
+            "tool call `{call_id}` could not be admitted: its ledger write lost {MAX_LOST_RACES} races in a row, which contention alone does not cause. \
+             Nothing was run or sent; retrying the same tool call is safe. If it persists, check the ledger (`toolguard ledger stats`) and the host's log"
+        ),
+    )
+}
+
 /// What to do after a decision was written.
 #[allow(clippy::large_enum_variant, reason = "one per decision, moved once")]
 enum Next {
@@ -98,6 +114,7 @@ impl Guard {
         let answers_deadline = Instant::now() + super::outgoing::DELIVERY_WAIT;
         let action = (id.session.clone(), id.tool.clone(), id.args_digest.clone());
         let mut resolved_once = false;
+        let mut lost_races = 0;
         loop {
             let next = {
                 let _action = self.action_lock(&id.session, &id.tool, &id.args_digest).lock_owned().await;
@@ -125,7 +142,15 @@ impl Guard {
                     }
                     Started::Superseded(back) => lock = back,
                 },
-                Next::Again => {}
+                Next::Again => {
+                    // Each lost race means another writer moved this action on, so
+                    // the next look decides differently; losing without end is a
+                    // fault (of the ledger or of this code), not contention.
+                    lost_races += 1;
+                    if lost_races >= MAX_LOST_RACES {
+                        return Err(lost_every_race(&id.call_id));
+                    }
+                }
                 Next::AnswerOnItsWay => self.outgoing.wait(answers_deadline).await,
                 Next::Wait(executor) if Instant::now() < deadline => self.wait_for(&id.session, &executor, deadline).await,
                 Next::Settle(executor) if Instant::now() < deadline && !resolved_once => {
