@@ -103,12 +103,13 @@ fn cf_options(name: &str, cache: &Cache) -> Options {
     // files' pinned filters instead of 4.
     o.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER);
     o.set_block_based_table_factory(&table);
-    // Records are JSON: LZ4 where tables are young and rewritten soon, ZSTD
-    // at the bottom level where nearly all of a large ledger lies (RocksDB's
-    // tuning guide): a quarter of the disk (docs/ledger.md, Layout).
-    // Compression runs in flushes and compactions, off the write path.
+    // Records are JSON: LZ4 at every level. ZSTD at the bottom took ~30 %
+    // less disk, but keys are not in time order, so every compaction of
+    // level 0 rewrites (and recompresses) the level below, which grows with
+    // the ledger: ZSTD made RocksDB's background CPU per call grow ~2x as
+    // fast (docs/benchmarks.md). Compression runs in flushes and
+    // compactions, off the write path.
     o.set_compression_type(rocksdb::DBCompressionType::Lz4);
-    o.set_bottommost_compression_type(rocksdb::DBCompressionType::Zstd);
     // The blocks a memtable flush writes (data, index and filter) go into
     // the block cache as they are written (`prepopulate_block_cache`, which
     // the Rust binding has no setter for: set over the table options above,
