@@ -205,7 +205,7 @@ pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<
     let rt = runtime.clone();
     drive(8, distinct, move |i| {
         let rt = rt.clone();
-        async move { call_as_a_client(&rt, &refund(format!("e{i}"), i)).await }
+        async move { call_as_a_client(&rt, &refund(format!("e{i}"), i)).await.map(|_| ()) }
     })
     .await?;
     let total = scale.n(200_000);
@@ -229,11 +229,14 @@ pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<
 }
 
 /// One call as a client makes it: the call, then the record that its answer
-/// reached the caller (what `toolguard call` and `serve` do after writing it).
-pub(crate) async fn call_as_a_client(rt: &Runtime, request: &CallRequest) -> Result<(), String> {
+/// reached the caller (what `toolguard call` and `serve` do after writing
+/// it). Returns how long the answer took: what the caller waited for.
+pub(crate) async fn call_as_a_client(rt: &Runtime, request: &CallRequest) -> Result<Duration, String> {
+    let started = Instant::now();
     let answer = rt.call(request).await;
+    let to_answer = started.elapsed();
     rt.report(request, &answer).await;
-    answer.map(|_| ()).map_err(|e| e.to_string())
+    answer.map(|_| to_answer).map_err(|e| e.to_string())
 }
 
 /// `request`, which must be answered from the ledger without running.

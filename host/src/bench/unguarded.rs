@@ -6,7 +6,7 @@
 //! the disk, not the CPU, is what limits it.
 
 use super::disk::Bound;
-use super::guarded::{drive, null_provider, refund, refund_host};
+use super::guarded::{call_as_a_client, drive, null_provider, refund, refund_host};
 use super::threads::{ROLES, Role, Snapshot};
 use super::{Figure, Scale, Stats, ms, us};
 use crate::Runtime;
@@ -51,12 +51,9 @@ pub(crate) async fn measure_calls(
     let (mut samples, wall) = drive(in_flight, total, move |i| {
         let (rt, request, answers) = (rt.clone(), request(i), answers.clone());
         async move {
-            let started = std::time::Instant::now();
-            let answer = rt.call(&request).await;
-            let to_answer = started.elapsed();
-            rt.report(&request, &answer).await;
+            let to_answer = call_as_a_client(&rt, &request).await?;
             answers.lock().expect("no panic while held").push(to_answer);
-            answer.map(|_| ()).map_err(|e| e.to_string())
+            Ok(())
         }
     })
     .await?;
@@ -107,7 +104,7 @@ pub async fn throughput(dir: &std::path::Path, bound: &Bound, scale: Scale) -> a
     // Last: it leaves the ledger ~100,000 calls larger, and the actions of
     // the runs above with their episodes in older table files, out of the
     // block cache (a repeat then reads its episode from disk).
-    figures.extend(sustained(&guarded, &unguarded, scale).await?);
+    figures.extend(sustained(&guarded, &unguarded, &ledger, scale).await?);
     Ok(figures)
 }
 
@@ -171,9 +168,8 @@ fn by_role(label: &str, g: &Run, u: &Run) -> Vec<Figure> {
 /// ~30 per cent of the memtable budget per 10,000 guarded calls): the cost a
 /// host serving without pause pays, which the 8,000-call runs above only
 /// begin to include.
-async fn sustained(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+async fn sustained(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, ledger: &crate::ledger::Ledger, scale: Scale) -> anyhow::Result<Vec<Figure>> {
     let total = scale.n(100_000);
-    let ledger = guarded.guard().expect("the bench host has a guard").ledger().clone();
     let u = measure(unguarded, 64, total, "su-").await?;
     let pool_reads = ledger.pool_reads();
     let g = measure(guarded, 64, total, "sg-").await?;

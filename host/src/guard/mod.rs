@@ -201,8 +201,7 @@ fn internal(e: crate::ledger::LedgerError) -> CallError {
 /// instead (a bug in the host, which must fail only the call it hit).
 /// Unset, it costs one lookup.
 pub(crate) fn failpoint(name: &str) {
-    static POINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let Some(point) = POINT.get_or_init(|| std::env::var("TOOLGUARD_FAILPOINT").ok()).as_deref() else { return };
+    let Some(point) = failpoint_setting() else { return };
     if point == name {
         eprintln!("toolguard: failpoint `{name}` reached; aborting");
         std::process::abort();
@@ -216,9 +215,13 @@ pub(crate) fn failpoint(name: &str) {
 /// ledger write there is to fail as if another writer had won the race
 /// (tests only, through `TOOLGUARD_FAILPOINT`; unset, never).
 pub(crate) fn conflict_failpoint(name: &str) -> bool {
+    failpoint_setting().and_then(|p| p.strip_prefix("conflict:")) == Some(name)
+}
+
+/// `TOOLGUARD_FAILPOINT`, read once.
+fn failpoint_setting() -> Option<&'static str> {
     static POINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let point = POINT.get_or_init(|| std::env::var("TOOLGUARD_FAILPOINT").ok());
-    point.as_deref().and_then(|p| p.strip_prefix("conflict:")) == Some(name)
+    POINT.get_or_init(|| std::env::var("TOOLGUARD_FAILPOINT").ok()).as_deref()
 }
 
 /// The message of a caught panic.

@@ -98,7 +98,7 @@ fn cf_options(name: &str, cache: &Cache) -> Options {
     // level 0 rewrites the overlapping part of the level below, nearly all of
     // it. Compacting 8 flushed files at once instead of RocksDB's 4 halves
     // how often that happens: the flushes and compactions of a host serving
-    // without pause fell from ~24 to ~15 µs of CPU per guarded call
+    // without pause fell from ~31 to ~21 µs of CPU per guarded call
     // (docs/benchmarks.md), for point lookups that check up to 8 young
     // files' pinned filters instead of 4.
     o.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER);
