@@ -2,7 +2,7 @@
 //! RocksDB and PostgreSQL (the behavioural suite runs on both).
 
 use super::retention::{LedgerStats, Removal, RetireEntry};
-use super::{AttemptRecord, AttemptState, BackendError, CallRecord, Claim, Durability, EpisodeRecord, GrantRecord, LedgerWrite};
+use super::{AttemptRecord, AttemptState, BackendError, CallRecord, Claim, Durability, EpisodeRecord, FirstLook, GrantRecord, LedgerWrite};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -22,6 +22,11 @@ pub(crate) trait Backend: Send + Sync {
     /// latest episode when `None`.
     fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, BackendError>;
     fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, BackendError>;
+    /// What admission reads first, in one trip to the backend ([`FirstLook`]);
+    /// `None` where each read is cheap and the guard reads only what it needs.
+    fn first_look(&self, _session: &str, _call_id: &str, _tool: &str, _args_digest: &str) -> Result<Option<FirstLook>, BackendError> {
+        Ok(None)
+    }
     fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, BackendError>;
     /// The latest generation's attempt at `step`.
     fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, BackendError>;

@@ -37,6 +37,18 @@ use error::BackendError;
 use std::path::Path;
 use std::sync::Arc;
 
+/// What [`Ledger::first_look`] finds about a tool call and its action.
+#[derive(Debug, Default)]
+pub struct FirstLook {
+    /// The call's record, if recorded.
+    pub call: Option<CallRecord>,
+    /// When the call's record was pruned, if it has none and was.
+    pub expired: Option<u64>,
+    /// The call's episode if it has one; with no call, the action's latest;
+    /// none read for a completed call (its record decides, or the caller reads it).
+    pub episode: Option<EpisodeRecord>,
+}
+
 /// The schema version this code reads and writes: 2 added episodes, 3
 /// retention (`docs/ledger.md`, "Schema versions"); older ones are migrated
 /// on open.
@@ -193,6 +205,17 @@ impl Ledger {
     /// The read failed or the record is damaged.
     pub fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, LedgerError> {
         self.backend.episode(session, tool, args_digest, episode).map_err(|e| self.backend_err(e))
+    }
+
+    /// The call (session, call id), its tombstone and its action's episode,
+    /// in one trip to a backend that answers over a network (PostgreSQL);
+    /// `None` from one whose reads are cheap (RocksDB), whose caller reads
+    /// only what it needs.
+    ///
+    /// # Errors
+    /// The read failed or a record is damaged.
+    pub fn first_look(&self, session: &str, call_id: &str, tool: &str, args_digest: &str) -> Result<Option<FirstLook>, LedgerError> {
+        self.backend.first_look(session, call_id, tool, args_digest).map_err(|e| self.backend_err(e))
     }
 
     /// The tool call (session, call id), if recorded.

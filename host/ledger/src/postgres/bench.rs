@@ -6,7 +6,6 @@
 
 use crate::error::failed;
 use super::Postgres;
-use super::typed::p;
 use crate::BackendError;
 
 /// Copies every row of session `seed` into sessions `{prefix}{g}` for g in
@@ -41,9 +40,9 @@ pub(super) fn replicate(pg: &Postgres, seed: &str, prefix: &str, from: i64, to: 
         ),
     ];
     let mut client = pg.client()?;
-    let mut tx = client.transaction().map_err(failed)?;
+    let mut tx = client.client.transaction().map_err(failed)?;
     for sql in &statements {
-        tx.execute_typed(sql.as_str(), &[p(&seed), p(&prefix), p(&from), p(&to)]).map_err(failed)?;
+        tx.execute(sql.as_str(), &[&seed, &prefix, &from, &to]).map_err(failed)?;
     }
     tx.commit().map_err(failed)
 }

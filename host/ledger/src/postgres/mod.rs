@@ -31,19 +31,18 @@
 //! shared ledger must not lose a write another host may already rely on.
 
 mod bench;
+mod prepared;
 mod retention;
 mod tls;
-mod typed;
 
 use crate::error::failed;
 use super::retention::{LedgerStats, Removal, RetireEntry};
-use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, Prior, checks};
+use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, FirstLook, GrantRecord, LedgerWrite, Prior, checks};
 use r2d2_postgres::PostgresConnectionManager;
-use r2d2_postgres::postgres::Row;
-use tokio_postgres_rustls::MakeRustlsConnect;
+use r2d2_postgres::postgres::{GenericClient, Row};
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
+use prepared::{Manager, Param, Params, Prepared};
 use std::time::Duration;
-use typed::{Param, p};
 
 /// Version 1's tables and indexes.
 const MIGRATION_1: &str = "
@@ -130,7 +129,7 @@ const POOL_SIZE: u32 = 16;
 /// A PostgreSQL ledger: a pool of connections to one database.
 pub(crate) struct Postgres {
     /// Always `Some` until dropped.
-    pool: Option<Pool<PostgresConnectionManager<MakeRustlsConnect>>>,
+    pool: Option<Pool<Manager>>,
 }
 
 impl Drop for Postgres {
@@ -160,7 +159,7 @@ impl Postgres {
     /// Connects to `url` and creates or migrates the schema.
     pub(crate) fn connect(url: &str) -> Result<Self, BackendError> {
         let (config, tls) = tls::config(url)?;
-        let manager = PostgresConnectionManager::new(config, tls);
+        let manager = Manager(PostgresConnectionManager::new(config, tls));
         let pool = Pool::builder()
             .max_size(POOL_SIZE)
             .min_idle(Some(1))
@@ -175,7 +174,7 @@ impl Postgres {
         Ok(this)
     }
 
-    fn client(&self) -> Result<PooledConnection<PostgresConnectionManager<MakeRustlsConnect>>, BackendError> {
+    fn client(&self) -> Result<PooledConnection<Manager>, BackendError> {
         let pool = self.pool.as_ref().expect("the pool lives until drop");
         pool.get().map_err(|e| failed(format!("no connection to PostgreSQL: {e}")))
     }
@@ -185,13 +184,13 @@ impl Postgres {
     /// `CREATE … IF NOT EXISTS` (the catalogue's own unique index), so a
     /// failed attempt is retried.
     fn migrate(&self) -> Result<(), BackendError> {
-        let current = self.client()?.query_typed("SELECT value FROM toolguard_meta WHERE name = 'schema'", &[]);
+        let current = self.query("SELECT value FROM toolguard_meta WHERE name = 'schema'", &[]);
         if current.is_ok_and(|rows| rows.iter().any(|r| r.get::<_, Vec<u8>>(0) == super::SCHEMA.as_bytes())) {
             return Ok(());
         }
         let mut last = String::new();
         for _ in 0..5 {
-            match self.client()?.batch_execute(&format!("{MIGRATION_1}{MIGRATION_2}{MIGRATION_3}")) {
+            match self.client()?.client.batch_execute(&format!("{MIGRATION_1}{MIGRATION_2}{MIGRATION_3}")) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = e.to_string(),
             }
@@ -200,12 +199,23 @@ impl Postgres {
         Err(format!("cannot create the ledger's tables: {last}").into())
     }
 
-    fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>, BackendError> {
-        self.client()?.query_typed(sql, params).map_err(failed)
+    /// The rows `sql` returns, on a connection of the pool.
+    fn query(&self, sql: &str, params: &Params<'_>) -> Result<Vec<Row>, BackendError> {
+        self.client()?.prepared().query(sql, params).map_err(failed)
+    }
+
+    /// Runs `sql` on a connection of the pool; the rows it changed.
+    fn execute(&self, sql: &str, params: &Params<'_>) -> Result<u64, BackendError> {
+        self.client()?.prepared().execute(sql, params).map_err(failed)
     }
 
     fn records<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Vec<T>, BackendError> {
-        rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>("record")).map_err(|e| failed(format!("damaged record: {e}")))).collect()
+        rows.iter().map(|r| Self::parse(r.get::<_, &str>("record"))).collect()
+    }
+
+    /// A record from its stored JSON.
+    fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, BackendError> {
+        serde_json::from_str(text).map_err(|e| failed(format!("damaged record: {e}")))
     }
 
     fn one<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Option<T>, BackendError> {
@@ -216,10 +226,15 @@ impl Postgres {
     fn calls_of(rows: &[Row]) -> Result<Vec<CallRecord>, BackendError> {
         let mut calls: Vec<CallRecord> = Self::records(rows)?;
         for (call, row) in calls.iter_mut().zip(rows) {
-            call.owner = row.get("owner");
-            call.lease_until_ms = u64::try_from(row.get::<_, i64>("lease_until")).ok().filter(|t| *t > 0);
+            Self::claim_of(call, row);
         }
         Ok(calls)
+    }
+
+    /// `call`'s claim, from its row's columns.
+    fn claim_of(call: &mut CallRecord, row: &Row) {
+        call.owner = row.get("owner");
+        call.lease_until_ms = u64::try_from(row.get::<_, i64>("lease_until")).ok().filter(|t| *t > 0);
     }
 }
 
@@ -235,7 +250,7 @@ struct CallRow<'a> {
 impl CallRow<'_> {
     fn params(&self) -> [Param<'_>; 9] {
         let c = self.call;
-        [p(&c.session), p(&c.call_id), p(&c.tool), p(&c.args_digest), p(&self.completed), p(&c.owner), p(&self.lease_until), p(&self.record), p(&self.episode)]
+        [&c.session, &c.call_id, &c.tool, &c.args_digest, &self.completed, &c.owner, &self.lease_until, &self.record, &self.episode]
     }
 }
 
@@ -252,6 +267,17 @@ fn call_row(call: &CallRecord) -> Result<CallRow<'_>, BackendError> {
 /// The insert of one call's row, for `ON CONFLICT` clauses to complete.
 const INSERT_CALL: &str = "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record, episode) \
                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// [`Backend::first_look`] in one statement: the call ($1, $2); with no
+/// call, its tombstone ($5) and the action's ($1, $3, $4) latest episode;
+/// with a call not completed, the episode it names. (`CASE` runs each
+/// subquery only when its answer is wanted: a replay reads the call alone.)
+const FIRST_LOOK: &str = "SELECT c.record, c.owner, c.lease_until, \
+    CASE WHEN c.call_id IS NULL THEN (SELECT x.pruned_ms FROM toolguard_expired x WHERE x.call_digest = $5) END AS pruned_ms, \
+    CASE WHEN c.call_id IS NULL OR NOT c.completed THEN \
+        (SELECT e.record FROM toolguard_episodes e WHERE e.session = $1 AND e.tool = $3 AND e.args_digest = $4 \
+            AND (c.call_id IS NULL OR e.episode = c.episode) ORDER BY e.episode DESC LIMIT 1) END AS episode \
+    FROM (SELECT 1) AS one LEFT JOIN toolguard_calls c ON c.session = $1 AND c.call_id = $2";
 
 /// Runs a blocking query `f` where rust-postgres's blocking client may run:
 /// its client drives its own runtime, which must not start on an async
@@ -274,7 +300,7 @@ fn int(n: u32) -> Result<i32, BackendError> {
 
 impl Backend for Postgres {
     fn settle(&self) -> Result<(), BackendError> {
-        self.client()?.batch_execute("VACUUM ANALYZE").map_err(failed)
+        self.client()?.client.batch_execute("VACUUM ANALYZE").map_err(failed)
     }
 
     fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, BackendError> {
@@ -286,11 +312,11 @@ impl Backend for Postgres {
             let mut client = self.client()?;
             if create {
                 let insert = "INSERT INTO toolguard_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
-                client.execute_typed(insert, &[p(&"schema"), p(&super::SCHEMA.as_bytes())]).map_err(failed)?;
+                client.prepared().execute(insert, &[&"schema", &super::SCHEMA.as_bytes()]).map_err(failed)?;
                 // The first host to get here sets the secret; every other reads it.
-                client.execute_typed(insert, &[p(&"secret"), p(&super::new_secret()?.as_slice())]).map_err(failed)?;
+                client.prepared().execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(failed)?;
             }
-            let rows = client.query_typed("SELECT name, value FROM toolguard_meta", &[]).map_err(failed)?;
+            let rows = client.prepared().query("SELECT name, value FROM toolguard_meta", &[]).map_err(failed)?;
             let value = |name: &str| rows.iter().find(|r| r.get::<_, &str>("name") == name).map(|r| r.get::<_, Vec<u8>>("value"));
             let schema = value("schema").ok_or("the ledger has no schema record")?;
             let secret = value("secret").and_then(|s| s.try_into().ok()).ok_or("the key secret is missing or damaged")?;
@@ -301,7 +327,7 @@ impl Backend for Postgres {
     fn set_schema(&self, version: &str) -> Result<(), BackendError> {
         off_async(|| {
             let sql = "UPDATE toolguard_meta SET value = $1 WHERE name = 'schema'";
-            self.client()?.execute_typed(sql, &[p(&version.as_bytes())]).map(|_| ()).map_err(failed)
+            self.execute(sql, &[&version.as_bytes()]).map(|_| ())
         })
     }
 
@@ -310,12 +336,12 @@ impl Backend for Postgres {
             let rows = match episode {
                 Some(n) => {
                     let sql = "SELECT record FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
-                    self.query(sql, &[p(&session), p(&tool), p(&args_digest), p(&big(n)?)])?
+                    self.query(sql, &[&session, &tool, &args_digest, &big(n)?])?
                 }
                 None => {
                     let sql = "SELECT record FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 \
                                ORDER BY episode DESC LIMIT 1";
-                    self.query(sql, &[p(&session), p(&tool), p(&args_digest)])?
+                    self.query(sql, &[&session, &tool, &args_digest])?
                 }
             };
             Self::one(&rows)
@@ -325,20 +351,35 @@ impl Backend for Postgres {
     fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
-            Ok(Self::calls_of(&self.query(sql, &[p(&session), p(&call_id)])?)?.pop())
+            Ok(Self::calls_of(&self.query(sql, &[&session, &call_id])?)?.pop())
+        })
+    }
+
+    fn first_look(&self, session: &str, call_id: &str, tool: &str, args_digest: &str) -> Result<Option<FirstLook>, BackendError> {
+        off_async(|| {
+            let tombstone = crate::retention::tombstone(session, call_id);
+            let rows = self.query(FIRST_LOOK, &[&session, &call_id, &tool, &args_digest, &tombstone.as_slice()])?;
+            let row = rows.first().ok_or("the first look at a call returned no row")?;
+            let call = row.get::<_, Option<&str>>("record").map(Self::parse).transpose()?.map(|mut call: CallRecord| {
+                Self::claim_of(&mut call, row);
+                call
+            });
+            let pruned = row.get::<_, Option<i64>>("pruned_ms").and_then(|t| u64::try_from(t).ok());
+            let episode = row.get::<_, Option<&str>>("episode").map(Self::parse).transpose()?;
+            Ok(Some(FirstLook { expired: pruned.filter(|_| call.is_none()), call, episode }))
         })
     }
 
     fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, BackendError> {
         off_async(|| {
-            Self::one(&self.query("SELECT record FROM toolguard_attempts WHERE key = $1", &[p(&key)])?)
+            Self::one(&self.query("SELECT record FROM toolguard_attempts WHERE key = $1", &[&key])?)
         })
     }
 
     fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2 AND step = $3 ORDER BY generation DESC LIMIT 1";
-            Self::one(&self.query(sql, &[p(&session), p(&call_id), p(&int(step)?)])?)
+            Self::one(&self.query(sql, &[&session, &call_id, &int(step)?])?)
         })
     }
 
@@ -347,7 +388,7 @@ impl Backend for Postgres {
             let sql = "SELECT record FROM toolguard_attempts a WHERE session = $1 AND call_id = $2 AND generation = \
                        (SELECT max(generation) FROM toolguard_attempts b WHERE b.session = a.session AND b.call_id = a.call_id AND b.step = a.step) \
                        ORDER BY step";
-            Self::records(&self.query(sql, &[p(&session), p(&call_id)])?)
+            Self::records(&self.query(sql, &[&session, &call_id])?)
         })
     }
 
@@ -356,7 +397,7 @@ impl Backend for Postgres {
             // The RocksDB backend's order: length-prefixed session, then call id.
             let order = "ORDER BY octet_length(session), session COLLATE \"C\", octet_length(call_id), call_id COLLATE \"C\"";
             let rows = match session {
-                Some(s) => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 {order}"), &[p(&s)])?,
+                Some(s) => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 {order}"), &[&s])?,
                 None => self.query(&format!("SELECT record, owner, lease_until FROM toolguard_calls {order}"), &[])?,
             };
             Self::calls_of(&rows)
@@ -366,7 +407,7 @@ impl Backend for Postgres {
     fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record FROM toolguard_attempts WHERE state = $1 ORDER BY key COLLATE \"C\"";
-            Self::records(&self.query(sql, &[p(&state.as_str())])?)
+            Self::records(&self.query(sql, &[&state.as_str()])?)
         })
     }
 
@@ -379,14 +420,14 @@ impl Backend for Postgres {
     fn record_grants(&self, record: &GrantRecord) -> Result<bool, BackendError> {
         off_async(|| {
             let latest: Option<GrantRecord> = Self::one(&self.query(
-                "SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1", &[p(&record.plugin)])?)?;
+                "SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1", &[&record.plugin])?)?;
             if !checks::grants_changed(latest.as_ref(), record) {
                 return Ok(false);
             }
             let value = serde_json::to_string(record).map_err(failed)?;
             let at = i64::try_from(record.recorded_ms).map_err(failed)?;
             let sql = "INSERT INTO toolguard_grant_history (plugin, recorded_ms, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
-            Ok(self.client()?.execute_typed(sql, &[p(&record.plugin), p(&at), p(&value)]).map_err(failed)? == 1)
+            Ok(self.execute(sql, &[&record.plugin, &at, &value])? == 1)
         })
     }
 
@@ -415,14 +456,14 @@ impl Backend for Postgres {
     fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, BackendError> {
         off_async(|| {
             let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
-            Self::calls_of(&self.query(sql, &[p(&session), p(&tool), p(&args_digest), p(&big(episode)?)])?)
+            Self::calls_of(&self.query(sql, &[&session, &tool, &args_digest, &big(episode)?])?)
         })
     }
 
     fn forget_budget_before(&self, before_ms: u64) -> Result<u64, BackendError> {
         off_async(|| {
             let sql = "DELETE FROM toolguard_budget WHERE at_ms < $1";
-            self.client()?.execute_typed(sql, &[p(&big(before_ms)?)]).map_err(failed)
+            self.execute(sql, &[&big(before_ms)?])
         })
     }
 
@@ -438,7 +479,7 @@ impl Backend for Postgres {
         off_async(|| {
             let sql = "UPDATE toolguard_calls SET episode = (record::jsonb ->> 'episode')::bigint \
                        WHERE episode IS NULL AND record::jsonb ? 'episode'";
-            self.client()?.execute_typed(sql, &[]).map(|_| ()).map_err(failed)
+            self.execute(sql, &[]).map(|_| ())
         })
     }
 
@@ -459,9 +500,10 @@ impl Backend for Postgres {
             let row = call_row(call)?;
             let now = i64::try_from(now_ms).map_err(failed)?;
             let mut params = row.params().to_vec();
-            params.push(p(&now));
+            params.push(&now);
             let mut client = self.client()?;
-            let claimed = client.query_typed(&sql, &params).map_err(failed)?;
+            let mut client = client.prepared();
+            let claimed = client.query(&sql, &params).map_err(failed)?;
             if let Some(mut record) = Self::one::<CallRecord>(&claimed)? {
                 // Taken over: the stored record, with our claim.
                 record.owner.clone_from(&call.owner);
@@ -469,7 +511,7 @@ impl Backend for Postgres {
                 return Ok(Claim::Run { record, persisted: true });
             }
             let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
-            let existing = Self::calls_of(&client.query_typed(sql, &[p(&call.session), p(&call.call_id)]).map_err(failed)?)?.pop();
+            let existing = Self::calls_of(&client.query(sql, &[&call.session, &call.call_id]).map_err(failed)?)?.pop();
             let Some(existing) = existing else { return Err("the call vanished while being claimed; retry".into()) };
             Ok(match Claim::of_existing(call, Some(existing)) {
                 Claim::Run { record, .. } => Claim::Busy(record),
@@ -481,111 +523,127 @@ impl Backend for Postgres {
     fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), BackendError> {
         off_async(|| {
             let sql = "UPDATE toolguard_calls SET lease_until = 0 WHERE session = $1 AND call_id = $2 AND owner = $3";
-            self.client()?.execute_typed(sql, &[p(&session), p(&call_id), p(&owner)]).map(|_| ()).map_err(failed)
+            self.execute(sql, &[&session, &call_id, &owner]).map(|_| ())
         })
     }
 
     fn commit(&self, write: &LedgerWrite, _durability: Durability) -> Result<(), BackendError> {
         off_async(|| {
             let mut client = self.client()?;
-            let mut tx = client.transaction().map_err(failed)?;
-            if let Some(s) = &write.superseding {
-                // The call's row stays locked until the commit: a host claiming it
-                // waits, then finds it superseded (the claim's condition).
-                let sql = "SELECT completed, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2 FOR UPDATE";
-                let row = tx.query_typed_opt(sql, &[p(&s.session), p(&s.call_id)]).map_err(failed)?;
-                let now = i64::try_from(s.now_ms).map_err(failed)?;
-                let free = row.is_some_and(|r| !r.get::<_, bool>("completed") && r.get::<_, i64>("lease_until") <= now);
-                let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2";
-                let attempts: Vec<AttemptRecord> = Self::records(&tx.query_typed(sql, &[p(&s.session), p(&s.call_id)]).map_err(failed)?)?;
-                checks::supersedable(s, free, &attempts)?;
+            // A statement is atomic on its own: no BEGIN and COMMIT round trips around one.
+            if most_statements(write) == 1 {
+                return apply(&mut client.prepared(), write);
             }
-            for c in &write.charges {
-                // One row per budget, locked until the commit: charges of one budget queue here.
-                tx.execute_typed("INSERT INTO toolguard_budget_scopes (scope) VALUES ($1) ON CONFLICT DO NOTHING", &[p(&c.scope)])
-                    .map_err(failed)?;
-                tx.query_typed("SELECT scope FROM toolguard_budget_scopes WHERE scope = $1 FOR UPDATE", &[p(&c.scope)]).map_err(failed)?;
-                let sql = "SELECT count(*) FROM (SELECT 1 FROM toolguard_budget WHERE scope = $1 AND at_ms >= $2 LIMIT $3) used";
-                let used: i64 = tx.query_typed_one(sql, &[p(&c.scope), p(&big(c.since_ms)?), p(&i64::from(c.max))]).map_err(failed)?.get(0);
-                checks::within_budget(c, u64::try_from(used).unwrap_or(0))?;
-                let sql = "INSERT INTO toolguard_budget (scope, at_ms, call_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
-                tx.execute_typed(sql, &[p(&c.scope), p(&big(c.at_ms)?), p(&c.call_id)]).map_err(failed)?;
-            }
-            for call in &write.calls {
-                let sql = format!(
-                    "{INSERT_CALL} ON CONFLICT (session, call_id) DO UPDATE SET completed = EXCLUDED.completed, owner = EXCLUDED.owner, \
-                     lease_until = EXCLUDED.lease_until, record = EXCLUDED.record, episode = EXCLUDED.episode"
-                );
-                tx.execute_typed(&sql, &call_row(call)?.params()).map_err(failed)?;
-                if let Some(entry) = RetireEntry::of_call(call) {
-                    retention::add_retire(&mut tx, &entry)?;
-                }
-            }
-            for entry in &write.retire {
-                retention::add_retire(&mut tx, entry)?;
-            }
-            for (a, prior) in &write.attempts {
-                let value = serde_json::to_string(a).map_err(failed)?;
-                let (step, generation, state) = (int(a.step)?, int(a.generation)?, a.state.as_str());
-                let params = [p(&a.key), p(&a.session), p(&a.call_id), p(&step), p(&generation), p(&a.tool), p(&a.args_digest), p(&state), p(&value)];
-                let insert = "INSERT INTO toolguard_attempts (key, session, call_id, step, generation, tool, args_digest, state, record) \
-                              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
-                if *prior == Prior::Absent {
-                    // A new attempt is claimed, not overwritten: if another host
-                    // recorded it first, nothing of this write applies (and so
-                    // nothing is sent).
-                    let inserted = tx.execute_typed(&format!("{insert} ON CONFLICT DO NOTHING"), &params).map_err(failed)?;
-                    if inserted == 0 {
-                        return Err(BackendError::Conflict(format!(
-                            "attempt `{}` (step {} of tool call `{}`) was already recorded by another host; nothing was sent — retry the tool call",
-                            a.key, a.step, a.call_id
-                        )));
-                    }
-                } else {
-                    let upsert = format!("{insert} ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record");
-                    tx.execute_typed(&upsert, &params).map_err(failed)?;
-                }
-            }
-            // A report's record as its caller read it is not needed: the update sets one field.
-            for crate::write::Report { session, call_id, reported, .. } in &write.reports {
-                let sql = "UPDATE toolguard_calls SET record = (record::jsonb || jsonb_build_object('reported', $3::text))::text \
-                           WHERE session = $1 AND call_id = $2";
-                tx.execute_typed(sql, &[p(&session), p(&call_id), p(&reported.as_str())]).map_err(failed)?;
-            }
-            for op in &write.episodes {
-                let r = op.id();
-                let n = big(r.episode)?;
-                let key = [p(&r.session), p(&r.tool), p(&r.args_digest), p(&n)];
-                let changed = match op {
-                    EpisodeOp::Open(opened) => {
-                        let record = serde_json::to_string(opened).map_err(failed)?;
-                        let sql = "INSERT INTO toolguard_episodes (session, tool, args_digest, episode, executor, closed, record) \
-                                   VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
-                        tx.execute_typed(sql, &[&key[..], &[p(&opened.executor), p(&opened.closed), p(&record)]].concat()).map_err(failed)?
-                    }
-                    EpisodeOp::Hand { record, from } => {
-                        let sql = "UPDATE toolguard_episodes SET executor = $5, \
-                                   record = (record::jsonb || jsonb_build_object('executor', $5::text))::text \
-                                   WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND executor = $6";
-                        tx.execute_typed(sql, &[&key[..], &[p(&record.executor), p(&from)]].concat()).map_err(failed)?
-                    }
-                    EpisodeOp::Close { at_ms, .. } => {
-                        let sql = "UPDATE toolguard_episodes SET closed = true, \
-                                   record = (record::jsonb || jsonb_build_object('closed', true, 'closed_ms', $5::bigint))::text \
-                                   WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND NOT closed";
-                        if tx.execute_typed(sql, &[&key[..], &[p(&big(*at_ms)?)]].concat()).map_err(failed)? == 1 {
-                            retention::add_retire(&mut tx, &RetireEntry::of_close(&r, *at_ms))?;
-                        }
-                        continue;
-                    }
-                };
-                if changed == 0 {
-                    return Err(checks::episode_changed(&r));
-                }
-            }
-            tx.commit().map_err(|e| BackendError::Failed(e.to_string()))
+            client.in_transaction(|tx| apply(tx, write))
         })
     }
+}
+
+/// The most statements [`apply`] may run for `write`.
+fn most_statements(write: &LedgerWrite) -> usize {
+    let superseding = if write.superseding.is_some() { 2 } else { 0 };
+    // A call or a closed episode may add an entry to the retire index.
+    superseding + 3 * write.charges.len() + 2 * write.calls.len() + write.retire.len() + write.attempts.len() + write.reports.len() + 2 * write.episodes.len()
+}
+
+/// Runs `write`'s statements on `tx`: a transaction, or a connection when
+/// there is only one.
+fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Result<(), BackendError> {
+    if let Some(s) = &write.superseding {
+        // The call's row stays locked until the commit: a host claiming it
+        // waits, then finds it superseded (the claim's condition).
+        let sql = "SELECT completed, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2 FOR UPDATE";
+        let row = tx.query_opt(sql, &[&s.session, &s.call_id]).map_err(failed)?;
+        let now = i64::try_from(s.now_ms).map_err(failed)?;
+        let free = row.is_some_and(|r| !r.get::<_, bool>("completed") && r.get::<_, i64>("lease_until") <= now);
+        let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2";
+        let attempts: Vec<AttemptRecord> = Postgres::records(&tx.query(sql, &[&s.session, &s.call_id]).map_err(failed)?)?;
+        checks::supersedable(s, free, &attempts)?;
+    }
+    for c in &write.charges {
+        // One row per budget, locked until the commit (the upsert locks it,
+        // new or not): charges of one budget queue here.
+        let sql = "INSERT INTO toolguard_budget_scopes (scope) VALUES ($1) ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope";
+        tx.execute(sql, &[&c.scope]).map_err(failed)?;
+        let sql = "SELECT count(*) FROM (SELECT 1 FROM toolguard_budget WHERE scope = $1 AND at_ms >= $2 LIMIT $3) used";
+        let used: i64 = tx.query_one(sql, &[&c.scope, &big(c.since_ms)?, &i64::from(c.max)]).map_err(failed)?.get(0);
+        checks::within_budget(c, u64::try_from(used).unwrap_or(0))?;
+        let sql = "INSERT INTO toolguard_budget (scope, at_ms, call_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+        tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(failed)?;
+    }
+    for call in &write.calls {
+        let sql = format!(
+            "{INSERT_CALL} ON CONFLICT (session, call_id) DO UPDATE SET completed = EXCLUDED.completed, owner = EXCLUDED.owner, \
+             lease_until = EXCLUDED.lease_until, record = EXCLUDED.record, episode = EXCLUDED.episode"
+        );
+        tx.execute(&sql, &call_row(call)?.params()).map_err(failed)?;
+        if let Some(entry) = RetireEntry::of_call(call) {
+            retention::add_retire(tx, &entry)?;
+        }
+    }
+    for entry in &write.retire {
+        retention::add_retire(tx, entry)?;
+    }
+    for (a, prior) in &write.attempts {
+        let value = serde_json::to_string(a).map_err(failed)?;
+        let (step, generation, state) = (int(a.step)?, int(a.generation)?, a.state.as_str());
+        let params: [Param<'_>; 9] = [&a.key, &a.session, &a.call_id, &step, &generation, &a.tool, &a.args_digest, &state, &value];
+        let insert = "INSERT INTO toolguard_attempts (key, session, call_id, step, generation, tool, args_digest, state, record) \
+                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        if *prior == Prior::Absent {
+            // A new attempt is claimed, not overwritten: if another host
+            // recorded it first, nothing of this write applies (and so
+            // nothing is sent).
+            let inserted = tx.execute(&format!("{insert} ON CONFLICT DO NOTHING"), &params).map_err(failed)?;
+            if inserted == 0 {
+                return Err(BackendError::Conflict(format!(
+                    "attempt `{}` (step {} of tool call `{}`) was already recorded by another host; nothing was sent — retry the tool call",
+                    a.key, a.step, a.call_id
+                )));
+            }
+        } else {
+            let upsert = format!("{insert} ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record");
+            tx.execute(&upsert, &params).map_err(failed)?;
+        }
+    }
+    // A report's record as its caller read it is not needed: the update sets one field.
+    for crate::write::Report { session, call_id, reported, .. } in &write.reports {
+        let sql = "UPDATE toolguard_calls SET record = (record::jsonb || jsonb_build_object('reported', $3::text))::text \
+                   WHERE session = $1 AND call_id = $2";
+        tx.execute(sql, &[&session, &call_id, &reported.as_str()]).map_err(failed)?;
+    }
+    for op in &write.episodes {
+        let r = op.id();
+        let n = big(r.episode)?;
+        let key: [Param<'_>; 4] = [&r.session, &r.tool, &r.args_digest, &n];
+        let changed = match op {
+            EpisodeOp::Open(opened) => {
+                let record = serde_json::to_string(opened).map_err(failed)?;
+                let sql = "INSERT INTO toolguard_episodes (session, tool, args_digest, episode, executor, closed, record) \
+                           VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
+                tx.execute(sql, &[key[0], key[1], key[2], key[3], &opened.executor, &opened.closed, &record]).map_err(failed)?
+            }
+            EpisodeOp::Hand { record, from } => {
+                let sql = "UPDATE toolguard_episodes SET executor = $5, \
+                           record = (record::jsonb || jsonb_build_object('executor', $5::text))::text \
+                           WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND executor = $6";
+                tx.execute(sql, &[key[0], key[1], key[2], key[3], &record.executor, &from]).map_err(failed)?
+            }
+            EpisodeOp::Close { at_ms, .. } => {
+                let sql = "UPDATE toolguard_episodes SET closed = true, \
+                           record = (record::jsonb || jsonb_build_object('closed', true, 'closed_ms', $5::bigint))::text \
+                           WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND NOT closed";
+                if tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(failed)? == 1 {
+                    retention::add_retire(tx, &RetireEntry::of_close(&r, *at_ms))?;
+                }
+                continue;
+            }
+        };
+        if changed == 0 {
+            return Err(checks::episode_changed(&r));
+        }
+    }
+    Ok(())
 }
 
 /// An episode number or time as SQL's BIGINT.

@@ -2,16 +2,16 @@
 //! `ledger stats` (see [`crate::retention`]).
 
 use crate::error::failed;
-use super::typed::p;
+use super::prepared::Prepared;
 use super::{Postgres, big};
 use crate::BackendError;
 use crate::retention::{LedgerStats, Removal, RetireEntry, tombstone};
-use r2d2_postgres::postgres::Transaction;
+use r2d2_postgres::postgres::GenericClient;
 
 /// Adds `entry` to the retire index inside `tx` (a no-op if it is there).
-pub(super) fn add_retire(tx: &mut Transaction<'_>, entry: &RetireEntry) -> Result<(), BackendError> {
+pub(super) fn add_retire(tx: &mut Prepared<'_, impl GenericClient>, entry: &RetireEntry) -> Result<(), BackendError> {
     let sql = "INSERT INTO toolguard_retire (at_ms, unit) VALUES ($1, $2) ON CONFLICT DO NOTHING";
-    tx.execute_typed(sql, &[p(&big(entry.at_ms)?), p(&entry.unit)]).map(|_| ()).map_err(failed)
+    tx.execute(sql, &[&big(entry.at_ms)?, &entry.unit]).map(|_| ()).map_err(failed)
 }
 
 /// The count in the first column of the first row.
@@ -27,33 +27,32 @@ impl Postgres {
                    AND (at_ms > $2 OR (at_ms = $2 AND unit COLLATE \"C\" > $3)) \
                    ORDER BY at_ms, unit COLLATE \"C\" LIMIT $4";
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self.query(sql, &[p(&big(before_ms)?), p(&from_ms), p(&from_unit), p(&limit)])?;
+        let rows = self.query(sql, &[&big(before_ms)?, &from_ms, &from_unit, &limit])?;
         Ok(rows.iter().map(|r| RetireEntry { at_ms: u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), unit: r.get(1) }).collect())
     }
 
     /// Applies `removal` in one transaction.
     pub(super) fn remove_unit(&self, removal: &Removal) -> Result<(), BackendError> {
-        let mut client = self.client()?;
-        let mut tx = client.transaction().map_err(failed)?;
         let pruned = big(removal.pruned_ms)?;
-        for (session, call_id) in &removal.calls {
-            tx.execute_typed("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[p(&session), p(&call_id)]).map_err(failed)?;
-            tx.execute_typed("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[p(&session), p(&call_id)]).map_err(failed)?;
-            let sql = "INSERT INTO toolguard_expired (call_digest, pruned_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING";
-            tx.execute_typed(sql, &[p(&tombstone(session, call_id).as_slice()), p(&pruned)]).map_err(failed)?;
-        }
-        if let Some((session, tool, digest, n)) = &removal.episode {
-            let sql = "DELETE FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
-            tx.execute_typed(sql, &[p(&session), p(&tool), p(&digest), p(&big(*n)?)]).map_err(failed)?;
-        }
-        let sql = "DELETE FROM toolguard_retire WHERE at_ms = $1 AND unit = $2";
-        tx.execute_typed(sql, &[p(&big(removal.entry.at_ms)?), p(&removal.entry.unit)]).map_err(failed)?;
-        tx.commit().map_err(failed)
+        self.client()?.in_transaction(|tx| {
+            for (session, call_id) in &removal.calls {
+                tx.execute("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[&session, &call_id]).map_err(failed)?;
+                tx.execute("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[&session, &call_id]).map_err(failed)?;
+                let sql = "INSERT INTO toolguard_expired (call_digest, pruned_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+                tx.execute(sql, &[&tombstone(session, call_id).as_slice(), &pruned]).map_err(failed)?;
+            }
+            if let Some((session, tool, digest, n)) = &removal.episode {
+                let sql = "DELETE FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
+                tx.execute(sql, &[&session, &tool, &digest, &big(*n)?]).map_err(failed)?;
+            }
+            let sql = "DELETE FROM toolguard_retire WHERE at_ms = $1 AND unit = $2";
+            tx.execute(sql, &[&big(removal.entry.at_ms)?, &removal.entry.unit]).map(|_| ()).map_err(failed)
+        })
     }
 
     /// When (session, call id) was pruned, if it was.
     pub(super) fn expired_at(&self, session: &str, call_id: &str) -> Result<Option<u64>, BackendError> {
-        let rows = self.query("SELECT pruned_ms FROM toolguard_expired WHERE call_digest = $1", &[p(&tombstone(session, call_id).as_slice())])?;
+        let rows = self.query("SELECT pruned_ms FROM toolguard_expired WHERE call_digest = $1", &[&tombstone(session, call_id).as_slice()])?;
         Ok(rows.first().and_then(|r| u64::try_from(r.get::<_, i64>(0)).ok()))
     }
 

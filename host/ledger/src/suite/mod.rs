@@ -343,6 +343,51 @@ fn a_live_claim_keeps_other_hosts_out_until_it_lapses() {
     assert!(run(ledger.claim_call(&claimed("c1", "host-a", 9_000), 3_000).unwrap()), "released: free to claim");
 }
 
+/// PostgreSQL's first look at a call (one statement) finds what the reads
+/// one at a time find: the call with its claim, its tombstone once pruned,
+/// and its episode — its own, the action's latest when there is no call,
+/// none for a call outside episodes. (RocksDB reads one at a time: `None`.)
+#[test]
+fn the_first_look_finds_the_call_its_claim_its_tombstone_and_its_episode() {
+    assert!(RocksStore(tempfile::tempdir().unwrap()).open().first_look("s", "c1", "refund", "d").unwrap().is_none());
+    let ledger = PostgresStore::new().open();
+    let old = CallRecord {
+        state: CallState::Completed,
+        outcome: Some(StoredOutcome::Result(serde_json::json!({ "id": "re_old" }))),
+        completed_ms: Some(1_000),
+        ..call("s", "old")
+    };
+    ledger.commit(LedgerWrite::new().call(old), Durability::Synced).unwrap();
+    assert_eq!(ledger.prune(5_000, 10_000).unwrap().calls, 1, "the old call is pruned");
+    let in_episode = |call_id: &str, n: u64| CallRecord { episode: Some(n), ..call("s", call_id) };
+    ledger.commit(LedgerWrite::new().call(in_episode("c1", 1)).episode(EpisodeOp::Open(episode(1, "c1"))), Durability::Synced).unwrap();
+    ledger.commit(LedgerWrite::new().episode(EpisodeOp::Close { episode: episode(1, "c1").id(), at_ms: 50 }), Durability::Synced).unwrap();
+    ledger.commit(LedgerWrite::new().call(in_episode("c2", 2)).episode(EpisodeOp::Open(episode(2, "c2"))), Durability::Synced).unwrap();
+    ledger.commit(LedgerWrite::new().call(call("s", "plain")), Durability::Synced).unwrap();
+    assert!(matches!(ledger.claim_call(&claimed("plain", "host-a", 1_000), 1).unwrap(), Claim::Run { .. }));
+
+    let look = |call_id: &str, digest: &str| ledger.first_look("s", call_id, "refund", digest).unwrap().expect("PostgreSQL looks in one statement");
+    let number = |l: &FirstLook| l.episode.as_ref().map(|e| e.episode);
+    let new = look("new", "d");
+    assert_eq!((number(&new), new.call, new.expired), (Some(2), None, None), "a new call: the action's latest episode");
+    let c1 = look("c1", "d");
+    assert_eq!((c1.call, c1.expired), (ledger.call("s", "c1").unwrap(), None));
+    assert_eq!(c1.episode, ledger.episode("s", "refund", "d", Some(1)).unwrap(), "its own episode, closed, not the latest");
+    assert!(c1.episode.is_some_and(|e| e.closed));
+    assert_eq!(number(&look("c2", "d")), Some(2));
+    let plain = look("plain", "d");
+    assert_eq!(plain.call.as_ref().and_then(|c| c.owner.as_deref()), Some("host-a"), "the claim's columns");
+    assert_eq!((plain.call, plain.episode), (ledger.call("s", "plain").unwrap(), None), "a call outside episodes names none");
+    let pruned = look("old", "d");
+    assert_eq!((pruned.call, pruned.expired), (None, Some(10_000)));
+    assert_eq!(look("c1", "other").expired, None, "a tombstone is only told when there is no call");
+    assert_eq!(number(&look("new", "other")), None, "another action has no episodes");
+    let done = CallRecord { state: CallState::Completed, outcome: Some(StoredOutcome::Result(serde_json::json!({}))), ..in_episode("c2", 2) };
+    ledger.commit(LedgerWrite::new().call(done.clone()), Durability::Synced).unwrap();
+    let replayed = look("c2", "d");
+    assert_eq!((replayed.call, replayed.episode), (Some(done), None), "a completed call is read alone");
+}
+
 /// A call another host runs now (a live claim) cannot be superseded; once
 /// superseded, no host can claim it to run.
 #[test]

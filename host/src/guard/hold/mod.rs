@@ -19,7 +19,7 @@ use super::claim::{CLAIM_POLL, Held};
 use super::{Admission, CallIdentity, CallRules, Guard, internal};
 use crate::error::CallError;
 use crate::ledger::records::{CallRecord, CallState, EpisodeRecord, now_ms};
-use crate::ledger::{AttemptRecord, sent_nothing};
+use crate::ledger::{AttemptRecord, FirstLook, sent_nothing};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -170,10 +170,17 @@ impl Guard {
         let (session, call_id, tool, digest) = (id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone());
         self.ledger
             .read(move |l| {
-                let call = l.call(&session, &call_id)?;
-                if call.is_none()
-                    && let Some(at) = l.expired(&session, &call_id)?
-                {
+                // In one trip where each costs a round trip (PostgreSQL); else one read at a time.
+                let first = l.first_look(&session, &call_id, &tool, &digest)?;
+                let (call, expired, prefetched) = match first {
+                    Some(FirstLook { call, expired, episode }) => (call, expired, Some(episode)),
+                    None => {
+                        let call = l.call(&session, &call_id)?;
+                        let expired = if call.is_none() { l.expired(&session, &call_id)? } else { None };
+                        (call, expired, None)
+                    }
+                };
+                if let Some(at) = expired {
                     return Ok(Seen { call, episode: None, executor: None, expired: Some(at) });
                 }
                 // A conflict or a replay: the call's record decides alone.
@@ -183,7 +190,10 @@ impl Guard {
                 let number = call.as_ref().and_then(|c| c.episode);
                 let episode = match (&call, number) {
                     (Some(_), None) => None,
-                    (_, n) => l.episode(&session, &tool, &digest, n)?,
+                    (_, n) => match prefetched {
+                        Some(episode) if call.as_ref().is_none_or(|c| c.state != CallState::Completed) => episode,
+                        _ => l.episode(&session, &tool, &digest, n)?,
+                    },
                 };
                 let executor = match &episode {
                     Some(e) if call.is_none() && e.closed && e.closed_ms.unwrap_or(0) <= arrived_ms => None,

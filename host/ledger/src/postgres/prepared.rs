@@ -1,0 +1,107 @@
+//! Connections that prepare each statement once. A statement given as text
+//! is otherwise prepared on every use — a round trip for the server to parse
+//! and describe it, then a second to execute it — and planned again each
+//! time; a guarded call runs ~15 of them. Prepared once per connection (the
+//! statements are the code's constants, so the cache stays small), a
+//! statement is one round trip, and the server reuses its plan.
+
+use r2d2_postgres::PostgresConnectionManager;
+use r2d2_postgres::postgres::types::ToSql;
+use crate::BackendError;
+use crate::error::failed;
+use r2d2_postgres::postgres::{Client, Error, GenericClient, Row, Statement, Transaction};
+use r2d2_postgres::r2d2::ManageConnection;
+use std::collections::HashMap;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// A statement's parameter.
+pub(super) type Param<'a> = &'a (dyn ToSql + Sync);
+
+/// A statement's parameters.
+pub(super) type Params<'a> = [Param<'a>];
+
+/// One connection to the ledger's database and the statements prepared on it.
+pub(super) struct Connection {
+    /// The connection itself (for what is not a prepared statement: batches, transactions).
+    pub(super) client: Client,
+    /// Statements prepared so far, by their SQL.
+    statements: HashMap<String, Statement>,
+}
+
+impl Connection {
+    /// Statements on the connection, outside a transaction.
+    pub(super) fn prepared(&mut self) -> Prepared<'_, Client> {
+        Prepared { client: &mut self.client, statements: &mut self.statements }
+    }
+
+    /// Runs `f` in a transaction, committed if it returns `Ok`.
+    pub(super) fn in_transaction<T>(&mut self, f: impl FnOnce(&mut Prepared<'_, Transaction<'_>>) -> Result<T, BackendError>) -> Result<T, BackendError> {
+        let mut tx = self.client.transaction().map_err(failed)?;
+        let done = f(&mut Prepared { client: &mut tx, statements: &mut self.statements })?;
+        tx.commit().map_err(failed)?;
+        Ok(done)
+    }
+}
+
+/// Runs statements on `client` (a connection or a transaction on it),
+/// each prepared on the first use and reused after.
+pub(super) struct Prepared<'a, C> {
+    client: &'a mut C,
+    statements: &'a mut HashMap<String, Statement>,
+}
+
+impl<C: GenericClient> Prepared<'_, C> {
+    /// `sql`, prepared on this connection (once).
+    fn statement(&mut self, sql: &str) -> Result<Statement, Error> {
+        if let Some(statement) = self.statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql)?;
+        self.statements.insert(sql.to_string(), statement.clone());
+        Ok(statement)
+    }
+
+    /// The rows `sql` returns.
+    pub(super) fn query(&mut self, sql: &str, params: &Params<'_>) -> Result<Vec<Row>, Error> {
+        let statement = self.statement(sql)?;
+        self.client.query(&statement, params)
+    }
+
+    /// The row `sql` returns, if any.
+    pub(super) fn query_opt(&mut self, sql: &str, params: &Params<'_>) -> Result<Option<Row>, Error> {
+        let statement = self.statement(sql)?;
+        self.client.query_opt(&statement, params)
+    }
+
+    /// The one row `sql` returns.
+    pub(super) fn query_one(&mut self, sql: &str, params: &Params<'_>) -> Result<Row, Error> {
+        let statement = self.statement(sql)?;
+        self.client.query_one(&statement, params)
+    }
+
+    /// Runs `sql`; the rows it changed.
+    pub(super) fn execute(&mut self, sql: &str, params: &Params<'_>) -> Result<u64, Error> {
+        let statement = self.statement(sql)?;
+        self.client.execute(&statement, params)
+    }
+}
+
+/// Opens [`Connection`]s for the pool.
+pub(super) struct Manager(pub(super) PostgresConnectionManager<MakeRustlsConnect>);
+
+impl ManageConnection for Manager {
+    type Connection = Connection;
+    type Error = Error;
+
+    fn connect(&self) -> Result<Connection, Error> {
+        Ok(Connection { client: self.0.connect()?, statements: HashMap::new() })
+    }
+
+    fn is_valid(&self, connection: &mut Connection) -> Result<(), Error> {
+        self.0.is_valid(&mut connection.client)
+    }
+
+    fn has_broken(&self, connection: &mut Connection) -> bool {
+        self.0.has_broken(&mut connection.client)
+    }
+}
