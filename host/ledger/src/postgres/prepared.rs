@@ -105,3 +105,24 @@ impl ManageConnection for Manager {
         self.0.has_broken(&mut connection.client)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each SQL text is prepared once per connection, in or out of a
+    /// transaction: the server holds one prepared statement per text used.
+    #[test]
+    fn a_statement_is_prepared_once_per_connection() {
+        let url = std::env::var("TOOLGUARD_TEST_POSTGRES").expect("TOOLGUARD_TEST_POSTGRES is set by ./dev.sh test");
+        let (config, tls) = super::super::tls::config(&url).unwrap();
+        let mut connection = Manager(PostgresConnectionManager::new(config, tls)).connect().unwrap();
+        let held = |c: &mut Connection| -> i64 { c.prepared().query_one("SELECT count(*) FROM pg_prepared_statements", &[]).unwrap().get(0) };
+        for _ in 0..3 {
+            assert_eq!(connection.prepared().query_one("SELECT $1::int + 1", &[&1i32]).unwrap().get::<_, i32>(0), 2);
+        }
+        assert_eq!(held(&mut connection), 2, "`SELECT $1::int + 1` once, and the count itself");
+        connection.in_transaction(|tx| tx.query("SELECT $1::int + 1", &[&2i32]).map_err(failed)).unwrap();
+        assert_eq!(held(&mut connection), 2, "a transaction reuses the connection's statements");
+    }
+}
