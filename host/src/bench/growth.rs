@@ -262,15 +262,22 @@ fn fresh(run: String, i: usize) -> crate::CallRequest {
 async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale, cold: Vec<f64>) -> anyhow::Result<AtSize> {
     // Admission and the whole call at 1 in flight, then 64 in flight.
     let total = scale.n(1_000);
+    let ledger = runtime.guard().expect("a guarded host").ledger().clone();
+    let pool_reads = ledger.pool_reads();
     phases::enable(true);
     let one = measure_calls(runtime, 1, total, move |i| fresh(format!("{filled}-1"), i)).await?;
     let admit_us = phases::mean_us(Phase::Admit, total);
     let by_phase: Vec<String> = phases::ALL.iter().map(|p| format!("{p:?} {:.0}", phases::mean_us(*p, total))).collect();
-    println!("    ({filled} calls in the ledger: µs per call at 1 in flight by phase: {})", by_phase.join(", "));
+    let pool_reads = (ledger.pool_reads() - pool_reads) as f64 / total as f64;
+    println!(
+        "    ({filled} calls in the ledger: µs per call at 1 in flight by phase: {}; ledger reads memory could not answer: {pool_reads:.2} per call; \
+         the ledger's memory here: {:.1} MiB)",
+        by_phase.join(", "),
+        ledger.memory_usage() as f64 / f64::from(1 << 20)
+    );
     phases::enable(false);
     let p50 = ms(one.stats.p50);
     let many = measure_calls(runtime, 64, scale.n(4_000), move |i| fresh(format!("{filled}-64"), i)).await?;
-    let ledger = runtime.guard().expect("a guarded host").ledger().clone();
     let stats = tokio::task::spawn_blocking(move || ledger.stats()).await??;
     let bytes_per_call = stats.bytes as f64 / stats.total_calls().max(1) as f64;
     Ok(AtSize { filled, rate64: many.per_sec, p50, admit_us, cold, bytes_per_call })

@@ -92,6 +92,15 @@ fn cf_options(name: &str, cache: &Cache) -> Options {
     table.set_pin_top_level_index_and_filter(true);
     table.set_cache_index_and_filter_blocks_with_high_priority(true);
     table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    if name == CF_LATEST || name == CF_EXPIRED {
+        // Keyed by a hash, so each admission's lookup of a new action (or of
+        // a new call's tombstone) lands in a random partition of every
+        // level: unpinned, a ledger of millions read a partition from the
+        // disk for nearly every new action (admission 18 → 54 µs at 1 M
+        // calls, 77 at 10 M). Pinned, all of them stay in memory, ~1.4 bytes
+        // per action or tombstone (docs/benchmarks.md, (i)).
+        table.set_partition_pinning_tier(rocksdb::BlockBasedTablePinningTier::All);
+    }
     let mut o = Options::default();
     o.set_write_buffer_size(8 << 20);
     // Keys are (session, call id), not time-ordered: every compaction of
