@@ -12,6 +12,7 @@ use crate::error::failed;
 use r2d2_postgres::postgres::{Client, Error, GenericClient, Row, Statement, Transaction};
 use r2d2_postgres::r2d2::ManageConnection;
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// A statement's parameter.
@@ -20,22 +21,30 @@ pub(super) type Param<'a> = &'a (dyn ToSql + Sync);
 /// A statement's parameters.
 pub(super) type Params<'a> = [Param<'a>];
 
+/// How recently a connection must have been used for the pool to hand it
+/// out again without a round trip to check it.
+const CHECKED_BY_USE: Duration = Duration::from_secs(1);
+
 /// One connection to the ledger's database and the statements prepared on it.
 pub(super) struct Connection {
     /// The connection itself (for what is not a prepared statement: batches, transactions).
     pub(super) client: Client,
     /// Statements prepared so far, by their SQL.
     statements: HashMap<String, Statement>,
+    /// When it was last handed statements to run.
+    used: Instant,
 }
 
 impl Connection {
     /// Statements on the connection, outside a transaction.
     pub(super) fn prepared(&mut self) -> Prepared<'_, Client> {
+        self.used = Instant::now();
         Prepared { client: &mut self.client, statements: &mut self.statements }
     }
 
     /// Runs `f` in a transaction, committed if it returns `Ok`.
     pub(super) fn in_transaction<T>(&mut self, f: impl FnOnce(&mut Prepared<'_, Transaction<'_>>) -> Result<T, BackendError>) -> Result<T, BackendError> {
+        self.used = Instant::now();
         let mut tx = self.client.transaction().map_err(failed)?;
         let done = f(&mut Prepared { client: &mut tx, statements: &mut self.statements })?;
         tx.commit().map_err(failed)?;
@@ -94,10 +103,17 @@ impl ManageConnection for Manager {
     type Error = Error;
 
     fn connect(&self) -> Result<Connection, Error> {
-        Ok(Connection { client: self.0.connect()?, statements: HashMap::new() })
+        Ok(Connection { client: self.0.connect()?, statements: HashMap::new(), used: Instant::now() })
     }
 
+    /// Checked on every checkout: with a round trip (an empty query) only
+    /// when the connection sat unused for [`CHECKED_BY_USE`]. A busy
+    /// host's connections are checked by their own statements; checking
+    /// each checkout cost a round trip per ledger operation, ~8 per call.
     fn is_valid(&self, connection: &mut Connection) -> Result<(), Error> {
+        if connection.used.elapsed() < CHECKED_BY_USE && !connection.client.is_closed() {
+            return Ok(());
+        }
         self.0.is_valid(&mut connection.client)
     }
 
