@@ -4,8 +4,7 @@
 //! recorded calls take minutes, not hours of round trips. Each copy differs
 //! from its seed only in the session and (for attempts) the key.
 
-use crate::error::failed;
-use super::Postgres;
+use super::{Postgres, db};
 use crate::BackendError;
 
 /// Copies every row of session `seed` into sessions `{prefix}{g}` for g in
@@ -40,9 +39,9 @@ pub(super) fn replicate(pg: &Postgres, seed: &str, prefix: &str, from: i64, to: 
         ),
     ];
     let mut client = pg.client()?;
-    let mut tx = client.client.transaction().map_err(failed)?;
+    let mut tx = client.client.transaction().map_err(db)?;
     for sql in &statements {
-        tx.execute(sql.as_str(), &[&seed, &prefix, &from, &to]).map_err(failed)?;
+        tx.execute(sql.as_str(), &[&seed, &prefix, &from, &to]).map_err(db)?;
     }
-    tx.commit().map_err(failed)
+    tx.commit().map_err(db)
 }

@@ -201,12 +201,12 @@ impl Postgres {
 
     /// The rows `sql` returns, on a connection of the pool.
     fn query(&self, sql: &str, params: &Params<'_>) -> Result<Vec<Row>, BackendError> {
-        self.client()?.prepared().query(sql, params).map_err(failed)
+        self.client()?.prepared().query(sql, params).map_err(db)
     }
 
     /// Runs `sql` on a connection of the pool; the rows it changed.
     fn execute(&self, sql: &str, params: &Params<'_>) -> Result<u64, BackendError> {
-        self.client()?.prepared().execute(sql, params).map_err(failed)
+        self.client()?.prepared().execute(sql, params).map_err(db)
     }
 
     fn records<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Vec<T>, BackendError> {
@@ -300,7 +300,7 @@ fn int(n: u32) -> Result<i32, BackendError> {
 
 impl Backend for Postgres {
     fn settle(&self) -> Result<(), BackendError> {
-        self.client()?.client.batch_execute("VACUUM ANALYZE").map_err(failed)
+        self.client()?.client.batch_execute("VACUUM ANALYZE").map_err(db)
     }
 
     fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, BackendError> {
@@ -312,11 +312,11 @@ impl Backend for Postgres {
             let mut client = self.client()?;
             if create {
                 let insert = "INSERT INTO toolguard_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
-                client.prepared().execute(insert, &[&"schema", &super::SCHEMA.as_bytes()]).map_err(failed)?;
+                client.prepared().execute(insert, &[&"schema", &super::SCHEMA.as_bytes()]).map_err(db)?;
                 // The first host to get here sets the secret; every other reads it.
-                client.prepared().execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(failed)?;
+                client.prepared().execute(insert, &[&"secret", &super::new_secret()?.as_slice()]).map_err(db)?;
             }
-            let rows = client.prepared().query("SELECT name, value FROM toolguard_meta", &[]).map_err(failed)?;
+            let rows = client.prepared().query("SELECT name, value FROM toolguard_meta", &[]).map_err(db)?;
             let value = |name: &str| rows.iter().find(|r| r.get::<_, &str>("name") == name).map(|r| r.get::<_, Vec<u8>>("value"));
             let schema = value("schema").ok_or("the ledger has no schema record")?;
             let secret = value("secret").and_then(|s| s.try_into().ok()).ok_or("the key secret is missing or damaged")?;
@@ -503,7 +503,7 @@ impl Backend for Postgres {
             params.push(&now);
             let mut client = self.client()?;
             let mut client = client.prepared();
-            let claimed = client.query(&sql, &params).map_err(failed)?;
+            let claimed = client.query(&sql, &params).map_err(db)?;
             if let Some(mut record) = Self::one::<CallRecord>(&claimed)? {
                 // Taken over: the stored record, with our claim.
                 record.owner.clone_from(&call.owner);
@@ -511,7 +511,7 @@ impl Backend for Postgres {
                 return Ok(Claim::Run { record, persisted: true });
             }
             let sql = "SELECT record, owner, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2";
-            let existing = Self::calls_of(&client.query(sql, &[&call.session, &call.call_id]).map_err(failed)?)?.pop();
+            let existing = Self::calls_of(&client.query(sql, &[&call.session, &call.call_id]).map_err(db)?)?.pop();
             let Some(existing) = existing else { return Err("the call vanished while being claimed; retry".into()) };
             Ok(match Claim::of_existing(call, Some(existing)) {
                 Claim::Run { record, .. } => Claim::Busy(record),
@@ -553,30 +553,30 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
         // The call's row stays locked until the commit: a host claiming it
         // waits, then finds it superseded (the claim's condition).
         let sql = "SELECT completed, lease_until FROM toolguard_calls WHERE session = $1 AND call_id = $2 FOR UPDATE";
-        let row = tx.query_opt(sql, &[&s.session, &s.call_id]).map_err(failed)?;
+        let row = tx.query_opt(sql, &[&s.session, &s.call_id]).map_err(db)?;
         let now = i64::try_from(s.now_ms).map_err(failed)?;
         let free = row.is_some_and(|r| !r.get::<_, bool>("completed") && r.get::<_, i64>("lease_until") <= now);
         let sql = "SELECT record FROM toolguard_attempts WHERE session = $1 AND call_id = $2";
-        let attempts: Vec<AttemptRecord> = Postgres::records(&tx.query(sql, &[&s.session, &s.call_id]).map_err(failed)?)?;
+        let attempts: Vec<AttemptRecord> = Postgres::records(&tx.query(sql, &[&s.session, &s.call_id]).map_err(db)?)?;
         checks::supersedable(s, free, &attempts)?;
     }
     for c in &write.charges {
         // One row per budget, locked until the commit (the upsert locks it,
         // new or not): charges of one budget queue here.
         let sql = "INSERT INTO toolguard_budget_scopes (scope) VALUES ($1) ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope";
-        tx.execute(sql, &[&c.scope]).map_err(failed)?;
+        tx.execute(sql, &[&c.scope]).map_err(db)?;
         let sql = "SELECT count(*) FROM (SELECT 1 FROM toolguard_budget WHERE scope = $1 AND at_ms >= $2 LIMIT $3) used";
-        let used: i64 = tx.query_one(sql, &[&c.scope, &big(c.since_ms)?, &i64::from(c.max)]).map_err(failed)?.get(0);
+        let used: i64 = tx.query_one(sql, &[&c.scope, &big(c.since_ms)?, &i64::from(c.max)]).map_err(db)?.get(0);
         checks::within_budget(c, u64::try_from(used).unwrap_or(0))?;
         let sql = "INSERT INTO toolguard_budget (scope, at_ms, call_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
-        tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(failed)?;
+        tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(db)?;
     }
     for call in &write.calls {
         let sql = format!(
             "{INSERT_CALL} ON CONFLICT (session, call_id) DO UPDATE SET completed = EXCLUDED.completed, owner = EXCLUDED.owner, \
              lease_until = EXCLUDED.lease_until, record = EXCLUDED.record, episode = EXCLUDED.episode"
         );
-        tx.execute(&sql, &call_row(call)?.params()).map_err(failed)?;
+        tx.execute(&sql, &call_row(call)?.params()).map_err(db)?;
         if let Some(entry) = RetireEntry::of_call(call) {
             retention::add_retire(tx, &entry)?;
         }
@@ -594,7 +594,7 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
             // A new attempt is claimed, not overwritten: if another host
             // recorded it first, nothing of this write applies (and so
             // nothing is sent).
-            let inserted = tx.execute(&format!("{insert} ON CONFLICT DO NOTHING"), &params).map_err(failed)?;
+            let inserted = tx.execute(&format!("{insert} ON CONFLICT DO NOTHING"), &params).map_err(db)?;
             if inserted == 0 {
                 return Err(BackendError::Conflict(format!(
                     "attempt `{}` (step {} of tool call `{}`) was already recorded by another host; nothing was sent — retry the tool call",
@@ -603,14 +603,14 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
             }
         } else {
             let upsert = format!("{insert} ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record");
-            tx.execute(&upsert, &params).map_err(failed)?;
+            tx.execute(&upsert, &params).map_err(db)?;
         }
     }
     // A report's record as its caller read it is not needed: the update sets one field.
     for crate::write::Report { session, call_id, reported, .. } in &write.reports {
         let sql = "UPDATE toolguard_calls SET record = (record::jsonb || jsonb_build_object('reported', $3::text))::text \
                    WHERE session = $1 AND call_id = $2";
-        tx.execute(sql, &[&session, &call_id, &reported.as_str()]).map_err(failed)?;
+        tx.execute(sql, &[&session, &call_id, &reported.as_str()]).map_err(db)?;
     }
     for op in &write.episodes {
         let r = op.id();
@@ -621,19 +621,19 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
                 let record = serde_json::to_string(opened).map_err(failed)?;
                 let sql = "INSERT INTO toolguard_episodes (session, tool, args_digest, episode, executor, closed, record) \
                            VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
-                tx.execute(sql, &[key[0], key[1], key[2], key[3], &opened.executor, &opened.closed, &record]).map_err(failed)?
+                tx.execute(sql, &[key[0], key[1], key[2], key[3], &opened.executor, &opened.closed, &record]).map_err(db)?
             }
             EpisodeOp::Hand { record, from } => {
                 let sql = "UPDATE toolguard_episodes SET executor = $5, \
                            record = (record::jsonb || jsonb_build_object('executor', $5::text))::text \
                            WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND executor = $6";
-                tx.execute(sql, &[key[0], key[1], key[2], key[3], &record.executor, &from]).map_err(failed)?
+                tx.execute(sql, &[key[0], key[1], key[2], key[3], &record.executor, &from]).map_err(db)?
             }
             EpisodeOp::Close { at_ms, .. } => {
                 let sql = "UPDATE toolguard_episodes SET closed = true, \
                            record = (record::jsonb || jsonb_build_object('closed', true, 'closed_ms', $5::bigint))::text \
                            WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND NOT closed";
-                if tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(failed)? == 1 {
+                if tx.execute(sql, &[key[0], key[1], key[2], key[3], &big(*at_ms)?]).map_err(db)? == 1 {
                     retention::add_retire(tx, &RetireEntry::of_close(&r, *at_ms))?;
                 }
                 continue;
@@ -644,6 +644,18 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
         }
     }
     Ok(())
+}
+
+/// A PostgreSQL error, with the server's own message and its SQLSTATE
+/// (rust-postgres displays a server error as "db error" alone).
+pub(super) fn db(e: r2d2_postgres::postgres::Error) -> BackendError {
+    match e.as_db_error() {
+        Some(server) => failed(format!("PostgreSQL: {} ({}, SQLSTATE {})", server.message(), server.severity(), server.code().code())),
+        None => match std::error::Error::source(&e) {
+            Some(cause) => failed(format!("{e}: {cause}")),
+            None => failed(e),
+        },
+    }
 }
 
 /// An episode number or time as SQL's BIGINT.

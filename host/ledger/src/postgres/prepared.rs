@@ -5,10 +5,10 @@
 //! statements are the code's constants, so the cache stays small), a
 //! statement is one round trip, and the server reuses its plan.
 
+use super::db;
+use crate::BackendError;
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::types::ToSql;
-use crate::BackendError;
-use crate::error::failed;
 use r2d2_postgres::postgres::{Client, Error, GenericClient, Row, Statement, Transaction};
 use r2d2_postgres::r2d2::ManageConnection;
 use std::collections::HashMap;
@@ -45,9 +45,9 @@ impl Connection {
     /// Runs `f` in a transaction, committed if it returns `Ok`.
     pub(super) fn in_transaction<T>(&mut self, f: impl FnOnce(&mut Prepared<'_, Transaction<'_>>) -> Result<T, BackendError>) -> Result<T, BackendError> {
         self.used = Instant::now();
-        let mut tx = self.client.transaction().map_err(failed)?;
+        let mut tx = self.client.transaction().map_err(db)?;
         let done = f(&mut Prepared { client: &mut tx, statements: &mut self.statements })?;
-        tx.commit().map_err(failed)?;
+        tx.commit().map_err(db)?;
         Ok(done)
     }
 }
@@ -138,7 +138,19 @@ mod tests {
             assert_eq!(connection.prepared().query_one("SELECT $1::int + 1", &[&1i32]).unwrap().get::<_, i32>(0), 2);
         }
         assert_eq!(held(&mut connection), 2, "`SELECT $1::int + 1` once, and the count itself");
-        connection.in_transaction(|tx| tx.query("SELECT $1::int + 1", &[&2i32]).map_err(failed)).unwrap();
+        connection.in_transaction(|tx| tx.query("SELECT $1::int + 1", &[&2i32]).map_err(db)).unwrap();
         assert_eq!(held(&mut connection), 2, "a transaction reuses the connection's statements");
+    }
+
+    /// A server error reaches the ledger's caller with the server's own
+    /// message and SQLSTATE, not rust-postgres's bare "db error".
+    #[test]
+    fn a_server_error_says_what_the_server_said() {
+        let url = std::env::var("TOOLGUARD_TEST_POSTGRES").expect("TOOLGUARD_TEST_POSTGRES is set by ./dev.sh test");
+        let (config, tls) = super::super::tls::config(&url).unwrap();
+        let mut connection = Manager(PostgresConnectionManager::new(config, tls)).connect().unwrap();
+        let err = connection.prepared().query("SELECT 1 / $1::int", &[&0i32]).map_err(db).unwrap_err();
+        let message = format!("{err:?}");
+        assert!(message.contains("division by zero") && message.contains("22012"), "{message}");
     }
 }

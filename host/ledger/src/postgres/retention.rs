@@ -1,9 +1,8 @@
 //! Retention on PostgreSQL: the retire index, tombstones and the figures of
 //! `ledger stats` (see [`crate::retention`]).
 
-use crate::error::failed;
 use super::prepared::Prepared;
-use super::{Postgres, big};
+use super::{Postgres, big, db};
 use crate::BackendError;
 use crate::retention::{LedgerStats, Removal, RetireEntry, tombstone};
 use r2d2_postgres::postgres::GenericClient;
@@ -11,7 +10,7 @@ use r2d2_postgres::postgres::GenericClient;
 /// Adds `entry` to the retire index inside `tx` (a no-op if it is there).
 pub(super) fn add_retire(tx: &mut Prepared<'_, impl GenericClient>, entry: &RetireEntry) -> Result<(), BackendError> {
     let sql = "INSERT INTO toolguard_retire (at_ms, unit) VALUES ($1, $2) ON CONFLICT DO NOTHING";
-    tx.execute(sql, &[&big(entry.at_ms)?, &entry.unit]).map(|_| ()).map_err(failed)
+    tx.execute(sql, &[&big(entry.at_ms)?, &entry.unit]).map(|_| ()).map_err(db)
 }
 
 /// The count in the first column of the first row.
@@ -36,17 +35,17 @@ impl Postgres {
         let pruned = big(removal.pruned_ms)?;
         self.client()?.in_transaction(|tx| {
             for (session, call_id) in &removal.calls {
-                tx.execute("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[&session, &call_id]).map_err(failed)?;
-                tx.execute("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[&session, &call_id]).map_err(failed)?;
+                tx.execute("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[&session, &call_id]).map_err(db)?;
+                tx.execute("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[&session, &call_id]).map_err(db)?;
                 let sql = "INSERT INTO toolguard_expired (call_digest, pruned_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING";
-                tx.execute(sql, &[&tombstone(session, call_id).as_slice(), &pruned]).map_err(failed)?;
+                tx.execute(sql, &[&tombstone(session, call_id).as_slice(), &pruned]).map_err(db)?;
             }
             if let Some((session, tool, digest, n)) = &removal.episode {
                 let sql = "DELETE FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
-                tx.execute(sql, &[&session, &tool, &digest, &big(*n)?]).map_err(failed)?;
+                tx.execute(sql, &[&session, &tool, &digest, &big(*n)?]).map_err(db)?;
             }
             let sql = "DELETE FROM toolguard_retire WHERE at_ms = $1 AND unit = $2";
-            tx.execute(sql, &[&big(removal.entry.at_ms)?, &removal.entry.unit]).map(|_| ()).map_err(failed)
+            tx.execute(sql, &[&big(removal.entry.at_ms)?, &removal.entry.unit]).map(|_| ()).map_err(db)
         })
     }
 

@@ -388,6 +388,24 @@ fn the_first_look_finds_the_call_its_claim_its_tombstone_and_its_episode() {
     assert_eq!((replayed.call, replayed.episode), (Some(done), None), "a completed call is read alone");
 }
 
+/// A pooled connection that the server dropped while it sat idle (a
+/// restart, an idle timeout, an operator's `pg_terminate_backend`) is
+/// checked and replaced when next handed out: no read fails for it.
+#[test]
+fn a_connection_dropped_while_idle_is_replaced_before_use() {
+    let store = PostgresStore::new();
+    let ledger = store.open();
+    ledger.commit(LedgerWrite::new().call(call("s", "c1")), Durability::Synced).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1_200));
+    let mut admin = r2d2_postgres::postgres::Client::connect(&store.0, r2d2_postgres::postgres::NoTls).unwrap();
+    let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    let dropped: i64 = admin.query_one(sql, &[]).unwrap().get(0);
+    assert!(dropped >= 1, "the ledger's pool held a connection to drop");
+    for _ in 0..5 {
+        assert_eq!(ledger.call("s", "c1").unwrap().map(|c| c.call_id).as_deref(), Some("c1"));
+    }
+}
+
 /// A call another host runs now (a live claim) cannot be superseded; once
 /// superseded, no host can claim it to run.
 #[test]
