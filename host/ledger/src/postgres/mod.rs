@@ -31,6 +31,7 @@
 //! shared ledger must not lose a write another host may already rely on.
 
 mod bench;
+mod fused;
 mod prepared;
 mod retention;
 mod tls;
@@ -531,6 +532,9 @@ impl Backend for Postgres {
         off_async(|| {
             let mut client = self.client()?;
             // A statement is atomic on its own: no BEGIN and COMMIT round trips around one.
+            if let Some((report, episode, at_ms)) = fused::report_and_close(write) {
+                return fused::apply_report_and_close(&mut client.prepared(), report, episode, at_ms);
+            }
             if most_statements(write) == 1 {
                 return apply(&mut client.prepared(), write);
             }

@@ -166,6 +166,24 @@ fn episodes_open_once_hand_over_conditionally_and_close(store: &dyn Store) {
     assert_eq!(ledger.episode("other", "refund", "d", None).unwrap(), None, "another session");
 }
 
+/// What a caller was told and the close of its episode, written together
+/// (the guard's report; one statement on PostgreSQL): both land, with the
+/// episode's retire entry, and a repeat keeps the first close.
+fn a_report_and_its_episodes_close_land_together(store: &dyn Store) {
+    let ledger = store.open();
+    let c1 = CallRecord { episode: Some(1), ..call("s", "c1") };
+    ledger.commit(LedgerWrite::new().call(c1).episode(EpisodeOp::Open(episode(1, "c1"))), Durability::Synced).unwrap();
+    let retiring = ledger.stats().unwrap().retiring;
+    let report = |reported: Reported, at_ms: u64| {
+        let close = EpisodeOp::Close { episode: episode(1, "c1").id(), at_ms };
+        ledger.commit(LedgerWrite::new().reported("s", "c1", reported).episode(close), Durability::Buffered).unwrap();
+        let closed = ledger.episode("s", "refund", "d", Some(1)).unwrap().unwrap();
+        (ledger.call("s", "c1").unwrap().unwrap().reported, closed.closed, closed.closed_ms, ledger.stats().unwrap().retiring - retiring)
+    };
+    assert_eq!(report(Reported::Definitive, 70), (Reported::Definitive, true, Some(70), 1));
+    assert_eq!(report(Reported::Unknown, 90), (Reported::Unknown, true, Some(70), 1), "closed once, at the first time");
+}
+
 fn what_the_caller_was_told_is_set_on_the_stored_call(store: &dyn Store) {
     let ledger = store.open();
     let mut done = call("s", "c1");
@@ -313,6 +331,7 @@ on_both_backends!(
     states_follow_every_transition,
     episodes_open_once_hand_over_conditionally_and_close,
     what_the_caller_was_told_is_set_on_the_stored_call,
+    a_report_and_its_episodes_close_land_together,
     only_a_call_that_sent_nothing_can_be_superseded,
     budgets_count_uses_in_their_window_and_refuse_the_one_too_many,
     the_secret_and_records_survive_a_reopen,
