@@ -502,8 +502,8 @@ impl Backend for Postgres {
             let now = i64::try_from(now_ms).map_err(failed)?;
             let mut params = row.params().to_vec();
             params.push(&now);
-            let mut client = self.client()?;
-            let mut client = client.prepared();
+            let mut connection = self.client()?;
+            let mut client = connection.prepared();
             let claimed = client.query(&sql, &params).map_err(db)?;
             if let Some(mut record) = Self::one::<CallRecord>(&claimed)? {
                 // Taken over: the stored record, with our claim.
@@ -614,7 +614,7 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
     for crate::write::Report { session, call_id, reported, .. } in &write.reports {
         let sql = "UPDATE toolguard_calls SET record = (record::jsonb || jsonb_build_object('reported', $3::text))::text \
                    WHERE session = $1 AND call_id = $2";
-        tx.execute(sql, &[&session, &call_id, &reported.as_str()]).map_err(db)?;
+        tx.execute(sql, &[session, call_id, &reported.as_str()]).map_err(db)?;
     }
     for op in &write.episodes {
         let r = op.id();
@@ -631,7 +631,7 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
                 let sql = "UPDATE toolguard_episodes SET executor = $5, \
                            record = (record::jsonb || jsonb_build_object('executor', $5::text))::text \
                            WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4 AND executor = $6";
-                tx.execute(sql, &[key[0], key[1], key[2], key[3], &record.executor, &from]).map_err(db)?
+                tx.execute(sql, &[key[0], key[1], key[2], key[3], &record.executor, from]).map_err(db)?
             }
             EpisodeOp::Close { at_ms, .. } => {
                 let sql = "UPDATE toolguard_episodes SET closed = true, \

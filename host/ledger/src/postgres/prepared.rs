@@ -126,13 +126,18 @@ impl ManageConnection for Manager {
 mod tests {
     use super::*;
 
+    /// A connection of the pool to the test server.
+    fn connection() -> Connection {
+        let url = std::env::var("TOOLGUARD_TEST_POSTGRES").expect("TOOLGUARD_TEST_POSTGRES is set by ./dev.sh test");
+        let (config, tls) = super::super::tls::config(&url).unwrap();
+        Manager(PostgresConnectionManager::new(config, tls)).connect().unwrap()
+    }
+
     /// Each SQL text is prepared once per connection, in or out of a
     /// transaction: the server holds one prepared statement per text used.
     #[test]
     fn a_statement_is_prepared_once_per_connection() {
-        let url = std::env::var("TOOLGUARD_TEST_POSTGRES").expect("TOOLGUARD_TEST_POSTGRES is set by ./dev.sh test");
-        let (config, tls) = super::super::tls::config(&url).unwrap();
-        let mut connection = Manager(PostgresConnectionManager::new(config, tls)).connect().unwrap();
+        let mut connection = connection();
         let held = |c: &mut Connection| -> i64 { c.prepared().query_one("SELECT count(*) FROM pg_prepared_statements", &[]).unwrap().get(0) };
         for _ in 0..3 {
             assert_eq!(connection.prepared().query_one("SELECT $1::int + 1", &[&1i32]).unwrap().get::<_, i32>(0), 2);
@@ -146,9 +151,7 @@ mod tests {
     /// message and SQLSTATE, not rust-postgres's bare "db error".
     #[test]
     fn a_server_error_says_what_the_server_said() {
-        let url = std::env::var("TOOLGUARD_TEST_POSTGRES").expect("TOOLGUARD_TEST_POSTGRES is set by ./dev.sh test");
-        let (config, tls) = super::super::tls::config(&url).unwrap();
-        let mut connection = Manager(PostgresConnectionManager::new(config, tls)).connect().unwrap();
+        let mut connection = connection();
         let err = connection.prepared().query("SELECT 1 / $1::int", &[&0i32]).map_err(db).unwrap_err();
         let message = format!("{err:?}");
         assert!(message.contains("division by zero") && message.contains("22012"), "{message}");

@@ -35,14 +35,14 @@ impl Postgres {
         let pruned = big(removal.pruned_ms)?;
         self.client()?.in_transaction(|tx| {
             for (session, call_id) in &removal.calls {
-                tx.execute("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[&session, &call_id]).map_err(db)?;
-                tx.execute("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[&session, &call_id]).map_err(db)?;
+                tx.execute("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[session, call_id]).map_err(db)?;
+                tx.execute("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[session, call_id]).map_err(db)?;
                 let sql = "INSERT INTO toolguard_expired (call_digest, pruned_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING";
                 tx.execute(sql, &[&tombstone(session, call_id).as_slice(), &pruned]).map_err(db)?;
             }
             if let Some((session, tool, digest, n)) = &removal.episode {
                 let sql = "DELETE FROM toolguard_episodes WHERE session = $1 AND tool = $2 AND args_digest = $3 AND episode = $4";
-                tx.execute(sql, &[&session, &tool, &digest, &big(*n)?]).map_err(db)?;
+                tx.execute(sql, &[session, tool, digest, &big(*n)?]).map_err(db)?;
             }
             let sql = "DELETE FROM toolguard_retire WHERE at_ms = $1 AND unit = $2";
             tx.execute(sql, &[&big(removal.entry.at_ms)?, &removal.entry.unit]).map(|_| ()).map_err(db)
