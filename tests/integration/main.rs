@@ -8,6 +8,7 @@ mod cli_guard;
 mod common;
 mod crash;
 mod fleet;
+mod fleet_torture;
 mod foreign;
 mod guard_boundary;
 mod guard_edges;
