@@ -11,7 +11,10 @@
 //! - *random*: one call, its host killed after a random delay across a
 //!   whole call (often before admission, sometimes after the answer);
 //! - *both*: the same tool call sent to both hosts at once (a retry through
-//!   a load balancer), one of the two killed at a random moment.
+//!   a load balancer), one of the two killed at a random moment;
+//! - *faulty provider*: the provider commits the refund, then drops the
+//!   connection, answers 500, or answers after the host's timeout; half the
+//!   time the host is killed at a random moment while it finds out.
 //!
 //! Then the model goes on as in the one-host torture (`torture.rs`): an
 //! answered call is replayed on a random host and must answer the same; an
@@ -166,7 +169,7 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
         assert!(succeeded(&f.answer(f.call(host, &format!("warm-up-{host}"), *amount))), "warm-up on host {host}");
     }
     let call_ms = (started.elapsed().as_millis() as u64 / 2).max(10);
-    let mut phases: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut phases: BTreeMap<String, u64> = BTreeMap::new();
     let (mut acknowledged, mut never_admitted, mut second_actions, mut held) = (0, 0, 0, 0);
 
     for trial in 0..trials {
@@ -177,7 +180,7 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
         let h = rng.below(2) as usize;
         let other = 1 - h;
         let mut answers: Vec<(String, Result<Value, String>)> = Vec::new();
-        let phase = match trial % 3 {
+        let phase = match trial % 4 {
             0 => {
                 f.sandbox.inject(Fault::PauseAfterCommit);
                 let first = f.call(h, &id, amount);
@@ -194,7 +197,8 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
                 answers.push((id.clone(), f.answer(first)));
                 f.start(h);
                 answers.push((format!("{id}-m"), f.answer(repeat)));
-                if release_first { "overlap: host killed just after the provider answered" } else { "overlap: host killed while the provider held its answer" }
+                let when = if release_first { "just after the provider answered" } else { "while the provider held its answer" };
+                format!("overlap: host killed {when}")
             }
             1 => {
                 let first = f.call(h, &id, amount);
@@ -202,7 +206,28 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
                 f.kill(h);
                 answers.push((id.clone(), f.answer(first)));
                 f.start(h);
-                "random: host killed at a random moment of the call"
+                "random: host killed at a random moment of the call".to_string()
+            }
+            3 => {
+                // The provider commits, then fails to say so; the host may die while it finds out.
+                let (fault, what) = match rng.below(3) {
+                    0 => (Fault::DropAfterCommit, "faulty provider (drops the connection after committing)"),
+                    1 => (Fault::HiddenCommit500, "faulty provider (a 500 after committing)"),
+                    _ => (Fault::DelayAfterCommit { ms: 1_500 }, "faulty provider (answers after the host's timeout)"),
+                };
+                f.sandbox.inject(fault);
+                let first = f.call(h, &id, amount);
+                assert!(wait_for(Duration::from_secs(30), || f.posts_of(amount) > 0), "{context}: the call never reached the provider");
+                std::thread::sleep(Duration::from_millis(rng.below(call_ms + call_ms / 5)));
+                let kill = rng.below(2) == 0;
+                if kill {
+                    f.kill(h);
+                }
+                answers.push((id.clone(), f.answer(first)));
+                if kill {
+                    f.start(h);
+                }
+                format!("{what}{}", if kill { ", host killed" } else { "" })
             }
             _ => {
                 let (a, b) = (f.call(h, &id, amount), f.call(other, &id, amount));
@@ -211,10 +236,10 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
                 answers.push((id.clone(), f.answer(a)));
                 f.start(h);
                 answers.push((id.clone(), f.answer(b)));
-                "both: the same call on both hosts, one killed"
+                "both: the same call on both hosts, one killed".to_string()
             }
         };
-        *phases.entry(phase).or_default() += 1;
+        *phases.entry(phase.clone()).or_default() += 1;
 
         // Whether the host recorded the original call before the kill (in
         // the other kinds a surviving host ran it, or it reached the provider).

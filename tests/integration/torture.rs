@@ -7,7 +7,9 @@
 //! - *random*: SIGKILL after a random delay across a whole call (mostly
 //!   start-up, before the request), or a random few milliseconds after the
 //!   request reached the provider (around the answer and our writes) — or
-//!   not at all if the call finished first.
+//!   not at all if the call finished first. A third of these trials meet a
+//!   provider that commits the refund and then drops the connection or
+//!   answers 500, so the kill may land while the host reconciles.
 //!
 //! Then it restarts the host (whose start-up recovery runs first). A call
 //! whose answer the caller got is replayed. A call that was never answered
@@ -112,6 +114,16 @@ fn torture(w: World, trials: u64, over: &str) {
                 format!("aborted at failpoint {point}")
             }
             mode => {
+                // A third of these meet a provider that commits, then fails to say so.
+                let fault = match rng.below(6) {
+                    0 => Some((Fault::DropAfterCommit, ", the provider dropping the connection after committing")),
+                    1 => Some((Fault::HiddenCommit500, ", the provider answering 500 after committing")),
+                    _ => None,
+                };
+                let faulty = fault.as_ref().map_or("", |(_, what)| *what);
+                if let Some((fault, _)) = fault {
+                    w.sandbox.inject(fault);
+                }
                 let mut child = w.spawn_refund(&call_id, amount, None);
                 if mode == 2 {
                     std::thread::sleep(Duration::from_millis(rng.below(call_ms + call_ms / 5)));
@@ -125,23 +137,25 @@ fn torture(w: World, trials: u64, over: &str) {
                         assert!(out.status.success(), "trial {trial}: {}", String::from_utf8_lossy(&out.stderr));
                         ack = Some(crate::crash::stdout_json(&out));
                         acknowledged += 1;
-                        "finished before the kill (acknowledged)".to_string()
+                        format!("finished before the kill (acknowledged){faulty}")
                     }
                     None => {
                         let reached = !w.posts_of(amount).is_empty();
                         child.kill().unwrap();
                         // The answer may be out already (the process stays a moment for calls handed to it).
                         ack = printed(&child.wait_with_output().unwrap());
-                        match (ack.is_some(), reached) {
+                        let when = match (ack.is_some(), reached) {
                             (true, _) => "SIGKILL after the answer was printed (acknowledged)",
                             (false, true) => "SIGKILL after the request reached the provider",
                             (false, false) => "SIGKILL before the request reached the provider",
-                        }
-                        .to_string()
+                        };
+                        format!("{when}{faulty}")
                     }
                 }
             }
         };
+        // A fault aimed at a request the killed call never made is not left for the next trial's.
+        w.sandbox.clear_faults();
         acknowledged += usize::from(ack.is_some() && !phase.starts_with("finished"));
         *phases.entry(phase).or_default() += 1;
 

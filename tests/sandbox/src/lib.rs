@@ -164,6 +164,12 @@ impl Sandbox {
         self.shared.provider.lock().unwrap().faults.push_back(fault);
     }
 
+    /// Drops the injected faults no request has met yet (the request they
+    /// were aimed at never came).
+    pub fn clear_faults(&self) {
+        self.shared.provider.lock().unwrap().faults.clear();
+    }
+
     /// Every refund ever created: the provider's ledger.
     pub fn refunds(&self) -> Vec<Refund> {
         self.shared.provider.lock().unwrap().refunds.clone()
