@@ -218,3 +218,32 @@ fn a_process_killed_mid_call_is_taken_over_by_the_other_with_the_same_key() {
     assert_eq!(posts.len(), 2, "A's send and B's one re-send");
     assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key, "B re-sent A's key");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_call_id_with_different_arguments_on_two_hosts_at_once_runs_one_of_them() {
+    // The provider refunds every request it gets: only the ledger can tell
+    // that the second is the same tool-call id with other arguments.
+    let f = fleet(Downstream { key: NO_KEY, ..Downstream::default() }).await;
+    for round in 0..40u64 {
+        let (x, y) = (10 + 2 * round, 11 + 2 * round);
+        let id = format!("c{round}");
+        let (a, b, ida, idb) = (f.hosts[0].clone(), f.hosts[1].clone(), id.clone(), id.clone());
+        let (first, second) = tokio::join!(
+            tokio::spawn(async move { refund_on(&a, &ida, x).await }),
+            tokio::spawn(async move { refund_on(&b, &idb, y).await }),
+        );
+        let answers = [first.unwrap(), second.unwrap()];
+        let refunds: Vec<u64> = f.sandbox.refunds().iter().map(|r| r.amount).filter(|a| *a == x || *a == y).collect();
+        assert_eq!(refunds.len(), 1, "round {round}: one refund for one tool-call id: {answers:?}");
+        let ran: Vec<_> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        assert_eq!(ran.len(), 1, "round {round}: {answers:?}");
+        assert_eq!(ran[0].value["amount_cents"], refunds[0], "round {round}");
+        let refused = answers.iter().find_map(|a| a.as_ref().err()).expect("one refused");
+        assert_eq!(refused.kind, ErrorKind::Conflict, "round {round}: {answers:?}");
+        // Both hosts replay the one that ran, and refuse the other's arguments.
+        for host in 0..2 {
+            let replay = f.refund(host, &id, refunds[0]).await.expect("a replay");
+            assert_eq!(replay.value, ran[0].value, "round {round}, host {host}");
+        }
+    }
+}

@@ -29,6 +29,12 @@ pub(super) fn within_budget(c: &Charge, used: u64) -> Result<(), BackendError> {
     Err(BackendError::Refused(format!("{} is spent ({} in the last hour)", c.what, c.max)))
 }
 
+/// The refusal of a write of tool call `call_id` over a record of the same
+/// id with another tool or arguments (written meanwhile by another host).
+pub(super) fn another_action(call_id: &str) -> BackendError {
+    BackendError::Conflict(format!("tool call `{call_id}` was recorded meanwhile with another tool or arguments"))
+}
+
 /// The refusal of an episode change whose condition no longer held.
 pub(super) fn episode_changed(r: &EpisodeId) -> BackendError {
     BackendError::Conflict(format!("episode {} of `{}` changed under this write", r.episode, r.tool))

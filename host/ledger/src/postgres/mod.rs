@@ -576,11 +576,21 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
         tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(db)?;
     }
     for call in &write.calls {
+        // Only over a row of the same action: two hosts that both found a
+        // tool-call id unused and admitted it with different arguments must
+        // not both go on (the second's whole write is refused, and its next
+        // look finds the conflict). An unconditional upsert let the second
+        // replace the first's record under the first's tool and digest
+        // columns, so the first's claim returned the second's record: one
+        // id ran one refund and answered the other's caller with it.
         let sql = format!(
             "{INSERT_CALL} ON CONFLICT (session, call_id) DO UPDATE SET completed = EXCLUDED.completed, owner = EXCLUDED.owner, \
-             lease_until = EXCLUDED.lease_until, record = EXCLUDED.record, episode = EXCLUDED.episode"
+             lease_until = EXCLUDED.lease_until, record = EXCLUDED.record, episode = EXCLUDED.episode \
+             WHERE toolguard_calls.tool = EXCLUDED.tool AND toolguard_calls.args_digest = EXCLUDED.args_digest"
         );
-        tx.execute(&sql, &call_row(call)?.params()).map_err(db)?;
+        if tx.execute(&sql, &call_row(call)?.params()).map_err(db)? == 0 {
+            return Err(checks::another_action(&call.call_id));
+        }
         if let Some(entry) = RetireEntry::of_call(call) {
             retention::add_retire(tx, &entry)?;
         }

@@ -362,6 +362,29 @@ fn a_live_claim_keeps_other_hosts_out_until_it_lapses() {
     assert!(run(ledger.claim_call(&claimed("c1", "host-a", 9_000), 3_000).unwrap()), "released: free to claim");
 }
 
+/// On a shared ledger a call's write never replaces the record of another
+/// action under the same tool-call id (another host admitted the id first
+/// with other arguments): the whole write is refused as a conflict, and the
+/// first record, its columns and its claim stay as they were. (On a host's
+/// own ledger the call's lock keeps a second writer of one id out.)
+#[test]
+fn a_call_written_over_another_actions_record_of_the_same_id_is_refused() {
+    let ledger = PostgresStore::new().open();
+    let first = claimed("c1", "host-a", 1_000);
+    assert!(matches!(ledger.claim_call(&first, 0).unwrap(), Claim::Run { .. }));
+    let other = CallRecord { args_digest: "other".into(), ..call("s", "c1") };
+    let episode = EpisodeRecord::open(&other, 1);
+    let e = ledger.commit(LedgerWrite::new().call(other.clone()).episode(EpisodeOp::Open(episode)), Durability::Synced).unwrap_err();
+    assert!(e.is_conflict(), "{e}");
+    let stored = ledger.call("s", "c1").unwrap().unwrap();
+    assert_eq!((stored.args_digest.as_str(), stored.owner.as_deref()), ("d", Some("host-a")), "the first record and its claim stay");
+    assert!(ledger.episode("s", "refund", "other", Some(1)).unwrap().is_none(), "nothing of the refused write applied");
+    // Its claim is the first action's: a claim of the other arguments is a conflict.
+    assert!(matches!(ledger.claim_call(&CallRecord { owner: Some("host-b".into()), lease_until_ms: Some(9_000), ..other }, 5_000).unwrap(), Claim::Conflict(_)));
+    // The same action's writes still land.
+    ledger.commit(LedgerWrite::new().call(CallRecord { owner: Some("host-a".into()), ..call("s", "c1") }), Durability::Buffered).unwrap();
+}
+
 /// PostgreSQL's first look at a call (one statement) finds what the reads
 /// one at a time find: the call with its claim, its tombstone once pruned,
 /// and its episode — its own, the action's latest when there is no call,
