@@ -80,6 +80,25 @@ async fn e03_same_call_id_with_mutated_args_is_a_conflict_and_sends_nothing() {
     assert_eq!(h.posts().len(), posts);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e03_one_call_id_with_different_args_at_once_runs_one_and_answers_each_caller_truly() {
+    // A hostile or confused client sends one tool-call id with two amounts
+    // at the same moment, with a replay of each right behind.
+    let h = harness(Downstream::default()).await;
+    for round in 0..30u64 {
+        let (x, y, id) = (10 + 2 * round, 11 + 2 * round, format!("c{round}"));
+        let (a, b, c, d) = tokio::join!(h.refund(&id, x), h.refund(&id, y), h.refund(&id, x), h.refund(&id, y));
+        let refunds: Vec<u64> = h.sandbox.refunds().iter().map(|r| r.amount).filter(|a| *a == x || *a == y).collect();
+        assert_eq!(refunds.len(), 1, "round {round}: {a:?} {b:?} {c:?} {d:?}");
+        for (asked, answer) in [(x, &a), (y, &b), (x, &c), (y, &d)] {
+            match answer {
+                Ok(out) => assert_eq!(out.value["amount_cents"], asked, "round {round}: a caller told of a refund it did not ask for"),
+                Err(e) => assert_eq!((e.kind, asked == refunds[0]), (ErrorKind::Conflict, false), "round {round}: {e}"),
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn e04_reordered_args_and_whitespace_are_the_same_call() {
     let h = harness(Downstream::default()).await;
