@@ -184,3 +184,49 @@ fn ledger_resolve_needs_the_host_stopped_and_an_unsettled_attempt() {
     let out = w.toolguard(&["ledger", "resolve", &key]);
     assert_eq!(out.status.code(), Some(2), "--not-sent is required");
 }
+
+/// The synced attempt write lands but its acknowledgement is lost (a
+/// connection dropped between a commit and its answer): the host records
+/// the attempt as not sent before telling the caller nothing was sent, so
+/// recovery never sends it behind the caller's back; the same tool call,
+/// resumed, sends it then, once.
+#[test]
+fn an_unacknowledged_attempt_write_is_settled_as_not_sent_and_recovery_never_sends_it() {
+    let w = World::new();
+    let out = w.spawn_refund("c1", 333, Some("lost-ack:attempt-write")).wait_with_output().unwrap();
+    let told = stdout_json(&out);
+    assert!(!out.status.success());
+    assert_eq!(told["kind"], "transport", "{told}");
+    assert!(told["message"].as_str().unwrap().contains("recorded as not sent"), "{told}");
+    let attempts = w.ledger().attempts().unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!((attempts[0].state, attempts[0].response.is_none()), (AttemptState::Failed, true), "settled as not sent");
+    let out = w.toolguard(&["recover"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(w.posts_of(333).is_empty(), "recovery sent nothing: the caller was told nothing was sent");
+    let (ok, result) = w.refund("c1", 333);
+    assert!(ok, "{result}");
+    assert_eq!(w.refunds_of(333), 1);
+    assert_eq!(w.posts_of(333)[0].idempotency_key.as_deref(), Some(attempts[0].key.as_str()), "the same key");
+}
+
+/// Neither the attempt write nor its settling as not sent is confirmed:
+/// the record may have landed, so the caller hears `outcome-unknown`, not
+/// "nothing was sent" — and indeed recovery sends it. A blind repeat is
+/// held with what it did; the resumed call returns that refund. One refund.
+#[test]
+fn an_attempt_write_neither_confirmed_nor_settled_is_an_unknown_outcome() {
+    let w = World::new();
+    let out = w.spawn_refund("c1", 444, Some("lost-ack:attempt-writes")).wait_with_output().unwrap();
+    let told = stdout_json(&out);
+    assert_eq!(told["kind"], "outcome-unknown", "{told}");
+    assert!(w.posts_of(444).is_empty());
+    assert_eq!(w.ledger().attempts_in_state(AttemptState::Pending).unwrap().len(), 1, "the record landed");
+    let (ok, repeat) = w.refund("c1-model", 444);
+    assert!(!ok);
+    assert_eq!(repeat["kind"], "held", "{repeat}");
+    let (ok, resumed) = w.refund("c1", 444);
+    assert!(ok, "{resumed}");
+    assert_eq!(w.refunds_of(444), 1);
+    assert_eq!(resumed["refund_id"], w.sandbox.refunds()[0].id.as_str());
+}

@@ -14,7 +14,10 @@
 //!   a load balancer), one of the two killed at a random moment;
 //! - *faulty provider*: the provider commits the refund, then drops the
 //!   connection, answers 500, or answers after the host's timeout; half the
-//!   time the host is killed at a random moment while it finds out.
+//!   time the host is killed at a random moment while it finds out;
+//! - *one id, two amounts*: the same tool-call id with different arguments
+//!   sent to both hosts at once, one killed: one refund, each caller told
+//!   only of the amount it asked for, the other a `conflict`.
 //!
 //! Then the model goes on as in the one-host torture (`torture.rs`): an
 //! answered call is replayed on a random host and must answer the same; an
@@ -44,6 +47,9 @@ use toolguard_sandbox::{Fault, Mode, Sandbox};
 const SESSION: &str = "s1";
 /// The warm-up refunds' amounts, distinct from every trial's.
 const WARM_UP_AMOUNTS: [u64; 2] = [99_999_998, 99_999_999];
+
+/// Added to a trial's amount for the other arguments of its tool-call id.
+const OTHER_AMOUNT: u64 = 10_000_000;
 
 /// xorshift64*, as in `torture.rs`: a seed replays a run.
 struct Rng(u64);
@@ -151,6 +157,39 @@ fn succeeded(answer: &Result<Value, String>) -> bool {
     answer.as_ref().is_ok_and(|a| a["isError"] == false)
 }
 
+/// A trial of one tool-call id sent with two amounts at once, one to each
+/// host, and host `h` killed at a random moment; then each caller asks
+/// again on a random host. One refund, of one of the amounts: every success
+/// reports the amount its caller asked for and that refund, every other
+/// answer is a `conflict` (or the dead host's lost connection).
+fn one_id_two_amounts(f: &mut Fleet, rng: &mut Rng, (h, other): (usize, usize), (id, amount): (&str, u64), call_ms: u64, context: &str) {
+    let amounts = [amount, amount + OTHER_AMOUNT];
+    let (a, b) = (f.call(h, id, amounts[0]), f.call(other, id, amounts[1]));
+    std::thread::sleep(Duration::from_millis(rng.below(call_ms + call_ms / 5)));
+    f.kill(h);
+    let mut answers = vec![(amounts[0], f.answer(a))];
+    f.start(h);
+    answers.push((amounts[1], f.answer(b)));
+    for asked in amounts {
+        answers.push((asked, f.answer(f.call(rng.below(2) as usize, id, asked))));
+    }
+    let refunds: Vec<_> = f.sandbox.refunds().into_iter().filter(|r| amounts.contains(&r.amount)).collect();
+    assert_eq!(refunds.len(), 1, "{context}: one id, two amounts: {answers:#?}");
+    for (asked, answer) in &answers {
+        let Ok(answer) = answer else { continue };
+        match answer["isError"].as_bool() {
+            Some(false) => {
+                assert_eq!(answer["structuredContent"]["amount_cents"], *asked, "{context}: a caller told of a refund it did not ask for: {answers:#?}");
+                assert_eq!(refund_told(answer).as_deref(), Some(refunds[0].id.as_str()), "{context}: {answers:#?}");
+            }
+            _ => assert_eq!(answer["structuredContent"]["kind"], "conflict", "{context}: {answers:#?}"),
+        }
+    }
+    // The caller of the amount that ran gets it on asking again.
+    let again = answers.iter().skip(2).find(|(asked, _)| *asked == refunds[0].amount).expect("asked again");
+    assert!(succeeded(&again.1), "{context}: {answers:#?}");
+}
+
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -179,8 +218,13 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
         assert!(wait_for(Duration::from_secs(30), || f.unsettled() == 0), "{context}: attempts left unsettled");
         let h = rng.below(2) as usize;
         let other = 1 - h;
+        if trial % 5 == 4 {
+            one_id_two_amounts(&mut f, &mut rng, (h, other), (&id, amount), call_ms, &context);
+            *phases.entry("one id with two amounts, one per host, one host killed".into()).or_default() += 1;
+            continue;
+        }
         let mut answers: Vec<(String, Result<Value, String>)> = Vec::new();
-        let phase = match trial % 4 {
+        let phase = match trial % 5 {
             0 => {
                 f.sandbox.inject(Fault::PauseAfterCommit);
                 let first = f.call(h, &id, amount);
@@ -290,11 +334,9 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
     let unsettled = f.unsettled();
     let refunds = f.sandbox.refunds();
     let mut per_amount: BTreeMap<u64, usize> = BTreeMap::new();
-    for r in &refunds {
-        *per_amount.entry(r.amount).or_default() += 1;
-    }
-    for amount in WARM_UP_AMOUNTS {
-        per_amount.remove(&amount);
+    for r in refunds.iter().filter(|r| !WARM_UP_AMOUNTS.contains(&r.amount)) {
+        // A trial's other amount counts as the trial's.
+        *per_amount.entry(r.amount % OTHER_AMOUNT).or_default() += 1;
     }
     // Only a trial whose call was never admitted may have two (a new action after a definitive answer).
     let duplicates = per_amount.values().map(|n| n.saturating_sub(1)).sum::<usize>() - second_actions;

@@ -218,6 +218,14 @@ pub(crate) fn conflict_failpoint(name: &str) -> bool {
     failpoint_setting().and_then(|p| p.strip_prefix("conflict:")) == Some(name)
 }
 
+/// Whether the `lost-ack:NAME` failpoint is set for `name`: the ledger
+/// write there lands, and its caller is told it failed, as when a
+/// connection drops between a commit and its acknowledgement (tests only,
+/// through `TOOLGUARD_FAILPOINT`; unset, never).
+pub(crate) fn lost_ack_failpoint(name: &str) -> bool {
+    failpoint_setting().and_then(|p| p.strip_prefix("lost-ack:")) == Some(name)
+}
+
 /// `TOOLGUARD_FAILPOINT`, read once.
 fn failpoint_setting() -> Option<&'static str> {
     static POINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();

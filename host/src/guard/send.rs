@@ -252,11 +252,69 @@ impl CallGuard {
             write = write.call(self.record.clone());
         }
         let pending = crate::phases::time(crate::phases::Phase::PendingWrite);
-        self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(ledger_down)?;
+        let written = self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(|e| e.to_string());
+        let written = written.and_then(|()| lost_ack("attempt-write")).and_then(|()| lost_ack("attempt-writes"));
         drop(pending);
+        if let Err(error) = written {
+            return Err(self.settle_unconfirmed(attempt, &error).await);
+        }
         self.persisted = true;
         failpoint("after-attempt-write");
         Ok(())
+    }
+
+    /// The synced write of pending `attempt` failed — and may have landed
+    /// all the same (a connection lost between a commit and its
+    /// acknowledgement, an fsync that failed after the append): recovery
+    /// would then send what its caller was told was not sent. So it is
+    /// recorded as not sent, synced; if that fails too, nothing says it did
+    /// not land, and the send's outcome is unknown (it stays this run's open
+    /// step, so the call answers `outcome-unknown` whatever the plugin does).
+    async fn settle_unconfirmed(&mut self, attempt: &AttemptRecord, error: &str) -> SendError {
+        let mut failed = attempt.clone();
+        failed.state = AttemptState::Failed;
+        failed.response = None;
+        failed.last_error = Some(format!("not sent: the ledger did not confirm the pending record ({error})"));
+        failed.updated_ms = now_ms();
+        let mut write = LedgerWrite::new().attempt_over(failed, Prior::Unread);
+        if !self.persisted {
+            write = write.call(self.record.clone());
+        }
+        let settled = match lost_ack("attempt-writes") {
+            Ok(()) => self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match settled {
+            Ok(()) => {
+                self.persisted = true;
+                SendError::Transport(format!("the ledger did not confirm the attempt's record ({error}); it is recorded as not sent now; nothing was sent"))
+            }
+            Err(again) => {
+                let info = Unsettled {
+                    key: attempt.key.clone(),
+                    step: attempt.step,
+                    state: AttemptState::Pending,
+                    tries: 0,
+                    message: format!(
+                        "{} {} was not sent: the ledger did not confirm its record ({error}), nor its settling as not sent ({again}). \
+                         The record may have landed, and recovery would then send it with its idempotency key. Do not repeat it \
+                         under a new tool-call id: check the provider's state first. Retrying the same tool-call id is safe",
+                        attempt.request.method, attempt.request.url
+                    ),
+                };
+                self.open_steps.push((attempt.fingerprint.clone(), info.clone()));
+                SendError::OutcomeUnknown(info)
+            }
+        }
+    }
+}
+
+/// The `lost-ack:NAME` failpoint as the error of a write that landed but
+/// was not acknowledged (tests only; unset, `Ok`).
+fn lost_ack(name: &str) -> Result<(), String> {
+    match crate::guard::lost_ack_failpoint(name) {
+        true => Err(format!("failpoint lost-ack:{name}: the write's acknowledgement was lost")),
+        false => Ok(()),
     }
 }
 
