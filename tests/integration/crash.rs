@@ -230,3 +230,43 @@ fn an_attempt_write_neither_confirmed_nor_settled_is_an_unknown_outcome() {
     assert_eq!(w.refunds_of(444), 1);
     assert_eq!(resumed["refund_id"], w.sandbox.refunds()[0].id.as_str());
 }
+
+/// A send that reached nobody (429 on every try) is settled as not sent
+/// before the caller hears `transport`; when that settling cannot be
+/// written, the ledger still holds the send as pending and recovery will
+/// send it, so the caller hears `outcome-unknown` instead — and recovery's
+/// refund is then the only one: a blind repeat is held with it.
+#[test]
+fn a_send_that_reached_nobody_but_could_not_be_recorded_so_is_an_unknown_outcome() {
+    let w = World::new();
+    for _ in 0..4 {
+        w.sandbox.inject(Fault::RateLimit429);
+    }
+    let out = w.spawn_refund("c1", 555, Some("fail:not-sent-write")).wait_with_output().unwrap();
+    let told = stdout_json(&out);
+    assert_eq!(told["kind"], "outcome-unknown", "{told}");
+    assert_eq!(w.refunds_of(555), 0, "nothing reached the provider");
+    assert_eq!(w.ledger().attempts_in_state(AttemptState::Pending).unwrap().len(), 1, "still pending in the ledger");
+    let out = w.toolguard(&["recover"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(w.refunds_of(555), 1, "recovery sent it, as the caller was warned it might");
+    let (ok, repeat) = w.refund("c1-model", 555);
+    assert!(!ok);
+    assert_eq!(repeat["kind"], "held", "{repeat}");
+    assert_eq!(w.refunds_of(555), 1);
+}
+
+/// The same send, its settling written: `transport`, and recovery sends nothing.
+#[test]
+fn a_send_that_reached_nobody_is_recorded_so_and_recovery_never_sends_it() {
+    let w = World::new();
+    for _ in 0..4 {
+        w.sandbox.inject(Fault::RateLimit429);
+    }
+    let (ok, told) = w.refund("c1", 556);
+    assert!(!ok);
+    assert_eq!(told["kind"], "transport", "{told}");
+    let out = w.toolguard(&["recover"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(w.refunds_of(556), 0, "recovery sent nothing: the caller was told nothing reached the provider");
+}

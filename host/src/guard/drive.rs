@@ -5,7 +5,7 @@
 use super::transport::Outcome;
 use super::{Guard, Reconciler, Unsettled, failpoint, wire};
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, Resolution, StoredResponse, now_ms};
-use crate::ledger::{Durability, LedgerWrite, Prior, QueuedWrite};
+use crate::ledger::{Durability, LedgerWrite, Prior};
 use crate::policy::Downstream;
 use std::time::Duration;
 
@@ -83,7 +83,7 @@ impl Guard {
         let started = std::time::Instant::now();
         let driven = async {
             let prior = Prior::Was(d.attempt.state);
-            let (durability, driven) = self.attempt_once(&mut d, progress.as_deref_mut()).await;
+            let (durability, mut driven) = self.attempt_once(&mut d, progress.as_deref_mut()).await;
             crate::metrics::attempt(&d.downstream.name, d.attempt.state);
             let _written = crate::phases::time(crate::phases::Phase::OutcomeWrite);
             let write = LedgerWrite::new().attempt_over(d.attempt.clone(), prior);
@@ -93,7 +93,14 @@ impl Guard {
                     progress.in_flight = None;
                 }
                 progress => {
-                    outcome_written(&d.attempt.key, self.ledger.queue(write, durability)).await;
+                    let written = match super::fail_failpoint("not-sent-write") && matches!(driven, Driven::NotSent(_)) {
+                        true => Err("failpoint fail:not-sent-write".to_string()),
+                        false => self.ledger.queue(write, durability).wait().await.map_err(|e| e.to_string()),
+                    };
+                    if let (Driven::NotSent(told), Err(e)) = (&driven, &written) {
+                        driven = Driven::Unsettled(unrecorded_not_sent(d.attempt, told, e));
+                    }
+                    outcomes_written(&[&d.attempt.key], written);
                     if let Some(progress) = progress {
                         progress.in_flight = None;
                     }
@@ -174,16 +181,28 @@ pub(super) fn settle(attempt: &mut AttemptRecord, state: AttemptState, response:
     Driven::Answered(response)
 }
 
-/// Waits for the outcome write of attempt `key`; a failure is logged, since
-/// recovery resolves the attempt with the same key.
-pub(super) async fn outcome_written(key: &str, write: QueuedWrite) {
-    outcomes_written(&[key], write.wait().await);
+/// A send that reached nobody, whose settling as not sent could not be
+/// written (`error`): the ledger still holds it as pending, and recovery
+/// would send it, so "nothing was sent" (`told`) would not stay true. The
+/// sender hears that the outcome is unknown instead.
+fn unrecorded_not_sent(attempt: &AttemptRecord, told: &str, error: &str) -> Unsettled {
+    Unsettled {
+        key: attempt.key.clone(),
+        step: attempt.step,
+        state: AttemptState::Pending,
+        tries: attempt.tries,
+        message: format!(
+            "{told}; but recording that it was not sent failed ({error}), and the ledger still holds it as pending: recovery may \
+             send it with its idempotency key. Do not repeat it under a new tool-call id: check the provider's state first. \
+             Retrying the same tool-call id is safe"
+        ),
+    }
 }
 
 /// What came of writing the outcomes of attempts `keys` (if any): on
 /// success the `after-outcome-write` failpoint; a failure is logged, since
 /// recovery resolves each attempt with its key.
-pub(super) fn outcomes_written<K: AsRef<str>>(keys: &[K], written: Result<(), crate::ledger::LedgerError>) {
+pub(super) fn outcomes_written<K: AsRef<str>, E: std::fmt::Display>(keys: &[K], written: Result<(), E>) {
     if keys.is_empty() {
         return;
     }

@@ -226,6 +226,13 @@ pub(crate) fn lost_ack_failpoint(name: &str) -> bool {
     failpoint_setting().and_then(|p| p.strip_prefix("lost-ack:")) == Some(name)
 }
 
+/// Whether the `fail:NAME` failpoint is set for `name`: the ledger write
+/// there fails without landing (tests only, through `TOOLGUARD_FAILPOINT`;
+/// unset, never).
+pub(crate) fn fail_failpoint(name: &str) -> bool {
+    failpoint_setting().and_then(|p| p.strip_prefix("fail:")) == Some(name)
+}
+
 /// `TOOLGUARD_FAILPOINT`, read once.
 fn failpoint_setting() -> Option<&'static str> {
     static POINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
