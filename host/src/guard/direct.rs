@@ -2,7 +2,6 @@
 //! the plugin's grants, sent once, keyless and unrecorded), and the bench's
 //! unguarded baseline, which sends the same way.
 
-use super::send::refusal;
 use super::transport::Outcome;
 use super::{Guard, Request, Response, SendError, wire};
 use crate::policy::{self, Grant};
@@ -31,7 +30,7 @@ pub(crate) async fn send_unguarded(guard: &Guard, grants: &[Grant], req: Request
 
 /// Authorises `req` under `grants` and sends it once, keyless and unrecorded.
 async fn direct(guard: &Guard, grants: &[Grant], req: Request) -> Result<Response, SendError> {
-    let (downstream, url) = policy::authorize(grants, &guard.downstreams, &req.method, &req.url).map_err(refusal)?;
+    let (downstream, url) = policy::authorize(grants, &guard.downstreams, &req.method, &req.url).map_err(super::SendError::from)?;
     let request = wire::stored(&req.method, url.as_str(), req.headers, &req.body);
     wire::check_headers(&request, &downstream).map_err(SendError::Invalid)?;
     let wire = wire::build(&request, url, &downstream, None);

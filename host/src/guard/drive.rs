@@ -98,7 +98,7 @@ impl Guard {
                         false => self.ledger.queue(write, durability).wait().await.map_err(|e| e.to_string()),
                     };
                     if let (Driven::NotSent(told), Err(e)) = (&driven, &written) {
-                        driven = Driven::Unsettled(unrecorded_not_sent(d.attempt, told, e));
+                        driven = Driven::Unsettled(super::unconfirmed::unrecorded_not_sent(d.attempt, told, e));
                     }
                     outcomes_written(&[&d.attempt.key], written);
                     if let Some(progress) = progress {
@@ -181,23 +181,6 @@ pub(super) fn settle(attempt: &mut AttemptRecord, state: AttemptState, response:
     Driven::Answered(response)
 }
 
-/// A send that reached nobody, whose settling as not sent could not be
-/// written (`error`): the ledger still holds it as pending, and recovery
-/// would send it, so "nothing was sent" (`told`) would not stay true. The
-/// sender hears that the outcome is unknown instead.
-fn unrecorded_not_sent(attempt: &AttemptRecord, told: &str, error: &str) -> Unsettled {
-    Unsettled {
-        key: attempt.key.clone(),
-        step: attempt.step,
-        state: AttemptState::Pending,
-        tries: attempt.tries,
-        message: format!(
-            "{told}; but recording that it was not sent failed ({error}), and the ledger still holds it as pending: recovery may \
-             send it with its idempotency key. Do not repeat it under a new tool-call id: check the provider's state first. \
-             Retrying the same tool-call id is safe"
-        ),
-    }
-}
 
 /// What came of writing the outcomes of attempts `keys` (if any): on
 /// success the `after-outcome-write` failpoint; a failure is logged, since

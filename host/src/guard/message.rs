@@ -98,6 +98,16 @@ impl Unsettled {
     }
 }
 
+/// A policy refusal, as the plugin is told it.
+impl From<crate::policy::Refusal> for SendError {
+    fn from(r: crate::policy::Refusal) -> Self {
+        match r {
+            crate::policy::Refusal::Denied(m) => SendError::Denied(m),
+            crate::policy::Refusal::Invalid(m) => SendError::Invalid(m),
+        }
+    }
+}
+
 impl From<SendError> for CallError {
     fn from(e: SendError) -> Self {
         match e {

@@ -35,6 +35,7 @@ pub mod recover;
 mod replay;
 mod send;
 pub mod tls;
+mod unconfirmed;
 pub mod transport;
 pub mod wire;
 

@@ -7,11 +7,12 @@
 
 use super::claim::Held;
 use super::drive::{Drive, Driven, Progress, outcomes_written};
+use super::unconfirmed::{self, Unwritten, ledger_down};
 use super::{CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
 use crate::keys;
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, PlannedSend, Resolution, now_ms};
 use crate::ledger::{Durability, LedgerWrite, Prior, QueuedWrite};
-use crate::policy::{self, Downstream, Effect, Refusal};
+use crate::policy::{self, Downstream, Effect};
 use std::sync::Arc;
 
 /// One tool call in progress: the guard's state for the plugin's sends.
@@ -99,7 +100,7 @@ impl CallGuard {
                 self.record.tool, self.rules.max_sends
             )));
         }
-        let (downstream, url) = policy::authorize(&self.rules.grants, &self.guard.downstreams, &req.method, &req.url).map_err(refusal)?;
+        let (downstream, url) = policy::authorize(&self.rules.grants, &self.guard.downstreams, &req.method, &req.url).map_err(SendError::from)?;
         if req.body.len() > downstream.max_request_bytes {
             return Err(SendError::Invalid(format!(
                 "the request body is {} bytes; `{}` takes at most {} (max_request_bytes); nothing was sent",
@@ -233,8 +234,7 @@ impl CallGuard {
         AttemptRecord::pending(r, keys::mint(self.guard.ledger.secret(), input), send)
     }
 
-    /// Makes `attempt` durable as pending (with the call, the first time)
-    /// before anything is sent.
+    /// Makes `attempt` durable as pending (with the call, the first time) before anything is sent.
     async fn write_pending(&mut self, mut attempt: AttemptRecord, prior: Prior) -> Result<AttemptRecord, SendError> {
         attempt.state = AttemptState::Pending;
         attempt.response = None;
@@ -243,78 +243,33 @@ impl CallGuard {
         Ok(attempt)
     }
 
-    /// Writes the pending `attempt` (and the call, the first time) synced,
-    /// over what `prior` says the ledger held: nothing leaves before this
-    /// returns.
+    /// Writes the pending `attempt` (and the call, the first time) synced, over
+    /// what `prior` says the ledger held: nothing leaves before this returns.
     async fn commit_pending(&mut self, attempt: &AttemptRecord, prior: Prior) -> Result<(), SendError> {
         let mut write = LedgerWrite::new().attempt_over(attempt.clone(), prior);
         if !self.persisted {
             write = write.call(self.record.clone());
         }
         let pending = crate::phases::time(crate::phases::Phase::PendingWrite);
-        let written = self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(|e| e.to_string());
-        let written = written.and_then(|()| lost_ack("attempt-write")).and_then(|()| lost_ack("attempt-writes"));
+        let written = unconfirmed::pending_written(self.guard.ledger.commit_async(write, Durability::Synced).await);
         drop(pending);
-        if let Err(error) = written {
-            return Err(self.settle_unconfirmed(attempt, &error).await);
+        match written {
+            Ok(()) => {}
+            Err(Unwritten::Refused(told)) => return Err(told),
+            Err(Unwritten::Unconfirmed(error)) => {
+                // It may have landed; an unknown outcome stays this run's open step.
+                let call = (!self.persisted).then(|| self.record.clone());
+                let told = unconfirmed::settle_pending(&self.guard, call, attempt, &error).await;
+                match &told {
+                    SendError::OutcomeUnknown(info) => self.open_steps.push((attempt.fingerprint.clone(), info.clone())),
+                    _ => self.persisted = true,
+                }
+                return Err(told);
+            }
         }
         self.persisted = true;
         failpoint("after-attempt-write");
         Ok(())
-    }
-
-    /// The synced write of pending `attempt` failed — and may have landed
-    /// all the same (a connection lost between a commit and its
-    /// acknowledgement, an fsync that failed after the append): recovery
-    /// would then send what its caller was told was not sent. So it is
-    /// recorded as not sent, synced; if that fails too, nothing says it did
-    /// not land, and the send's outcome is unknown (it stays this run's open
-    /// step, so the call answers `outcome-unknown` whatever the plugin does).
-    async fn settle_unconfirmed(&mut self, attempt: &AttemptRecord, error: &str) -> SendError {
-        let mut failed = attempt.clone();
-        failed.state = AttemptState::Failed;
-        failed.response = None;
-        failed.last_error = Some(format!("not sent: the ledger did not confirm the pending record ({error})"));
-        failed.updated_ms = now_ms();
-        let mut write = LedgerWrite::new().attempt_over(failed, Prior::Unread);
-        if !self.persisted {
-            write = write.call(self.record.clone());
-        }
-        let settled = match lost_ack("attempt-writes") {
-            Ok(()) => self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e),
-        };
-        match settled {
-            Ok(()) => {
-                self.persisted = true;
-                SendError::Transport(format!("the ledger did not confirm the attempt's record ({error}); it is recorded as not sent now; nothing was sent"))
-            }
-            Err(again) => {
-                let info = Unsettled {
-                    key: attempt.key.clone(),
-                    step: attempt.step,
-                    state: AttemptState::Pending,
-                    tries: 0,
-                    message: format!(
-                        "{} {} was not sent: the ledger did not confirm its record ({error}), nor its settling as not sent ({again}). \
-                         The record may have landed, and recovery would then send it with its idempotency key. Do not repeat it \
-                         under a new tool-call id: check the provider's state first. Retrying the same tool-call id is safe",
-                        attempt.request.method, attempt.request.url
-                    ),
-                };
-                self.open_steps.push((attempt.fingerprint.clone(), info.clone()));
-                SendError::OutcomeUnknown(info)
-            }
-        }
-    }
-}
-
-/// The `lost-ack:NAME` failpoint as the error of a write that landed but
-/// was not acknowledged (tests only; unset, `Ok`).
-fn lost_ack(name: &str) -> Result<(), String> {
-    match crate::guard::lost_ack_failpoint(name) {
-        true => Err(format!("failpoint lost-ack:{name}: the write's acknowledgement was lost")),
-        false => Ok(()),
     }
 }
 
@@ -342,16 +297,4 @@ impl Recorded {
     fn to_send() -> Self {
         Self { replay: None, possibly_sent: false }
     }
-}
-
-/// A policy refusal, as the plugin is told it.
-pub(super) fn refusal(r: Refusal) -> SendError {
-    match r {
-        Refusal::Denied(m) => SendError::Denied(m),
-        Refusal::Invalid(m) => SendError::Invalid(m),
-    }
-}
-
-fn ledger_down(e: crate::ledger::LedgerError) -> SendError {
-    SendError::Transport(format!("the ledger is unavailable ({e}); nothing was sent"))
 }
