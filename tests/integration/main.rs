@@ -9,6 +9,7 @@ mod common;
 mod crash;
 mod fleet;
 mod fleet_torture;
+mod fleet_chaos;
 mod foreign;
 mod guard_boundary;
 mod guard_edges;

@@ -201,8 +201,16 @@ impl Postgres {
     }
 
     /// The rows `sql` returns, on a connection of the pool.
+    ///
+    /// Every caller reads (a `SELECT`): one whose connection was lost — the
+    /// server terminated it, the socket dropped, often while it sat idle in
+    /// the pool — changed nothing and runs once more on another connection,
+    /// so a passing loss is not a failed tool call.
     fn query(&self, sql: &str, params: &Params<'_>) -> Result<Vec<Row>, BackendError> {
-        self.client()?.prepared().query(sql, params).map_err(db)
+        match self.client()?.prepared().query(sql, params) {
+            Err(e) if connection_lost(&e) => self.client()?.prepared().query(sql, params).map_err(db),
+            read => read.map_err(db),
+        }
     }
 
     /// Runs `sql` on a connection of the pool; the rows it changed.
@@ -662,6 +670,14 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
 
 /// A PostgreSQL error, with the server's own message and its SQLSTATE
 /// (rust-postgres displays a server error as "db error" alone).
+/// Whether `e` lost the connection rather than failed the statement: the
+/// connection closed, or the server ended the session (SQLSTATE class 08,
+/// a connection exception, or 57P01–57P03, an administrator's termination
+/// or a shutdown).
+fn connection_lost(e: &r2d2_postgres::postgres::Error) -> bool {
+    e.is_closed() || e.code().is_some_and(|c| c.code().starts_with("08") || matches!(c.code(), "57P01" | "57P02" | "57P03"))
+}
+
 pub(super) fn db(e: r2d2_postgres::postgres::Error) -> BackendError {
     match e.as_db_error() {
         Some(server) => failed(format!("PostgreSQL: {} ({}, SQLSTATE {})", server.message(), server.severity(), server.code().code())),

@@ -1,0 +1,111 @@
+//! The flaky network between hosts and their ledger: two `toolguard serve
+//! --http` processes over one PostgreSQL ledger while another session
+//! terminates their server connections at random (`pg_terminate_backend`,
+//! about a third of them every 5–45 ms) — mid-statement, mid-transaction,
+//! between a commit and its acknowledgement, idle in the pool. The model
+//! calls 60 refunds, each under its own tool-call id and amount, and
+//! retries each (the same id, alternating hosts) until it hears a refund.
+//! It counts at the sandbox: one refund per call, every success of an id
+//! reports that one refund, and once the terminations stop the hosts'
+//! takeover passes leave nothing pending or unknown.
+
+use crate::common::{Mcp, fresh_postgres_database, serve_http};
+use crate::payments::{Downstream, PI, config_text};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use toolguard::ledger::{AttemptState, Ledger};
+use toolguard_sandbox::{Mode, Sandbox};
+
+/// Tool calls made, each retried until it succeeds.
+const CALLS: u64 = 60;
+/// The most times the model asks for one call.
+const TRIES: u64 = 40;
+
+/// Terminates, until `stop`, a random third of database `db`'s connections
+/// every 5–45 ms; returns how many it terminated.
+fn terminate_connections(admin: String, db: String, stop: Arc<AtomicBool>) -> u64 {
+    let mut client = r2d2_postgres::postgres::Client::connect(&admin, r2d2_postgres::postgres::NoTls).unwrap();
+    let sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() AND random() < 0.33";
+    let (mut terminated, mut round) = (0, 0u64);
+    while !stop.load(Ordering::SeqCst) {
+        round += 1;
+        std::thread::sleep(Duration::from_millis(5 + round * 7_919 % 41));
+        terminated += client.query(sql, &[&db]).unwrap().len() as u64;
+    }
+    terminated
+}
+
+#[test]
+fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a_refund() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent(PI, u64::MAX / 4);
+    let ledger = fresh_postgres_database();
+    let db = url::Url::parse(&ledger).unwrap().path().trim_start_matches('/').to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let d = Downstream { wall_ms: 1_500, refunds_per_session_hour: 1_000_000, ..Downstream::default() };
+    let servers: Vec<_> = (0..2)
+        .map(|i| {
+            let text = format!("ledger = {ledger:?}\n{}", config_text(&sandbox.url(), &dir.path().join(format!("host{i}")), &d));
+            let path = dir.path().join(format!("host{i}.toml"));
+            std::fs::write(&path, text).unwrap();
+            serve_http(&path, &[("TOOLGUARD_LOG", "error")])
+        })
+        .collect();
+    let clients: Vec<Arc<Mcp>> = servers.iter().map(|s| Arc::new(rt.block_on(Mcp::connect(&s.url)))).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").unwrap();
+    let terminator = {
+        let (stop, db) = (stop.clone(), db.clone());
+        std::thread::spawn(move || terminate_connections(admin, db, stop))
+    };
+    let calls: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let clients = clients.clone();
+            rt.spawn(async move {
+                let mut answers = Vec::new();
+                for attempt in 0..TRIES {
+                    let answer = clients[((i + attempt) % 2) as usize].refund(&format!("x{i}"), i + 1).await;
+                    let done = answer.as_ref().is_ok_and(|a| a["isError"] == false);
+                    answers.push(answer.unwrap_or_else(|e| serde_json::json!({ "transport_error": e })));
+                    if done {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (i + 1, answers)
+            })
+        })
+        .collect();
+    let told: Vec<(u64, Vec<Value>)> = calls.into_iter().map(|c| rt.block_on(c).unwrap()).collect();
+    stop.store(true, Ordering::SeqCst);
+    let terminated = terminator.join().unwrap();
+    // The hosts' takeover passes (every 2 s) settle what a lost connection left.
+    let ledger = Ledger::connect(&ledger).unwrap();
+    let unsettled = || [AttemptState::Pending, AttemptState::Unknown].iter().map(|s| ledger.attempts_in_state(*s).unwrap().len()).sum::<usize>();
+    let settled = crate::crash::wait_for(Duration::from_secs(30), || unsettled() == 0);
+
+    let refunds = sandbox.refunds();
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for (amount, answers) in &told {
+        let made: Vec<&str> = refunds.iter().filter(|r| r.amount == *amount).map(|r| r.id.as_str()).collect();
+        assert_eq!(made.len(), 1, "amount {amount}: {} refunds; answers {answers:#?}", made.len());
+        let reported: std::collections::BTreeSet<_> =
+            answers.iter().filter(|a| a["isError"] == false).filter_map(|a| a["structuredContent"]["refund_id"].as_str()).collect();
+        assert_eq!(reported.into_iter().collect::<Vec<_>>(), made, "amount {amount}: every success reports the one refund; {answers:#?}");
+        for a in answers.iter().filter(|a| a["isError"] != false) {
+            *kinds.entry(a["structuredContent"]["kind"].as_str().unwrap_or("lost connection to the host").to_string()).or_default() += 1;
+        }
+    }
+    println!("ledger connection torture tally: two hosts over one PostgreSQL ledger");
+    println!("  connections terminated: {terminated}");
+    println!("  tool calls: {CALLS}, each retried under its own id until it succeeded");
+    for (kind, n) in &kinds {
+        println!("  answers before success, {kind}: {n}");
+    }
+    println!("  refunds at the provider: {} for {CALLS} calls; left pending or unknown: {}", refunds.len(), unsettled());
+    assert!(settled, "attempts left unsettled after the takeover passes: {}", unsettled());
+}
