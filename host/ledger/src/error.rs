@@ -1,7 +1,8 @@
 //! The ledger's errors: a backend's typed [`BackendError`], and the
 //! [`LedgerError`] callers see, which adds where the ledger lives.
 
-/// Why a backend's operation failed. Nothing of a failed write was applied.
+/// Why a backend's operation failed. Nothing of a failed write was applied,
+/// except perhaps after [`BackendError::Lost`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum BackendError {
     /// A condition of the write did not hold (an episode opened or handed
@@ -15,6 +16,10 @@ pub(crate) enum BackendError {
     /// A read asked to be answered from memory needs the disk
     /// ([`super::Backend::read_from_memory`]); it is retried off the async workers.
     NeedsIo,
+    /// The connection to the database was lost mid-operation (PostgreSQL's
+    /// server ended the session, the socket dropped): a write may or may not
+    /// have been applied; a read changed nothing.
+    Lost(String),
     /// Anything else: the database failed, or a record is damaged.
     Failed(String),
 }
@@ -39,6 +44,7 @@ enum Kind {
     Busy,
     Refused,
     NeedsIo,
+    Lost,
 }
 
 /// A ledger operation failed; the message names where the ledger lives.
@@ -63,6 +69,7 @@ impl LedgerError {
             BackendError::Busy(m) => (Kind::Busy, m),
             BackendError::Refused(m) => (Kind::Refused, m),
             BackendError::NeedsIo => (Kind::NeedsIo, "the read needs the disk".to_string()),
+            BackendError::Lost(m) => (Kind::Lost, m),
             BackendError::Failed(m) => (Kind::Failed, m),
         };
         Self { location: location.to_string(), message, kind }
@@ -82,6 +89,12 @@ impl LedgerError {
     /// Whether a budget of the write was spent; the message says which.
     pub fn is_refused(&self) -> bool {
         self.kind == Kind::Refused
+    }
+
+    /// Whether the connection to the database was lost mid-operation: a
+    /// write may or may not have been applied (look before deciding again).
+    pub fn is_lost(&self) -> bool {
+        self.kind == Kind::Lost
     }
 
     /// Whether a read from memory only needs the disk (then it is retried there).

@@ -127,7 +127,13 @@ impl Guard {
         }
         let claim = CallRecord { owner: Some(self.host.clone()), lease_until_ms: Some(now_ms() + lease_ms), ..record };
         let ledger = self.ledger.clone();
-        blocking(move || ledger.claim_call(&claim, now_ms())).await
+        // A claim is ours again if it landed before the connection was lost:
+        // made once more, it finds its own owner and holds.
+        blocking(move || match ledger.claim_call(&claim, now_ms()) {
+            Err(e) if e.is_lost() => ledger.claim_call(&claim, now_ms()),
+            claimed => claimed,
+        })
+        .await
     }
 
     /// Ends this host's claim on a call that did not complete, so another host

@@ -679,13 +679,15 @@ fn connection_lost(e: &r2d2_postgres::postgres::Error) -> bool {
 }
 
 pub(super) fn db(e: r2d2_postgres::postgres::Error) -> BackendError {
-    match e.as_db_error() {
-        Some(server) => failed(format!("PostgreSQL: {} ({}, SQLSTATE {})", server.message(), server.severity(), server.code().code())),
+    let lost = connection_lost(&e);
+    let error = match e.as_db_error() {
+        Some(server) => format!("PostgreSQL: {} ({}, SQLSTATE {})", server.message(), server.severity(), server.code().code()),
         None => match std::error::Error::source(&e) {
-            Some(cause) => failed(format!("{e}: {cause}")),
-            None => failed(e),
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
         },
-    }
+    };
+    if lost { BackendError::Lost(error) } else { BackendError::Failed(error) }
 }
 
 /// An episode number or time as SQL's BIGINT.

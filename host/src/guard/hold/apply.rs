@@ -101,6 +101,9 @@ impl Guard {
         match self.ledger.commit_async(write, Durability::Buffered).await {
             Ok(()) => Ok(true),
             Err(e) if e.is_conflict() => Ok(false),
+            // It may have landed or not: the next look finds out (this call's
+            // own record and episode, or none), and decides again.
+            Err(e) if e.is_lost() => Ok(false),
             Err(e) if e.is_refused() => {
                 Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message())))
             }
