@@ -204,12 +204,17 @@ impl Postgres {
     ///
     /// Every caller reads (a `SELECT`): one whose connection was lost — the
     /// server terminated it, the socket dropped, often while it sat idle in
-    /// the pool — changed nothing and runs once more on another connection,
-    /// so a passing loss is not a failed tool call.
+    /// the pool — changed nothing and runs again on another connection (a
+    /// lost one leaves the pool), up to [`READ_TRIES`] times in all, so a
+    /// passing loss, or a restart that closed every pooled connection, is
+    /// not a failed tool call.
     fn query(&self, sql: &str, params: &Params<'_>) -> Result<Vec<Row>, BackendError> {
-        match self.client()?.prepared().query(sql, params) {
-            Err(e) if connection_lost(&e) => self.client()?.prepared().query(sql, params).map_err(db),
-            read => read.map_err(db),
+        let mut tries = 1;
+        loop {
+            match self.client()?.prepared().query(sql, params) {
+                Err(e) if connection_lost(&e) && tries < READ_TRIES => tries += 1,
+                read => return read.map_err(db),
+            }
         }
     }
 
@@ -670,6 +675,9 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
 
 /// A PostgreSQL error, with the server's own message and its SQLSTATE
 /// (rust-postgres displays a server error as "db error" alone).
+/// How many connections a read tries while each it gets turns out lost.
+const READ_TRIES: usize = 4;
+
 /// Whether `e` lost the connection rather than failed the statement: the
 /// connection closed, or the server ended the session (SQLSTATE class 08,
 /// a connection exception, or 57P01–57P03, an administrator's termination

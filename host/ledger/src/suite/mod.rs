@@ -385,6 +385,32 @@ fn a_call_written_over_another_actions_record_of_the_same_id_is_refused() {
     ledger.commit(LedgerWrite::new().call(CallRecord { owner: Some("host-a".into()), ..call("s", "c1") }), Durability::Buffered).unwrap();
 }
 
+/// A connection the server terminated is told apart from a failed
+/// statement: a read that met it runs again on another connection and
+/// succeeds; a write that met it is `is_lost` (it may or may not have
+/// landed), never a plain failure or a conflict.
+#[test]
+fn a_lost_connection_is_told_apart_and_a_read_survives_it() {
+    let store = PostgresStore::new();
+    let ledger = store.open();
+    let terminate = || {
+        let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").unwrap();
+        let db = url::Url::parse(&store.0).unwrap().path().trim_start_matches('/').to_string();
+        let mut client = r2d2_postgres::postgres::Client::connect(&admin, r2d2_postgres::postgres::NoTls).unwrap();
+        let sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()";
+        let terminated = client.query(sql, &[&db]).unwrap().len();
+        assert!(terminated > 0, "the ledger holds a connection");
+        // The server closes them as it processes the terminations.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    ledger.commit(LedgerWrite::new().call(call("s", "c1")), Durability::Synced).unwrap();
+    terminate();
+    assert!(ledger.call("s", "c1").unwrap().is_some(), "the read ran again on another connection");
+    terminate();
+    let e = ledger.commit(LedgerWrite::new().call(call("s", "c2")), Durability::Synced).unwrap_err();
+    assert!(e.is_lost() && !e.is_conflict(), "{e}");
+}
+
 /// PostgreSQL's first look at a call (one statement) finds what the reads
 /// one at a time find: the call with its claim, its tombstone once pruned,
 /// and its episode — its own, the action's latest when there is no call,
