@@ -270,3 +270,40 @@ fn a_send_that_reached_nobody_is_recorded_so_and_recovery_never_sends_it() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     assert_eq!(w.refunds_of(556), 0, "recovery sent nothing: the caller was told nothing reached the provider");
 }
+
+/// A client that hangs up while its refund is in flight (its harness timed
+/// out) never hears the answer the host produces a moment later: it is not
+/// recorded as told, so the model's blind repeat is held with the refund
+/// (after waiting `DELIVERY_WAIT` to learn whether the answer left), and
+/// resuming the call returns it. One refund per round. (A client that
+/// abandons its request in the very instant its answer is handed to its
+/// still-open connection counts as told: docs/mcp.md.)
+#[test]
+fn a_client_that_hung_up_before_its_answer_left_was_not_told() {
+    let w = World::new();
+    w.sandbox.add_payment_intent(crate::payments::PI, 1_000_000);
+    let server = crate::common::serve_http(&w.config, &[("TOOLGUARD_LOG", "warn")]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for round in 0..5u64 {
+        let (amount, id) = (700 + round, format!("h{round}"));
+        w.sandbox.inject(Fault::PauseAfterCommit);
+        let client = rt.block_on(crate::common::Mcp::connect(&server.url));
+        let (call_id, hanging) = (id.clone(), std::sync::Arc::new(client));
+        let call = rt.spawn(async move { hanging.refund(&call_id, amount).await });
+        assert!(wait_for(Duration::from_secs(20), || w.sandbox.paused() == 1), "round {round}: the provider committed");
+        // The client's harness gives up: its connection closes (the client's
+        // connection task closes the socket just after the call is dropped).
+        call.abort();
+        let _ = rt.block_on(call);
+        std::thread::sleep(Duration::from_millis(5 + round % 3));
+        w.sandbox.release();
+        let client = rt.block_on(crate::common::Mcp::connect(&server.url));
+        let repeat = rt.block_on(client.refund(&format!("{id}-model"), amount)).unwrap();
+        let resumed = rt.block_on(client.refund(&id, amount)).unwrap();
+        assert_eq!(w.refunds_of(amount), 1, "round {round}: repeat {repeat}, resumed {resumed}");
+        let refund = w.sandbox.refunds().into_iter().find(|r| r.amount == amount).unwrap().id;
+        assert_eq!(repeat["structuredContent"]["kind"], "held", "round {round}: {repeat}");
+        assert_eq!(repeat["structuredContent"]["detail"]["earlier_outcome"]["result"]["refund_id"], refund.as_str(), "round {round}: {repeat}");
+        assert_eq!(resumed["structuredContent"]["refund_id"], refund.as_str(), "round {round}: {resumed}");
+    }
+}
