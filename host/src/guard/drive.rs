@@ -181,7 +181,6 @@ pub(super) fn settle(attempt: &mut AttemptRecord, state: AttemptState, response:
     Driven::Answered(response)
 }
 
-
 /// What came of writing the outcomes of attempts `keys` (if any): on
 /// success the `after-outcome-write` failpoint; a failure is logged, since
 /// recovery resolves each attempt with its key.

@@ -673,8 +673,6 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
     Ok(())
 }
 
-/// A PostgreSQL error, with the server's own message and its SQLSTATE
-/// (rust-postgres displays a server error as "db error" alone).
 /// How many connections a read tries while each it gets turns out lost.
 const READ_TRIES: usize = 4;
 
@@ -686,6 +684,9 @@ fn connection_lost(e: &r2d2_postgres::postgres::Error) -> bool {
     e.is_closed() || e.code().is_some_and(|c| c.code().starts_with("08") || matches!(c.code(), "57P01" | "57P02" | "57P03"))
 }
 
+/// A PostgreSQL error, with the server's own message and its SQLSTATE
+/// (rust-postgres displays a server error as "db error" alone); `Lost` when
+/// the connection was ([`connection_lost`]).
 pub(super) fn db(e: r2d2_postgres::postgres::Error) -> BackendError {
     let lost = connection_lost(&e);
     let error = match e.as_db_error() {
