@@ -30,7 +30,7 @@ pub(crate) async fn send_unguarded(guard: &Guard, grants: &[Grant], req: Request
 
 /// Authorises `req` under `grants` and sends it once, keyless and unrecorded.
 async fn direct(guard: &Guard, grants: &[Grant], req: Request) -> Result<Response, SendError> {
-    let (downstream, url) = policy::authorize(grants, &guard.downstreams, &req.method, &req.url).map_err(super::SendError::from)?;
+    let (downstream, url) = policy::authorize(grants, &guard.downstreams, &req.method, &req.url).map_err(SendError::from)?;
     let request = wire::stored(&req.method, url.as_str(), req.headers, &req.body);
     wire::check_headers(&request, &downstream).map_err(SendError::Invalid)?;
     let wire = wire::build(&request, url, &downstream, None);

@@ -93,9 +93,10 @@ impl Guard {
                     progress.in_flight = None;
                 }
                 progress => {
-                    let written = match super::fail_failpoint("not-sent-write") && matches!(driven, Driven::NotSent(_)) {
-                        true => Err("failpoint fail:not-sent-write".to_string()),
-                        false => self.ledger.queue(write, durability).wait().await.map_err(|e| e.to_string()),
+                    let written = if matches!(driven, Driven::NotSent(_)) && super::write_failpoint("fail", "not-sent-write") {
+                        Err("failpoint fail:not-sent-write".to_string())
+                    } else {
+                        self.ledger.queue(write, durability).wait().await.map_err(|e| e.to_string())
                     };
                     if let (Driven::NotSent(told), Err(e)) = (&driven, &written) {
                         driven = Driven::Unsettled(super::unconfirmed::unrecorded_not_sent(d.attempt, told, e));

@@ -212,26 +212,14 @@ pub(crate) fn failpoint(name: &str) {
     }
 }
 
-/// Whether the `conflict:NAME` failpoint is set for `name`: the conditional
-/// ledger write there is to fail as if another writer had won the race
-/// (tests only, through `TOOLGUARD_FAILPOINT`; unset, never).
-pub(crate) fn conflict_failpoint(name: &str) -> bool {
-    failpoint_setting().and_then(|p| p.strip_prefix("conflict:")) == Some(name)
-}
-
-/// Whether the `lost-ack:NAME` failpoint is set for `name`: the ledger
-/// write there lands, and its caller is told it failed, as when a
-/// connection drops between a commit and its acknowledgement (tests only,
-/// through `TOOLGUARD_FAILPOINT`; unset, never).
-pub(crate) fn lost_ack_failpoint(name: &str) -> bool {
-    failpoint_setting().and_then(|p| p.strip_prefix("lost-ack:")) == Some(name)
-}
-
-/// Whether the `fail:NAME` failpoint is set for `name`: the ledger write
-/// there fails without landing (tests only, through `TOOLGUARD_FAILPOINT`;
-/// unset, never).
-pub(crate) fn fail_failpoint(name: &str) -> bool {
-    failpoint_setting().and_then(|p| p.strip_prefix("fail:")) == Some(name)
+/// Whether `TOOLGUARD_FAILPOINT` is `KIND:NAME` for this `kind` and point
+/// `name` — a ledger write made to go wrong there (tests only; unset,
+/// never): `conflict`, the conditional write fails as if another writer had
+/// won the race; `lost-ack`, the write lands and its caller is told it
+/// failed, as when a connection drops between a commit and its
+/// acknowledgement; `fail`, the write fails without landing.
+pub(crate) fn write_failpoint(kind: &str, name: &str) -> bool {
+    failpoint_setting().and_then(|p| p.strip_prefix(kind)).and_then(|p| p.strip_prefix(':')) == Some(name)
 }
 
 /// `TOOLGUARD_FAILPOINT`, read once.

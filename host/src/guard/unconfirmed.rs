@@ -91,8 +91,8 @@ pub(super) fn unrecorded_not_sent(attempt: &AttemptRecord, told: &str, error: &s
 /// The `lost-ack:NAME` failpoint as the error of a write that landed but
 /// was not acknowledged (tests only; unset, `Ok`).
 fn lost_ack(name: &str) -> Result<(), String> {
-    match super::lost_ack_failpoint(name) {
-        true => Err(format!("failpoint lost-ack:{name}: the write's acknowledgement was lost")),
-        false => Ok(()),
+    if super::write_failpoint("lost-ack", name) {
+        return Err(format!("failpoint lost-ack:{name}: the write's acknowledgement was lost"));
     }
+    Ok(())
 }

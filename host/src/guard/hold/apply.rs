@@ -95,7 +95,7 @@ impl Guard {
             });
         }
         let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
-        if crate::guard::conflict_failpoint("admission-write") {
+        if crate::guard::write_failpoint("conflict", "admission-write") {
             return Ok(false);
         }
         match self.ledger.commit_async(write, Durability::Buffered).await {
