@@ -68,22 +68,26 @@ pub struct Unsettled {
     pub message: String,
 }
 
+/// What to do about a send whose outcome is unknown, as every such message ends.
+const RECOVERY_MOVE: &str = "Do not repeat it under a new tool-call id: check the provider's state first. Retrying the same tool-call id is safe";
+
 impl Unsettled {
     /// The unsettled send `a`, with why it is unsettled.
     pub(crate) fn of(a: &AttemptRecord, reason: &str) -> Self {
         let tries = if a.tries == 1 { "1 try".to_string() } else { format!("{} tries", a.tries) };
         let what = if a.state == AttemptState::Pending { "is still in flight at the provider" } else { "got no definitive answer" };
-        Self {
-            key: a.key.clone(),
-            step: a.step,
-            state: a.state,
-            tries: a.tries,
-            message: format!(
-                "{} {} {what} after {tries} ({reason}). It may have taken effect. Do not repeat it under a new tool-call id: \
-                 check the provider's state first. Retrying the same tool-call id is safe: it re-sends the same idempotency key",
-                a.request.method, a.request.url
-            ),
-        }
+        let message = format!(
+            "{} {} {what} after {tries} ({reason}). It may have taken effect. {RECOVERY_MOVE}: it re-sends the same idempotency key",
+            a.request.method, a.request.url
+        );
+        Self { key: a.key.clone(), step: a.step, state: a.state, tries: a.tries, message }
+    }
+
+    /// Send `a`, which the ledger may hold as pending though it was not
+    /// sent — recovery would send it — after `tries` tries, with what
+    /// happened (`what`, which the recovery move follows).
+    pub(crate) fn maybe_pending(a: &AttemptRecord, tries: u32, what: String) -> Self {
+        Self { key: a.key.clone(), step: a.step, state: AttemptState::Pending, tries, message: format!("{what}. {RECOVERY_MOVE}") }
     }
 
     /// The structured detail of an `outcome-unknown` error.

@@ -55,18 +55,15 @@ pub(super) async fn settle_pending(guard: &Guard, call: Option<CallRecord>, atte
     };
     match settled {
         Ok(()) => SendError::Transport(format!("the ledger did not confirm the attempt's record ({error}); it is recorded as not sent now; nothing was sent")),
-        Err(again) => SendError::OutcomeUnknown(Unsettled {
-            key: attempt.key.clone(),
-            step: attempt.step,
-            state: AttemptState::Pending,
-            tries: 0,
-            message: format!(
+        Err(again) => SendError::OutcomeUnknown(Unsettled::maybe_pending(
+            attempt,
+            0,
+            format!(
                 "{} {} was not sent: the ledger did not confirm its record ({error}), nor its settling as not sent ({again}). \
-                 The record may have landed, and recovery would then send it with its idempotency key. Do not repeat it \
-                 under a new tool-call id: check the provider's state first. Retrying the same tool-call id is safe",
+                 The record may have landed, and recovery would then send it with its idempotency key",
                 attempt.request.method, attempt.request.url
             ),
-        }),
+        )),
     }
 }
 
@@ -75,17 +72,11 @@ pub(super) async fn settle_pending(guard: &Guard, call: Option<CallRecord>, atte
 /// would send it, so "nothing was sent" (`told`) would not stay true. The
 /// sender hears that the outcome is unknown instead.
 pub(super) fn unrecorded_not_sent(attempt: &AttemptRecord, told: &str, error: &str) -> Unsettled {
-    Unsettled {
-        key: attempt.key.clone(),
-        step: attempt.step,
-        state: AttemptState::Pending,
-        tries: attempt.tries,
-        message: format!(
-            "{told}; but recording that it was not sent failed ({error}), and the ledger still holds it as pending: recovery may \
-             send it with its idempotency key. Do not repeat it under a new tool-call id: check the provider's state first. \
-             Retrying the same tool-call id is safe"
-        ),
-    }
+    let what = format!(
+        "{told}; but recording that it was not sent failed ({error}), and the ledger still holds it as pending: recovery may \
+         send it with its idempotency key"
+    );
+    Unsettled::maybe_pending(attempt, attempt.tries, what)
 }
 
 /// The `lost-ack:NAME` failpoint as the error of a write that landed but
