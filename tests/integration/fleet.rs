@@ -155,18 +155,21 @@ fn processes(d: Downstream) -> Processes {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
     sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
-    let ledger = fresh_postgres_database();
     let dir = tempfile::tempdir().unwrap();
-    let servers = (0..2)
-        .map(|i| {
-            let data = dir.path().join(format!("host{i}"));
-            let text = format!("ledger = {ledger:?}\n{}", config_text(&sandbox.url(), &data, &d));
-            let path = dir.path().join(format!("host{i}.toml"));
-            std::fs::write(&path, text).unwrap();
-            crate::common::serve_http(&path, &[])
-        })
-        .collect();
+    let configs = host_configs(&sandbox.url(), &fresh_postgres_database(), dir.path(), &d);
+    let servers = configs.iter().map(|c| crate::common::serve_http(c, &[])).collect();
     Processes { _rt: rt, sandbox, servers, _dir: dir }
+}
+
+/// The config files of two hosts sharing the PostgreSQL ledger at `ledger`
+/// and the sandbox at `sandbox_url`, each with its own data directory, in `dir`.
+pub fn host_configs(sandbox_url: &str, ledger: &str, dir: &std::path::Path, d: &Downstream) -> [std::path::PathBuf; 2] {
+    [0, 1].map(|i| {
+        let text = format!("ledger = {ledger:?}\n{}", config_text(sandbox_url, &dir.join(format!("host{i}")), d));
+        let path = dir.join(format!("host{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    })
 }
 
 fn posts(sandbox: &Sandbox) -> Vec<toolguard_sandbox::Observed> {

@@ -10,7 +10,7 @@
 //! takeover passes leave nothing pending or unknown.
 
 use crate::common::{Mcp, fresh_postgres_database, serve_http};
-use crate::payments::{Downstream, PI, config_text};
+use crate::payments::{Downstream, PI};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -47,14 +47,8 @@ fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a
     let db = url::Url::parse(&ledger).unwrap().path().trim_start_matches('/').to_string();
     let dir = tempfile::tempdir().unwrap();
     let d = Downstream { wall_ms: 1_500, refunds_per_session_hour: 1_000_000, ..Downstream::default() };
-    let servers: Vec<_> = (0..2)
-        .map(|i| {
-            let text = format!("ledger = {ledger:?}\n{}", config_text(&sandbox.url(), &dir.path().join(format!("host{i}")), &d));
-            let path = dir.path().join(format!("host{i}.toml"));
-            std::fs::write(&path, text).unwrap();
-            serve_http(&path, &[("TOOLGUARD_LOG", "error")])
-        })
-        .collect();
+    let configs = crate::fleet::host_configs(&sandbox.url(), &ledger, dir.path(), &d);
+    let servers: Vec<_> = configs.iter().map(|c| serve_http(c, &[("TOOLGUARD_LOG", "error")])).collect();
     let clients: Vec<Arc<Mcp>> = servers.iter().map(|s| Arc::new(rt.block_on(Mcp::connect(&s.url)))).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").unwrap();

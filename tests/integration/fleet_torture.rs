@@ -34,7 +34,8 @@
 
 use crate::common::{Mcp, Server, fresh_postgres_database, serve_http};
 use crate::crash::wait_for;
-use crate::payments::{Downstream, PI, config_text};
+use crate::payments::{Downstream, PI};
+use crate::torture::{Rng, env_u64};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -50,18 +51,6 @@ const WARM_UP_AMOUNTS: [u64; 2] = [99_999_998, 99_999_999];
 
 /// Added to a trial's amount for the other arguments of its tool-call id.
 const OTHER_AMOUNT: u64 = 10_000_000;
-
-/// xorshift64*, as in `torture.rs`: a seed replays a run.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
-    }
-}
 
 /// A call in flight: its host's answer, or the transport error if the host died.
 type InFlight = tokio::task::JoinHandle<Result<Value, String>>;
@@ -83,12 +72,7 @@ impl Fleet {
         sandbox.add_payment_intent(PI, u64::MAX / 4);
         let ledger_url = fresh_postgres_database();
         let dir = tempfile::tempdir().unwrap();
-        let configs = [0, 1].map(|i| {
-            let text = format!("ledger = {ledger_url:?}\n{}", config_text(&sandbox.url(), &dir.path().join(format!("host{i}")), d));
-            let path = dir.path().join(format!("host{i}.toml"));
-            std::fs::write(&path, text).unwrap();
-            path
-        });
+        let configs = crate::fleet::host_configs(&sandbox.url(), &ledger_url, dir.path(), d);
         let mut fleet = Self { rt, sandbox, ledger_url, configs, hosts: [None, None], _dir: dir };
         fleet.start(0);
         fleet.start(1);
@@ -188,10 +172,6 @@ fn one_id_two_amounts(f: &mut Fleet, rng: &mut Rng, (h, other): (usize, usize), 
     // The caller of the amount that ran gets it on asking again.
     let again = answers.iter().skip(2).find(|(asked, _)| *asked == refunds[0].amount).expect("asked again");
     assert!(succeeded(&again.1), "{context}: {answers:#?}");
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 #[test]

@@ -37,8 +37,9 @@ const WARM_UP_AMOUNT: u64 = 99_999_999;
 
 const FAILPOINTS: [&str; 5] = ["after-admission", "after-attempt-write", "after-answer", "after-outcome-write", "after-print"];
 
-/// xorshift64*: a tiny deterministic generator, so a seed replays a run.
-struct Rng(u64);
+/// xorshift64*: a tiny deterministic generator, so a seed replays a run
+/// (the fleet torture's too).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -48,7 +49,8 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    /// A number below `n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
@@ -59,7 +61,8 @@ fn printed(out: &std::process::Output) -> Option<serde_json::Value> {
     Some(crate::crash::stdout_json(out)).filter(|v| v.get("refund_id").is_some())
 }
 
-fn env_u64(name: &str) -> Option<u64> {
+/// The number environment variable `name` holds, if it holds one.
+pub(crate) fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
