@@ -33,7 +33,7 @@ pub enum ErrorKind {
     OutcomeUnknown,
     /// An identical earlier call is unresolved; this one was not executed.
     Held,
-    /// A downstream could not be reached and nothing was committed.
+    /// A downstream, or the ledger, could not be reached and nothing was committed.
     Transport,
     /// The plugin built a malformed or forbidden request; nothing was sent.
     InvalidRequest,

@@ -6,7 +6,8 @@
 //! calls 60 refunds, each under its own tool-call id and amount, and
 //! retries each (the same id, alternating hosts) until it hears a refund.
 //! It counts at the sandbox: one refund per call, every success of an id
-//! reports that one refund, and once the terminations stop the hosts'
+//! reports that one refund, no caller is told `internal` (a lost ledger
+//! connection is `transport`: nothing was run, retry), and once the terminations stop the hosts'
 //! takeover passes leave nothing pending or unknown.
 
 use crate::common::{Mcp, fresh_postgres_database, serve_http};
@@ -101,5 +102,6 @@ fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a
         println!("  answers before success, {kind}: {n}");
     }
     println!("  refunds at the provider: {} for {CALLS} calls; left pending or unknown: {}", refunds.len(), unsettled());
+    assert!(!kinds.contains_key("internal"), "a ledger that lost its connection is `transport` (retry the same id), never `internal`: {kinds:?}");
     assert!(settled, "attempts left unsettled after the takeover passes: {}", unsettled());
 }

@@ -20,6 +20,9 @@ pub(crate) enum BackendError {
     /// server ended the session, the socket dropped): a write may or may not
     /// have been applied; a read changed nothing.
     Lost(String),
+    /// The database could not be reached at all (no connection could be
+    /// made or taken from the pool): nothing was read or applied.
+    Unreachable(String),
     /// Anything else: the database failed, or a record is damaged.
     Failed(String),
 }
@@ -45,6 +48,7 @@ enum Kind {
     Refused,
     NeedsIo,
     Lost,
+    Unreachable,
 }
 
 /// A ledger operation failed; the message names where the ledger lives.
@@ -70,6 +74,7 @@ impl LedgerError {
             BackendError::Refused(m) => (Kind::Refused, m),
             BackendError::NeedsIo => (Kind::NeedsIo, "the read needs the disk".to_string()),
             BackendError::Lost(m) => (Kind::Lost, m),
+            BackendError::Unreachable(m) => (Kind::Unreachable, m),
             BackendError::Failed(m) => (Kind::Failed, m),
         };
         Self { location: location.to_string(), message, kind }
@@ -97,6 +102,13 @@ impl LedgerError {
         self.kind == Kind::Lost
     }
 
+    /// Whether the database could not be reached or the connection to it
+    /// was lost ([`LedgerError::is_lost`]): the ledger is unavailable, not
+    /// broken, and the operation may succeed when tried again.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self.kind, Kind::Lost | Kind::Unreachable)
+    }
+
     /// Whether a read from memory only needs the disk (then it is retried there).
     pub(super) fn needs_io(&self) -> bool {
         self.kind == Kind::NeedsIo
@@ -111,4 +123,20 @@ impl LedgerError {
 /// Any other failure of a backend (the database's error, a damaged record), as its message.
 pub(crate) fn failed(e: impl std::fmt::Display) -> BackendError {
     BackendError::Failed(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_or_lost_database_is_unavailable_and_nothing_else_is() {
+        let of = |e| LedgerError::of("postgres://db", e);
+        let unreachable = of(BackendError::Unreachable("no connection to PostgreSQL: timed out".into()));
+        assert!(unreachable.is_unavailable() && !unreachable.is_lost(), "unreachable: nothing was applied, so not `lost`");
+        assert!(of(BackendError::Lost("connection closed".into())).is_unavailable());
+        for other in [BackendError::Failed("damaged record".into()), BackendError::Conflict("raced".into()), BackendError::Refused("spent".into())] {
+            assert!(!of(other).is_unavailable());
+        }
+    }
 }

@@ -192,8 +192,13 @@ impl Guard {
     }
 }
 
-/// A ledger failure during admission: nothing was run.
+/// A ledger failure during admission: nothing was run. An unavailable
+/// ledger (unreachable, or its connection lost) is `transport`, which the
+/// caller may retry under the same tool-call id; anything else `internal`.
 fn internal(e: crate::ledger::LedgerError) -> CallError {
+    if e.is_unavailable() {
+        return CallError::new(ErrorKind::Transport, format!("the ledger is unavailable ({e}); nothing was run"));
+    }
     CallError::new(ErrorKind::Internal, format!("{e}; nothing was run"))
 }
 

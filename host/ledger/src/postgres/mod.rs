@@ -177,7 +177,7 @@ impl Postgres {
 
     fn client(&self) -> Result<PooledConnection<Manager>, BackendError> {
         let pool = self.pool.as_ref().expect("the pool lives until drop");
-        pool.get().map_err(|e| failed(format!("no connection to PostgreSQL: {e}")))
+        pool.get().map_err(|e| BackendError::Unreachable(format!("no connection to PostgreSQL: {e}")))
     }
 
     /// Creates the tables a new database lacks, and those of later schema
@@ -677,11 +677,12 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
 const READ_TRIES: usize = 4;
 
 /// Whether `e` lost the connection rather than failed the statement: the
-/// connection closed, or the server ended the session (SQLSTATE class 08,
-/// a connection exception, or 57P01–57P03, an administrator's termination
-/// or a shutdown).
+/// connection closed, its socket failed (reset by the server, broken
+/// pipe), or the server ended the session (SQLSTATE class 08, a connection
+/// exception, or 57P01–57P03, an administrator's termination or a shutdown).
 fn connection_lost(e: &r2d2_postgres::postgres::Error) -> bool {
-    e.is_closed() || e.code().is_some_and(|c| c.code().starts_with("08") || matches!(c.code(), "57P01" | "57P02" | "57P03"))
+    let socket_failed = std::error::Error::source(e).is_some_and(|cause| cause.is::<std::io::Error>());
+    e.is_closed() || socket_failed || e.code().is_some_and(|c| c.code().starts_with("08") || matches!(c.code(), "57P01" | "57P02" | "57P03"))
 }
 
 /// A PostgreSQL error, with the server's own message and its SQLSTATE
