@@ -18,27 +18,13 @@ fn main() {
 
     let target_dir = outer_target_dir(Path::new(&env("OUT_DIR"))).join("wasm-plugins");
     let mut cargo = Command::new(env("CARGO"));
-    cargo
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
-        .arg(plugins.join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target_dir);
+    cargo.args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"]).arg(plugins.join("Cargo.toml")).arg("--target-dir").arg(&target_dir);
     // The outer build's flags and target settings are for the host, not for wasm.
-    for var in [
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_PROFILE_RELEASE_DEBUG",
-    ] {
+    for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "CARGO_PROFILE_RELEASE_DEBUG"] {
         cargo.env_remove(var);
     }
     let status = cargo.status().expect("could not run cargo to build the plugins");
-    assert!(
-        status.success(),
-        "building the plugins failed; is the target installed? run `rustup target add wasm32-wasip2`"
-    );
+    assert!(status.success(), "building the plugins failed; is the target installed? run `rustup target add wasm32-wasip2`");
 
     let wasm_dir = target_dir.join("wasm32-wasip2").join("release");
     println!("cargo:rustc-env=TOOLGUARD_WASM_DIR={}", wasm_dir.display());
@@ -47,10 +33,7 @@ fn main() {
 /// The target directory of the outer build, found from `OUT_DIR`
 /// (`<target>/[<triple>/]<profile>/build/<pkg>-<hash>/out`).
 fn outer_target_dir(out_dir: &Path) -> PathBuf {
-    let build = out_dir
-        .ancestors()
-        .find(|p| p.file_name().is_some_and(|n| n == "build"))
-        .expect("OUT_DIR lies under <target>/<profile>/build");
+    let build = out_dir.ancestors().find(|p| p.file_name().is_some_and(|n| n == "build")).expect("OUT_DIR lies under <target>/<profile>/build");
     let profile_dir = build.parent().expect("build/ has a parent");
     let mut target = profile_dir.parent().expect("the profile dir has a parent");
     if target.parent().is_some_and(|p| p.join("CACHEDIR.TAG").exists()) && !target.join("CACHEDIR.TAG").exists() {

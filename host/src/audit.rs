@@ -242,10 +242,7 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
         reasons.push(format!("imports or carries sealed what policy.plugins.{}.deny_imports forbids: {}", plugin.name, denied.join(", ")));
     }
     if !policy.reviewed {
-        reasons.push(format!(
-            "not in the policy: no [policy.plugins.{}], so its tools' classes are unreviewed and it has no grants",
-            plugin.name
-        ));
+        reasons.push(format!("not in the policy: no [policy.plugins.{}], so its tools' classes are unreviewed and it has no grants", plugin.name));
     }
 
     // Load it (compile, link, describe) when nothing above already rules it out.

@@ -77,18 +77,14 @@ impl ErrorKind {
             Self::ToolFailed => "Read the reason; change the request before trying again.",
             Self::Denied => "The host's policy forbids this; do not retry it.",
             Self::Conflict => "A different request needs a new tool-call id.",
-            Self::OutcomeUnknown => {
-                "Do not repeat it under a new tool-call id; check its status first. Retrying the same tool-call id is safe."
-            }
+            Self::OutcomeUnknown => "Do not repeat it under a new tool-call id; check its status first. Retrying the same tool-call id is safe.",
             Self::Held => {
                 "If it carries the earlier call's outcome, that is what happened: repeat it only to do it a second time, under a new \
                  tool-call id. Otherwise check the earlier call's status first, or retry that earlier tool-call id."
             }
             Self::Transport => "Nothing reached the provider; retrying the same tool call is safe.",
             Self::InvalidRequest => "The tool built a request the host refuses; retrying will not help. Report it.",
-            Self::Expired => {
-                "The call is too old to replay: check what it did at the provider; use a new tool-call id only for a genuinely new action."
-            }
+            Self::Expired => "The call is too old to replay: check what it did at the provider; use a new tool-call id only for a genuinely new action.",
             Self::Internal => "The host failed; retry the same tool call later.",
         }
     }

@@ -70,10 +70,7 @@ fn linked(name: &str) -> Option<&'static (&'static str, ImportClass, &'static st
 
 /// Why an import has the class it has (for the audit).
 pub fn why(name: &str) -> &'static str {
-    linked(name).map_or(
-        "never linked: a component importing it is refused (`toolguard seal` composes a trapping stub under it)",
-        |(_, _, why)| why,
-    )
+    linked(name).map_or("never linked: a component importing it is refused (`toolguard seal` composes a trapping stub under it)", |(_, _, why)| why)
 }
 
 /// Classifies one import name such as `wasi:io/poll@0.2.6`.
@@ -94,9 +91,7 @@ pub fn classify(name: &str) -> ImportClass {
 /// The bytes do not validate, or are a core module rather than a component.
 pub fn component_imports(bytes: &[u8]) -> Result<Vec<String>, String> {
     use wasmparser::{Encoding, Parser, Payload, Validator, WasmFeatures};
-    Validator::new_with_features(WasmFeatures::all())
-        .validate_all(bytes)
-        .map_err(|e| e.to_string())?;
+    Validator::new_with_features(WasmFeatures::all()).validate_all(bytes).map_err(|e| e.to_string())?;
     let mut imports = Vec::new();
     let mut depth = 0usize;
     for payload in Parser::new(0).parse_all(bytes) {

@@ -30,9 +30,7 @@ pub const MAX_EXACT_NUMBER: u64 = (1 << 53) - 1;
 /// canonicalised (none that parsed).
 pub fn canonical_args(args: &Value) -> Result<String, String> {
     if let Some((at, n)) = inexact_number(args, String::new()) {
-        return Err(format!(
-            "the number {n} at `{at}` is beyond ±{MAX_EXACT_NUMBER} (2^53 − 1), where JSON numbers lose precision; send it as a string"
-        ));
+        return Err(format!("the number {n} at `{at}` is beyond ±{MAX_EXACT_NUMBER} (2^53 − 1), where JSON numbers lose precision; send it as a string"));
     }
     serde_json_canonicalizer::to_string(args).map_err(|e| format!("cannot canonicalise the arguments: {e}"))
 }

@@ -42,7 +42,7 @@ pub mod seal;
 pub mod telemetry;
 
 pub use config::Config;
-/// The ledger: the `toolguard-ledger` crate (`host/ledger`).
-pub use toolguard_ledger as ledger;
 pub use error::{CallError, ErrorKind, LoadError};
 pub use runtime::{CallOutput, CallRequest, Runtime, ToolInfo};
+/// The ledger: the `toolguard-ledger` crate (`host/ledger`).
+pub use toolguard_ledger as ledger;

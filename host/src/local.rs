@@ -55,10 +55,15 @@ struct Hello {
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum Reply {
-    Ok { value: serde_json::Value, replayed: bool },
+    Ok {
+        value: serde_json::Value,
+        replayed: bool,
+    },
     Error(CallError),
     /// Not run: the caller's config differs from the holder's.
-    Refused { message: String },
+    Refused {
+        message: String,
+    },
 }
 
 /// The holder's side: accepts handed-over calls until dropped.

@@ -30,7 +30,8 @@ pub enum Phase {
 }
 
 /// Every phase, in the order a call passes them.
-pub const ALL: [Phase; 9] = [Phase::Admit, Phase::AdmitRead, Phase::AdmitWrite, Phase::Run, Phase::PendingWrite, Phase::Http, Phase::OutcomeWrite, Phase::Finish, Phase::Report];
+pub const ALL: [Phase; 9] =
+    [Phase::Admit, Phase::AdmitRead, Phase::AdmitWrite, Phase::Run, Phase::PendingWrite, Phase::Http, Phase::OutcomeWrite, Phase::Finish, Phase::Report];
 
 static ON: AtomicBool = AtomicBool::new(false);
 static NANOS: [AtomicU64; ALL.len()] = [const { AtomicU64::new(0) }; ALL.len()];

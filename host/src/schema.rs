@@ -73,8 +73,7 @@ mod tests {
 
     #[test]
     fn reports_each_violation_with_its_path() {
-        let s = Schema::compile(r#"{"type":"object","properties":{"n":{"type":"integer","minimum":1}},"required":["n"]}"#)
-            .unwrap();
+        let s = Schema::compile(r#"{"type":"object","properties":{"n":{"type":"integer","minimum":1}},"required":["n"]}"#).unwrap();
         assert!(s.check(&json!({"n": 2})).is_ok());
         let e = s.check(&json!({"n": 0})).unwrap_err();
         assert!(e.contains("at /n"), "{e}");

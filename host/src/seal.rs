@@ -73,11 +73,7 @@ pub fn seal(bytes: &[u8]) -> Result<(Vec<u8>, SealRecord), SealError> {
     }
     let stub = stub_for(bytes)?;
     let mut composed = compose(bytes, stub)?;
-    let left: Vec<String> = crate::imports::component_imports(&composed)
-        .map_err(SealError::Compose)?
-        .into_iter()
-        .filter(|i| is_sealed_interface(i))
-        .collect();
+    let left: Vec<String> = crate::imports::component_imports(&composed).map_err(SealError::Compose)?.into_iter().filter(|i| is_sealed_interface(i)).collect();
     if !left.is_empty() {
         return Err(SealError::StillImports(left.join(", ")));
     }

@@ -61,7 +61,8 @@ fn client(url: &str) -> Result<reqwest::Client, String> {
         ..crate::policy::TlsPolicy::default()
     };
     let builder = reqwest::Client::builder().timeout(EXPORT_TIMEOUT).no_proxy();
-    let builder = if url.starts_with("https:") { builder.tls_backend_preconfigured(crate::guard::tls::rustls_config(&tls, "the OTLP collector")?) } else { builder };
+    let builder =
+        if url.starts_with("https:") { builder.tls_backend_preconfigured(crate::guard::tls::rustls_config(&tls, "the OTLP collector")?) } else { builder };
     builder.build().map_err(|e| e.to_string())
 }
 

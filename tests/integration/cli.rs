@@ -13,35 +13,22 @@ const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
 fn example_config(dir: &Path) -> PathBuf {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../toolguard.toml");
     let text = std::fs::read_to_string(example).unwrap();
-    let text = text.replacen(
-        "data_dir = \".toolguard\"",
-        &format!("data_dir = \"data\"\ncompile_cache = {:?}", shared_cache().display().to_string()),
-        1,
-    );
+    let text = text.replacen("data_dir = \".toolguard\"", &format!("data_dir = \"data\"\ncompile_cache = {:?}", shared_cache().display().to_string()), 1);
     assert!(text.contains("compile_cache"), "the example config must set data_dir");
     let key_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/sandbox-api-key");
     let text = text.replacen("file = \"examples/sandbox-api-key\"", &format!("file = {:?}", key_file.display().to_string()), 1);
-    let fixture = format!(
-        "\n[plugins.misbehave]\ncomponent = {:?}\n[plugins.misbehave.config]\ngreeting = \"hi\"\n",
-        wasm("misbehave").display().to_string()
-    );
+    let fixture = format!("\n[plugins.misbehave]\ncomponent = {:?}\n[plugins.misbehave.config]\ngreeting = \"hi\"\n", wasm("misbehave").display().to_string());
     let path = dir.join("toolguard.toml");
     std::fs::write(&path, text + &fixture).unwrap();
     path
 }
 
 fn toolguard(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("TOOLGUARD_HOST_SECRET", "s3cr3t-value")
-        .env_remove("TOOLGUARD_LOG")
-        .output()
-        .expect("run toolguard")
+    Command::new(BIN).args(args).env("TOOLGUARD_HOST_SECRET", "s3cr3t-value").env_remove("TOOLGUARD_LOG").output().expect("run toolguard")
 }
 
 fn stdout_json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// `toolguard call` with a fresh tool-call id each time.
@@ -166,10 +153,7 @@ fn without_room_for_the_pool_the_host_falls_back_to_on_demand_and_says_so() {
     let config = example_config(dir.path());
     // 15 GiB of address space: enough for on-demand instances, far too little
     // for a pool that reserves address space for hundreds of memories.
-    let script = format!(
-        "ulimit -v 15000000 && exec {BIN} call --config {} --session s --call-id c text_stats '{{\"text\":\"a b\"}}'",
-        config.display()
-    );
+    let script = format!("ulimit -v 15000000 && exec {BIN} call --config {} --session s --call-id c text_stats '{{\"text\":\"a b\"}}'", config.display());
     let out = Command::new("bash").args(["-c", &script]).env_remove("TOOLGUARD_LOG").output().unwrap();
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let logs = String::from_utf8_lossy(&out.stderr);

@@ -46,9 +46,7 @@ fn the_demo_runs_its_scenario_and_its_counts_hold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_then_read_the_ledger_through_the_cli() {
-    let sandbox = toolguard_sandbox::Sandbox::start("127.0.0.1:0", toolguard_sandbox::Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)
-        .await
-        .unwrap();
+    let sandbox = toolguard_sandbox::Sandbox::start("127.0.0.1:0", toolguard_sandbox::Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION).await.unwrap();
     sandbox.add_payment_intent(PI, 10_000);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("toolguard.toml");
@@ -56,9 +54,7 @@ async fn call_then_read_the_ledger_through_the_cli() {
     let cfg = config.to_str().unwrap().to_string();
     let call = |call_id: &'static str, amount: u64| {
         let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || {
-            toolguard(&["call", "--config", &cfg, "--session", "ops", "--call-id", call_id, "refund", &refund_args(amount)])
-        })
+        tokio::task::spawn_blocking(move || toolguard(&["call", "--config", &cfg, "--session", "ops", "--call-id", call_id, "refund", &refund_args(amount)]))
     };
     let first = call("c1", 300).await.unwrap();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));

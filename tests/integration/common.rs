@@ -3,8 +3,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use toolguard::config::{ComponentSource, EngineConfig, PluginConfig};
 use toolguard::config::Limits;
+use toolguard::config::{ComponentSource, EngineConfig, PluginConfig};
 use toolguard::{CallError, CallRequest, Runtime};
 
 /// Where the build script put the plugin components.
@@ -116,7 +116,6 @@ pub fn serve_http(config: &Path, env: &[(&str, &str)]) -> Server {
     std::thread::spawn(move || lines.for_each(drop));
     Server { child, url }
 }
-
 
 /// An MCP client making `tools/call` requests with the tool-call id and
 /// session in `_meta`.

@@ -4,9 +4,9 @@
 
 use crate::common::{Mcp, fresh_postgres_database};
 use crate::payments::{Downstream, HEADER_ONLY, PI, config_text, refund_args};
-use toolguard::{CallError, CallOutput, CallRequest, Config, ErrorKind, Runtime};
 use std::sync::Arc;
 use std::time::Duration;
+use toolguard::{CallError, CallOutput, CallRequest, Config, ErrorKind, Runtime};
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 struct Fleet {
@@ -231,10 +231,8 @@ async fn one_call_id_with_different_arguments_on_two_hosts_at_once_runs_one_of_t
         let (x, y) = (10 + 2 * round, 11 + 2 * round);
         let id = format!("c{round}");
         let (a, b, ida, idb) = (f.hosts[0].clone(), f.hosts[1].clone(), id.clone(), id.clone());
-        let (first, second) = tokio::join!(
-            tokio::spawn(async move { refund_on(&a, &ida, x).await }),
-            tokio::spawn(async move { refund_on(&b, &idb, y).await }),
-        );
+        let (first, second) =
+            tokio::join!(tokio::spawn(async move { refund_on(&a, &ida, x).await }), tokio::spawn(async move { refund_on(&b, &idb, y).await }),);
         let answers = [first.unwrap(), second.unwrap()];
         let refunds: Vec<u64> = f.sandbox.refunds().iter().map(|r| r.amount).filter(|a| *a == x || *a == y).collect();
         assert_eq!(refunds.len(), 1, "round {round}: one refund for one tool-call id: {answers:?}");

@@ -42,9 +42,8 @@ fn toolguard(args: &[&str]) -> Output {
 }
 
 fn stdout_json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("not JSON ({e}): {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-    })
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 /// A sandbox, and a config with the Rust payments plugin plus `extra` TOML.
@@ -134,7 +133,12 @@ fn a_python_refund_tool_refunds_once_replays_and_conflicts() {
     assert!(ok, "{status}");
     assert_eq!(status["refunded_cents"], 500, "{status}");
     // `random` is seeded per run, not fixed when componentize-py snapshotted the module.
-    let trace = |log: &str, tool: &str| log.lines().find(|l| l.contains(&format!("{tool} pi_"))).and_then(|l| l.split("trace ").nth(1)).map(|t| t.split_whitespace().next().unwrap_or_default().to_string());
+    let trace = |log: &str, tool: &str| {
+        log.lines()
+            .find(|l| l.contains(&format!("{tool} pi_")))
+            .and_then(|l| l.split("trace ").nth(1))
+            .map(|t| t.split_whitespace().next().unwrap_or_default().to_string())
+    };
     let (a, b) = (trace(&log, "refund").expect("refund's trace"), trace(&status_log, "refund_status").expect("refund_status's trace"));
     assert_ne!(a, b, "two runs drew the same random number: {log}\n{status_log}");
     // The key the provider got was minted by the host, never by the plugin.
@@ -253,7 +257,13 @@ fn the_audit_shows_inert_and_sealed_imports_and_the_policy_can_deny_them() {
     let report = stdout_json(&out);
     let py = report["components"].as_array().unwrap().iter().find(|c| c["plugin"] == "pypay").expect("pypay audited").clone();
     let class_of = |prefix: &str| -> Vec<String> {
-        py["imports"].as_array().unwrap().iter().filter(|i| i["name"].as_str().unwrap().starts_with(prefix)).map(|i| i["class"].as_str().unwrap().to_string()).collect()
+        py["imports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["name"].as_str().unwrap().starts_with(prefix))
+            .map(|i| i["class"].as_str().unwrap().to_string())
+            .collect()
     };
     assert_eq!(class_of("wasi:filesystem/"), ["inert", "inert"], "{py}");
     let sockets = class_of("wasi:sockets/");
@@ -265,10 +275,9 @@ fn the_audit_shows_inert_and_sealed_imports_and_the_policy_can_deny_them() {
 
     // The reviewer forbids the inert filesystem, and separately the sealed sockets.
     for deny in ["wasi:filesystem", "wasi:sockets"] {
-        let text = std::fs::read_to_string(&w.config).unwrap().replace(
-            "[policy.plugins.pypay.tools]",
-            &format!("[policy.plugins.pypay]\ndeny_imports = [\"{deny}\"]\n[policy.plugins.pypay.tools]"),
-        );
+        let text = std::fs::read_to_string(&w.config)
+            .unwrap()
+            .replace("[policy.plugins.pypay.tools]", &format!("[policy.plugins.pypay]\ndeny_imports = [\"{deny}\"]\n[policy.plugins.pypay.tools]"));
         let config = w.config.with_file_name(format!("deny-{}.toml", deny.replace(':', "-")));
         std::fs::write(&config, text).unwrap();
         let out = toolguard(&["tools", "--config", config.to_str().unwrap()]);

@@ -131,8 +131,8 @@ async fn an_unreachable_downstream_is_a_transport_error_and_nothing_stays_pendin
         call_id: "c1".into(),
         tool: "send_all".into(),
         args_json: rogue_args(json!([refund_request(&url, json!({}))]), false),
-            principal: None,
-        };
+        principal: None,
+    };
     let err = rt.call(&req).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Transport, "{err}");
     let ledger = rt.guard().unwrap().ledger();
@@ -155,7 +155,13 @@ async fn the_per_session_hourly_budget_of_irreversible_calls_is_enforced() {
     // Replays do not count again, reads are not irreversible, other sessions have their own budget.
     assert!(h.refund("c1", 100).await.unwrap().replayed);
     h.call("c4", "refund_status", &format!(r#"{{"payment_intent":"{PI}"}}"#)).await.unwrap();
-    let other = toolguard::CallRequest { session: "s2".into(), call_id: "c1".into(), tool: "refund".into(), args_json: crate::payments::refund_args(300), principal: None };
+    let other = toolguard::CallRequest {
+        session: "s2".into(),
+        call_id: "c1".into(),
+        tool: "refund".into(),
+        args_json: crate::payments::refund_args(300),
+        principal: None,
+    };
     h.rt.call(&other).await.unwrap();
     assert_eq!(h.refunds(), 3);
 }

@@ -271,10 +271,13 @@ fn on_a_fleet_a_repeat_of_a_dead_hosts_call_never_refunds_twice() {
     assert!(rt.block_on(pending).unwrap().is_err(), "A died mid-call: the model never heard");
     // The client re-issues on B under a new id, and keeps retrying that id while it is held.
     let mut answer = Value::Null;
-    assert!(wait_for(Duration::from_secs(30), || {
-        answer = rt.block_on(b.refund("k2", 500)).unwrap();
-        !structured(&answer)["detail"]["earlier_outcome"].is_null()
-    }), "once A's claim lapsed, k2 gets k1's outcome: {answer}");
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            answer = rt.block_on(b.refund("k2", 500)).unwrap();
+            !structured(&answer)["detail"]["earlier_outcome"].is_null()
+        }),
+        "once A's claim lapsed, k2 gets k1's outcome: {answer}"
+    );
     held_with_outcome(structured(&answer));
     assert_eq!(sandbox.refunds().len(), 1, "never a second refund");
     let third = rt.block_on(b.refund("k3", 500)).unwrap();

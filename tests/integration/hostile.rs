@@ -7,8 +7,8 @@
 
 use crate::common::{assert_good_tool_works, shared_cache, wasm};
 use serde_json::json;
-use toolguard::config::{ComponentSource, PluginConfig};
 use toolguard::config::Limits;
+use toolguard::config::{ComponentSource, PluginConfig};
 use toolguard::{CallRequest, Config, ErrorKind, LoadError, Runtime};
 use toolguard_sandbox::{Mode, PaymentsConfig, Sandbox};
 
@@ -116,10 +116,7 @@ async fn every_hostile_component_is_contained_and_the_good_one_keeps_answering()
     assert_good_tool_works_on(&h).await;
 
     // Refused at load, each naming its reason.
-    for (name, fixture, family) in [
-        ("sockets", "import-sockets", "wasi:sockets/"),
-        ("http", "import-http", "wasi:http/"),
-    ] {
+    for (name, fixture, family) in [("sockets", "import-sockets", "wasi:sockets/"), ("http", "import-http", "wasi:http/")] {
         let err = h.refused(name, fixture, None).await;
         assert!(matches!(&err, LoadError::ForbiddenImports { imports, .. } if imports.iter().all(|i| i.starts_with(family))), "{err}");
         assert_good_tool_works_on(&h).await;

@@ -13,21 +13,15 @@ fn foreign_imports(crate_name: &str) -> Vec<String> {
         panic!("{crate_name} is not a component");
     };
     let allowed = ["wasi:io/", "wasi:cli/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "toolguard:plugin/"];
-    let mut names: Vec<String> = resolve.worlds[world]
-        .imports
-        .keys()
-        .map(|k| resolve.name_world_key(k))
-        .filter(|n| !allowed.iter().any(|a| n.starts_with(a)))
-        .collect();
+    let mut names: Vec<String> =
+        resolve.worlds[world].imports.keys().map(|k| resolve.name_world_key(k)).filter(|n| !allowed.iter().any(|a| n.starts_with(a))).collect();
     names.sort();
     names
 }
 
 #[tokio::test]
 async fn refuses_forbidden_imports_naming_every_one() {
-    for (fixture, family) in
-        [("import-sockets", "wasi:sockets/"), ("import-http", "wasi:http/")]
-    {
+    for (fixture, family) in [("import-sockets", "wasi:sockets/"), ("import-http", "wasi:http/")] {
         let expected = foreign_imports(fixture);
         assert!(expected.iter().any(|n| n.starts_with(family)), "{fixture} should import {family}: {expected:?}");
         let mut rt = Runtime::new(&common::engine(), shared_cache()).unwrap();
@@ -140,11 +134,7 @@ async fn compiled_components_are_cached_and_corruption_is_survived() {
 
 #[tokio::test]
 async fn describe_yields_checked_tools_with_schemas() {
-    let rt = common::runtime(&[
-        plugin("text-stats", "text-stats", Limits::default()),
-        plugin("template", "template", Limits::default()),
-    ])
-    .await;
+    let rt = common::runtime(&[plugin("text-stats", "text-stats", Limits::default()), plugin("template", "template", Limits::default())]).await;
     let names: Vec<&str> = rt.tools().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["greet", "text_stats"], "name order");
     let stats = rt.tools().find(|t| t.name == "text_stats").unwrap();

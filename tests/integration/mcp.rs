@@ -80,9 +80,21 @@ fn the_baselines_hold_no_scenario_a_tool_host_must_serve() {
         let text = std::fs::read_to_string(repo(baseline)).unwrap();
         let listed: Vec<&str> = text.lines().filter_map(|l| l.trim().strip_prefix("- ")).collect();
         assert!(!listed.is_empty());
-        for served in ["server-initialize", "ping", "tools-list", "tools-call-simple-text", "tools-call-image", "tools-call-audio",
-            "tools-call-embedded-resource", "tools-call-mixed-content", "tools-call-error", "json-schema-2020-12", "dns-rebinding-protection",
-            "http-header-validation", "server-sse-multiple-streams"] {
+        for served in [
+            "server-initialize",
+            "ping",
+            "tools-list",
+            "tools-call-simple-text",
+            "tools-call-image",
+            "tools-call-audio",
+            "tools-call-embedded-resource",
+            "tools-call-mixed-content",
+            "tools-call-error",
+            "json-schema-2020-12",
+            "dns-rebinding-protection",
+            "http-header-validation",
+            "server-sse-multiple-streams",
+        ] {
             assert!(!listed.contains(&served), "{baseline} must not excuse {served}");
         }
         // Every listed scenario sits under a comment that gives its reason.
@@ -187,11 +199,8 @@ fn post(url: &str, headers: &[(&str, &str)], body: String) -> u16 {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut req = reqwest::Client::new()
-            .post(url)
-            .header("Content-Type", "application/json")
-            .header("Accept", "application/json, text/event-stream")
-            .body(body);
+        let mut req =
+            reqwest::Client::new().post(url).header("Content-Type", "application/json").header("Accept", "application/json, text/event-stream").body(body);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -199,7 +208,8 @@ fn post(url: &str, headers: &[(&str, &str)], body: String) -> u16 {
     })
 }
 
-const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+const INITIALIZE: &str =
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
 
 #[test]
 fn http_is_hardened() {
@@ -272,7 +282,11 @@ fn stdio_serves_a_pipe_a_socket_and_a_file_alike() {
     assert!(!piped.is_empty(), "{piped:?}");
     // A socket pair (what Node's libuv spawn gives): the blocking fallback.
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    let mut child = serve().stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs.try_clone().unwrap()))).stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs))).spawn().unwrap();
+    let mut child = serve()
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs.try_clone().unwrap())))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .spawn()
+        .unwrap();
     (&ours).write_all(LIST_TOOLS.as_bytes()).unwrap();
     assert_eq!(listed_tools(&ours), piped);
     ours.shutdown(std::net::Shutdown::Both).unwrap();
@@ -330,7 +344,9 @@ fn on_one_worker_a_spinning_plugin_does_not_hold_up_another_call() {
         .spawn()
         .unwrap();
     let call = |id: u32, tool: &str, args: &str| {
-        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{"toolguard/toolCallId":"c{id}"}}}}}}"#)
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{"toolguard/toolCallId":"c{id}"}}}}}}"#
+        )
     };
     let requests = [LIST_TOOLS.to_string(), call(10, "spin", "{}"), call(11, "text_stats", r#"{"text":"one two"}"#)].join("\n");
     child.stdin.as_mut().unwrap().write_all(format!("{requests}\n").as_bytes()).unwrap();

@@ -120,7 +120,13 @@ async fn on_a_migrated_ledger_an_unresolved_call_still_holds_its_repeat_and_comp
     // Start-up recovery re-sends the old attempts to the provider they were made
     // to (long gone): they stay unknown.
     let rt = Runtime::from_config(&config).await.unwrap();
-    let call = |call_id: &str, amount: u64| CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount), principal: None };
+    let call = |call_id: &str, amount: u64| CallRequest {
+        session: "s1".into(),
+        call_id: call_id.into(),
+        tool: "refund".into(),
+        args_json: refund_args(amount),
+        principal: None,
+    };
     // c-unknown (700) never completed: a blind repeat of it is held, and nothing is sent.
     let held = rt.call(&call("c-repeat", 700)).await.unwrap_err();
     assert_eq!(held.kind, ErrorKind::Held, "{held}");

@@ -124,7 +124,10 @@ fn different_arguments_have_different_digests() {
             prop_assert_eq!(da == db, same);
             if same {
                 // One canonical text, one value: parsing it back gives both.
-                prop_assert_eq!(serde_json::from_str::<Value>(&keys::canonical_args(&a).unwrap()).unwrap(), serde_json::from_str::<Value>(&keys::canonical_args(&b).unwrap()).unwrap());
+                prop_assert_eq!(
+                    serde_json::from_str::<Value>(&keys::canonical_args(&a).unwrap()).unwrap(),
+                    serde_json::from_str::<Value>(&keys::canonical_args(&b).unwrap()).unwrap()
+                );
             }
         }
         if digest(&a).is_some() {
@@ -164,8 +167,39 @@ fn grant(allow_encoded_path: bool) -> Grant {
 /// Path pieces a hostile plugin would try: separators and dots in every encoding.
 fn path_piece() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec![
-        "v1", "refunds", "charges", "api", "re_1", "..", ".", "%2e", "%2E%2e", ".%2e", "%2f", "%2F", "%5c", "\\", ";", ";x=1", "%25", "%252f",
-        "%252e%252e", "%00", "%0a", "//", "?", "#", "%3f", "%23", "a%20b", "é", "%c3%a9", "%ff", "@", ":", "%40",
+        "v1",
+        "refunds",
+        "charges",
+        "api",
+        "re_1",
+        "..",
+        ".",
+        "%2e",
+        "%2E%2e",
+        ".%2e",
+        "%2f",
+        "%2F",
+        "%5c",
+        "\\",
+        ";",
+        ";x=1",
+        "%25",
+        "%252f",
+        "%252e%252e",
+        "%00",
+        "%0a",
+        "//",
+        "?",
+        "#",
+        "%3f",
+        "%23",
+        "a%20b",
+        "é",
+        "%c3%a9",
+        "%ff",
+        "@",
+        ":",
+        "%40",
     ])
 }
 
@@ -198,22 +232,37 @@ fn as_a_lenient_server_reads_it(path: &str) -> String {
 fn no_url_a_grant_accepts_leads_outside_it_after_any_decoding() {
     let d = downstreams();
     let pieces = prop::collection::vec(path_piece(), 0..8);
-    check("authorisation", (pieces, any::<bool>(), prop::sample::select(vec!["http://127.0.0.1:4242", "http://127.0.0.1:4243", "https://127.0.0.1:4242", "http://localhost:4242", "http://127.0.0.1:4242@evil.example", "http://evil.example"])), |(pieces, lax, origin)| {
-        let url = format!("{origin}/api/v1/refunds/{}", pieces.join("/"));
-        let grants = [grant(lax)];
-        match authorize(&grants, &d, "POST", &url) {
-            Ok((downstream, parsed)) => {
-                prop_assert_eq!(&downstream.name, "pay");
-                prop_assert_eq!(parsed.origin(), downstream.origin.origin(), "{}", url);
-                let routed = as_a_lenient_server_reads_it(parsed.path());
-                if !lax {
-                    prop_assert!(routed == "/api/v1/refunds" || routed.starts_with("/api/v1/refunds/"), "{} → {} → {}", url, parsed, routed);
+    check(
+        "authorisation",
+        (
+            pieces,
+            any::<bool>(),
+            prop::sample::select(vec![
+                "http://127.0.0.1:4242",
+                "http://127.0.0.1:4243",
+                "https://127.0.0.1:4242",
+                "http://localhost:4242",
+                "http://127.0.0.1:4242@evil.example",
+                "http://evil.example",
+            ]),
+        ),
+        |(pieces, lax, origin)| {
+            let url = format!("{origin}/api/v1/refunds/{}", pieces.join("/"));
+            let grants = [grant(lax)];
+            match authorize(&grants, &d, "POST", &url) {
+                Ok((downstream, parsed)) => {
+                    prop_assert_eq!(&downstream.name, "pay");
+                    prop_assert_eq!(parsed.origin(), downstream.origin.origin(), "{}", url);
+                    let routed = as_a_lenient_server_reads_it(parsed.path());
+                    if !lax {
+                        prop_assert!(routed == "/api/v1/refunds" || routed.starts_with("/api/v1/refunds/"), "{} → {} → {}", url, parsed, routed);
+                    }
                 }
+                Err(Refusal::Denied(_) | Refusal::Invalid(_)) => {}
             }
-            Err(Refusal::Denied(_) | Refusal::Invalid(_)) => {}
-        }
-        Ok(())
-    });
+            Ok(())
+        },
+    );
 }
 
 // --- Config and policy parsing ---
@@ -243,7 +292,13 @@ tokens = [{ principal = "a", token_env = "X" }]
 #[test]
 fn any_config_text_parses_or_is_refused_with_a_message_never_a_panic() {
     let dir = tempfile::tempdir().unwrap();
-    let edits = prop::collection::vec((0usize..VALID_CONFIG.len(), prop::sample::select(vec!["", "\"", "[", "]", "=", "\n", "0", "-1", "99999999999999999999", "{", "}", ".", "\u{0}", "é", "TRACE", "../", "%2f"])), 0..6);
+    let edits = prop::collection::vec(
+        (
+            0usize..VALID_CONFIG.len(),
+            prop::sample::select(vec!["", "\"", "[", "]", "=", "\n", "0", "-1", "99999999999999999999", "{", "}", ".", "\u{0}", "é", "TRACE", "../", "%2f"]),
+        ),
+        0..6,
+    );
     check("config parsing", edits, |edits| {
         let mut text = VALID_CONFIG.to_string();
         for (at, insert) in edits {
@@ -260,7 +315,11 @@ fn any_config_text_parses_or_is_refused_with_a_message_never_a_panic() {
 // --- Header and body checks, key injection ---
 
 fn header() -> impl Strategy<Value = (String, String)> {
-    let name = prop_oneof![".{0,6}", "[A-Za-z-]{1,12}", prop::sample::select(vec!["Idempotency-Key".to_string(), "authorization".into(), "Host".into(), "X-Key".into(), "Content-Length".into()])];
+    let name = prop_oneof![
+        ".{0,6}",
+        "[A-Za-z-]{1,12}",
+        prop::sample::select(vec!["Idempotency-Key".to_string(), "authorization".into(), "Host".into(), "X-Key".into(), "Content-Length".into()])
+    ];
     (name, ".{0,16}")
 }
 
@@ -308,7 +367,13 @@ fn random_requests_through_a_plugin_never_panic_the_host_nor_leave_its_grants() 
         prop::collection::vec(path_piece(), 0..5),
         prop::collection::vec(header(), 0..4),
         ".{0,32}",
-        prop::sample::select(vec![url.clone(), url.replace("127.0.0.1", "localhost"), "http://example.com".into(), "file:///etc/passwd".into(), "not a url".into()]),
+        prop::sample::select(vec![
+            url.clone(),
+            url.replace("127.0.0.1", "localhost"),
+            "http://example.com".into(),
+            "file:///etc/passwd".into(),
+            "not a url".into(),
+        ]),
     );
     let n = std::sync::atomic::AtomicU64::new(0);
     check("plugin boundary", prop::collection::vec(request, 1..4), |requests| {

@@ -7,11 +7,7 @@ use toolguard::{ErrorKind, Runtime};
 
 /// text-stats (well-behaved) and misbehave (tight limits) on one host.
 async fn host(misbehave_limits: Limits) -> Runtime {
-    common::runtime(&[
-        plugin("text-stats", "text-stats", Limits::default()),
-        plugin("misbehave", "misbehave", misbehave_limits),
-    ])
-    .await
+    common::runtime(&[plugin("text-stats", "text-stats", Limits::default()), plugin("misbehave", "misbehave", misbehave_limits)]).await
 }
 
 fn tight() -> Limits {

@@ -68,7 +68,10 @@ fn a_credential_that_is_not_a_header_value_is_refused_at_start() {
     let secret = w.dir.path().join("secret");
     std::fs::write(&secret, "sk_test_one\nsk_test_two\n").unwrap();
     let mut text = std::fs::read_to_string(&w.config).unwrap();
-    text = text.replace("retention_hours = 24\n", &format!("retention_hours = 24\ncredential = {{ prefix = \"Bearer \", file = {:?} }}\n", secret.display().to_string()));
+    text = text.replace(
+        "retention_hours = 24\n",
+        &format!("retention_hours = 24\ncredential = {{ prefix = \"Bearer \", file = {:?} }}\n", secret.display().to_string()),
+    );
     std::fs::write(&w.config, text).unwrap();
     let (ok, answer) = w.refund("c1", 44);
     assert!(!ok);
@@ -139,7 +142,9 @@ fn an_admission_that_loses_every_race_fails_clearly_and_sends_nothing() {
 async fn encoded_separators_in_a_path_never_leave_the_host() {
     let h = harness(Downstream::default()).await;
     let url = h.sandbox.url();
-    for path in ["/v1/refunds/..%2Fcharges", "/v1/refunds/..;/charges", "/v1/refunds/%2e%2e/charges", "/v1/refunds/..%5Ccharges", "/v1/refunds/%252e%252e%252fcharges"] {
+    for path in
+        ["/v1/refunds/..%2Fcharges", "/v1/refunds/..;/charges", "/v1/refunds/%2e%2e/charges", "/v1/refunds/..%5Ccharges", "/v1/refunds/%252e%252e%252fcharges"]
+    {
         let request = json!({ "method": "POST", "url": format!("{url}{path}"), "body": "amount=1" });
         let err = h.call(&format!("p{path}"), "send_all", &rogue_args(json!([request]), false)).await.unwrap_err();
         assert_eq!(err.kind, ErrorKind::Denied, "{path}: {err}");
@@ -188,10 +193,17 @@ fn recovery_never_resends_to_an_origin_the_policy_no_longer_grants() {
     assert!(why.contains("no longer grants") && why.contains(&old), "{report}");
     assert!(w.sandbox.requests().is_empty(), "nothing went to the old origin (with the new key): {:?}", w.sandbox.requests());
     // Revoking the grant instead: the same.
-    let text = std::fs::read_to_string(&w.config).unwrap().replace("http://127.0.0.1:9", &old).replace("methods = [\"POST\", \"GET\"]\npath_prefix = \"/v1/refunds\"\n\n[policy.plugins.rogue]", "methods = [\"GET\"]\npath_prefix = \"/v1/refunds\"\n\n[policy.plugins.rogue]");
+    let text = std::fs::read_to_string(&w.config).unwrap().replace("http://127.0.0.1:9", &old).replace(
+        "methods = [\"POST\", \"GET\"]\npath_prefix = \"/v1/refunds\"\n\n[policy.plugins.rogue]",
+        "methods = [\"GET\"]\npath_prefix = \"/v1/refunds\"\n\n[policy.plugins.rogue]",
+    );
     std::fs::write(&w.config, text).unwrap();
     let recover = w.toolguard(&["recover"]);
-    assert!(stdout_json(&recover)["needs_operator"][0][1].as_str().unwrap_or_default().contains("no longer grants"), "{}", String::from_utf8_lossy(&recover.stdout));
+    assert!(
+        stdout_json(&recover)["needs_operator"][0][1].as_str().unwrap_or_default().contains("no longer grants"),
+        "{}",
+        String::from_utf8_lossy(&recover.stdout)
+    );
     assert!(w.sandbox.requests().is_empty());
 }
 
@@ -245,7 +257,8 @@ async fn refund_as(url: &str, token: &str, session: &str, call_id: &str, amount:
         }
         req.send()
     };
-    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let init =
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
     let response = post(init.into(), None).await.unwrap();
     let mcp_session = response.headers().get("mcp-session-id").map(|v| v.to_str().unwrap().to_string());
     response.bytes().await.unwrap();
@@ -354,7 +367,13 @@ async fn two_hosts_on_one_ledger_spend_one_session_budget_together() {
         .map(|i| {
             let host = hosts[i as usize % 2].clone();
             tokio::spawn(async move {
-                let req = toolguard::CallRequest { session: "s1".into(), call_id: format!("b{i}"), tool: "refund".into(), args_json: crate::payments::refund_args(100 + i), principal: None };
+                let req = toolguard::CallRequest {
+                    session: "s1".into(),
+                    call_id: format!("b{i}"),
+                    tool: "refund".into(),
+                    args_json: crate::payments::refund_args(100 + i),
+                    principal: None,
+                };
                 host.call(&req).await
             })
         })
@@ -384,5 +403,8 @@ fn what_plugins_stored_cannot_steer_the_operators_terminal() {
         assert!(raw.is_empty(), "{args:?} printed {raw:?}");
     }
     let shown = stdout_json(&w.toolguard(&["ledger", "show", "esc"]));
-    assert!(shown[0]["attempts"][0]["request"]["body"]["text"].as_str().unwrap().contains("\u{1b}]0;pwned"), "escaped, not altered: the JSON value is the same");
+    assert!(
+        shown[0]["attempts"][0]["request"]["body"]["text"].as_str().unwrap().contains("\u{1b}]0;pwned"),
+        "escaped, not altered: the JSON value is the same"
+    );
 }

@@ -9,8 +9,8 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use toolguard::{CallError, CallOutput, CallRequest, Config, ErrorKind, Runtime};
-use toolguard_sandbox::rustls;
 use toolguard_sandbox::config::{KEY_HEADER_ONLY, PaymentsConfig};
+use toolguard_sandbox::rustls;
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 /// A test PKI in a temporary directory: a CA that signs the server's
@@ -165,7 +165,8 @@ async fn a_wrong_ca_or_a_pin_mismatch_is_a_transport_error_with_nothing_sent() {
     refused_before_sending(&tls_host(&pki, false, d(), &wrong).await.unwrap(), "wrong CA").await;
     let no_ca = "tls = { platform_roots = true }";
     refused_before_sending(&tls_host(&pki, false, d(), no_ca).await.unwrap(), "a private CA the platform does not know").await;
-    let bad_pin = format!("tls = {{ ca_file = {:?}, platform_roots = false, spki_sha256 = [\"sha256/{}\"] }}", pki.ca_file.display().to_string(), "A".repeat(43) + "=");
+    let bad_pin =
+        format!("tls = {{ ca_file = {:?}, platform_roots = false, spki_sha256 = [\"sha256/{}\"] }}", pki.ca_file.display().to_string(), "A".repeat(43) + "=");
     refused_before_sending(&tls_host(&pki, false, d(), &bad_pin).await.unwrap(), "pin mismatch").await;
     let good_pin = format!("tls = {{ ca_file = {:?}, platform_roots = false, spki_sha256 = [{:?}] }}", pki.ca_file.display().to_string(), pki.server_pin());
     let h = tls_host(&pki, false, d(), &good_pin).await.unwrap();
@@ -255,12 +256,8 @@ async fn an_egress_proxy_carries_a_tunnel_and_never_sees_the_credential() {
     let proxy = connect_proxy().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("key"), SECRET).unwrap();
-    let extra = format!(
-        "{}\nproxy = {:?}\ncredential = {{ prefix = \"Bearer \", file = {:?} }}",
-        trust(&pki),
-        proxy.url,
-        dir.path().join("key").display().to_string()
-    );
+    let extra =
+        format!("{}\nproxy = {:?}\ncredential = {{ prefix = \"Bearer \", file = {:?} }}", trust(&pki), proxy.url, dir.path().join("key").display().to_string());
     let h = tls_host(&pki, false, Downstream::default(), &extra).await.unwrap();
     h.sandbox.require_api_key(Some(SECRET));
     let out = h.call("c1", 500).await.expect("through the proxy");
@@ -274,7 +271,13 @@ async fn an_egress_proxy_carries_a_tunnel_and_never_sees_the_credential() {
     assert!(!text.contains(SECRET) && !text.contains("/v1/refunds") && !text.contains("Idempotency-Key"), "the proxy sees only TLS records");
     // A URL outside the grant is refused before the proxy sees anything.
     let before = proxy.targets.lock().unwrap().len();
-    let req = CallRequest { session: "s1".into(), call_id: "r1".into(), tool: "send_all".into(), principal: None, args_json: crate::payments::rogue_args(serde_json::json!([{ "method": "POST", "url": format!("{}/v1/charges", h.sandbox.url()) }]), false) };
+    let req = CallRequest {
+        session: "s1".into(),
+        call_id: "r1".into(),
+        tool: "send_all".into(),
+        principal: None,
+        args_json: crate::payments::rogue_args(serde_json::json!([{ "method": "POST", "url": format!("{}/v1/charges", h.sandbox.url()) }]), false),
+    };
     assert_eq!(h.rt.call(&req).await.unwrap_err().kind, ErrorKind::Denied);
     assert_eq!(proxy.targets.lock().unwrap().len(), before);
 }

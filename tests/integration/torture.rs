@@ -79,9 +79,8 @@ fn torture_over_https_kill_9_never_duplicates_or_loses_a_refund() {
 }
 
 fn torture(w: World, trials: u64, over: &str) {
-    let seed = env_u64("TOOLGUARD_TORTURE_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
+    let seed =
+        env_u64("TOOLGUARD_TORTURE_SEED").unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
     let mut rng = Rng(seed);
     // A warm-up call: compiles the plugin into the cache and times a whole call.
     let started = std::time::Instant::now();
@@ -102,7 +101,13 @@ fn torture(w: World, trials: u64, over: &str) {
                 if !wait_for(Duration::from_secs(30), || w.sandbox.paused() == 1) {
                     child.kill().unwrap();
                     let out = child.wait_with_output().unwrap();
-                    panic!("trial {trial} (seed {seed}): never reached the provider; paused {}; it ended {}; stdout {}; stderr:\n{}", w.sandbox.paused(), out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+                    panic!(
+                        "trial {trial} (seed {seed}): never reached the provider; paused {}; it ended {}; stdout {}; stderr:\n{}",
+                        w.sandbox.paused(),
+                        out.status,
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
                 }
                 child.kill().unwrap();
                 child.wait().unwrap();
@@ -181,7 +186,11 @@ fn torture(w: World, trials: u64, over: &str) {
                 assert_eq!(answer["amount_cents"], amount, "trial {trial}");
             }
         }
-        if repeat_ok { repeats_ran += 1 } else { repeats_held += 1 }
+        if repeat_ok {
+            repeats_ran += 1
+        } else {
+            repeats_held += 1
+        }
         let expected = if admitted { 1 } else { 2 };
         never_admitted += usize::from(!admitted);
         let refunds = w.refunds_of(amount);

@@ -332,10 +332,7 @@ impl Ledger {
     ///
     /// # Errors
     /// Whatever `read` returns.
-    pub async fn read<T: Send + 'static>(
-        &self,
-        read: impl Fn(&Ledger) -> Result<T, LedgerError> + Send + 'static,
-    ) -> Result<T, LedgerError> {
+    pub async fn read<T: Send + 'static>(&self, read: impl Fn(&Ledger) -> Result<T, LedgerError> + Send + 'static) -> Result<T, LedgerError> {
         let mut answered = None;
         if self.backend.read_from_memory(&mut || answered = Some(read(self))) {
             match answered.expect("read_from_memory ran the read") {
@@ -529,4 +526,3 @@ pub enum LedgerLocation {
     /// A PostgreSQL URL, shared by every host that names it.
     Postgres(String),
 }
-

@@ -295,11 +295,7 @@ impl StoredBody {
     /// The original bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         use base64::Engine as _;
-        if self.base64 {
-            base64::engine::general_purpose::STANDARD.decode(&self.text).unwrap_or_default()
-        } else {
-            self.text.clone().into_bytes()
-        }
+        if self.base64 { base64::engine::general_purpose::STANDARD.decode(&self.text).unwrap_or_default() } else { self.text.clone().into_bytes() }
     }
 }
 

@@ -18,8 +18,8 @@
 //! id), so a later call under the same id is refused as `expired`, never run
 //! afresh. `docs/ledger.md` ("Retention") gives the safety argument.
 
-use crate::error::failed;
 use super::{AttemptRecord, Backend, BackendError, CallRecord, CallState, EpisodeId, Ledger, LedgerError};
+use crate::error::failed;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -57,21 +57,15 @@ impl RetireEntry {
     /// The entry a write of `call` adds, if the write makes it final.
     pub(crate) fn of_call(call: &CallRecord) -> Option<Self> {
         match (call.state, call.episode, call.completed_ms) {
-            (CallState::Completed, None, Some(at)) => {
-                Some(Self::new(at, &Unit::Call { session: call.session.clone(), call_id: call.call_id.clone() }))
-            }
+            (CallState::Completed, None, Some(at)) => Some(Self::new(at, &Unit::Call { session: call.session.clone(), call_id: call.call_id.clone() })),
             _ => None,
         }
     }
 
     /// The entry closing `episode` at `at_ms` adds.
     pub(crate) fn of_close(episode: &EpisodeId, at_ms: u64) -> Self {
-        let unit = Unit::Episode {
-            session: episode.session.clone(),
-            tool: episode.tool.clone(),
-            args_digest: episode.args_digest.clone(),
-            episode: episode.episode,
-        };
+        let unit =
+            Unit::Episode { session: episode.session.clone(), tool: episode.tool.clone(), args_digest: episode.args_digest.clone(), episode: episode.episode };
         Self::new(at_ms, &unit)
     }
 }

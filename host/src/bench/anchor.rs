@@ -50,10 +50,7 @@ impl Stdio2 {
         let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
         let (input, output) = (child.stdin.take().expect("piped"), BufReader::new(child.stdout.take().expect("piped")));
         let mut server = Self { child, input, output, next_id: 0 };
-        server.request(
-            "initialize",
-            r#"{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"toolguard-bench","version":"1"}}"#,
-        )?;
+        server.request("initialize", r#"{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"toolguard-bench","version":"1"}}"#)?;
         writeln!(server.input, r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#)?;
         Ok(server)
     }
@@ -84,9 +81,7 @@ impl Stdio2 {
 /// What `n` calls of `tool` cost through `server`: client-side latencies
 /// and server CPU per call, after `n / 5` calls of warm-up.
 fn measure(server: &mut Stdio2, tool: &str, args: &str, n: usize) -> anyhow::Result<(Stats, Duration)> {
-    let params = |i: usize| {
-        format!(r#"{{"name":"{tool}","arguments":{args},"_meta":{{"toolguard/toolCallId":"k{i}","toolguard/sessionId":"bench"}}}}"#)
-    };
+    let params = |i: usize| format!(r#"{{"name":"{tool}","arguments":{args},"_meta":{{"toolguard/toolCallId":"k{i}","toolguard/sessionId":"bench"}}}}"#);
     for i in 0..n / 5 {
         let answer = server.request("tools/call", &params(i))?;
         anyhow::ensure!(!answer.contains(r#""isError":true"#) && !answer.contains(r#""error""#), "{tool} failed: {answer}");
@@ -109,7 +104,10 @@ fn measure(server: &mut Stdio2, tool: &str, args: &str, n: usize) -> anyhow::Res
 pub fn stdio_calls(dir: &Path, scale: Scale, anchor: Option<&Anchor>) -> anyhow::Result<Vec<Figure>> {
     let scratch = tempfile::tempdir_in(dir)?;
     let config = scratch.path().join("toolguard.toml");
-    std::fs::write(&config, "data_dir = \"data\"\n[plugins.text-stats]\ncomponent = \"builtin:text-stats\"\n[policy.plugins.text-stats.tools]\ntext_stats = { effect = \"read-only\" }\n")?;
+    std::fs::write(
+        &config,
+        "data_dir = \"data\"\n[plugins.text-stats]\ncomponent = \"builtin:text-stats\"\n[policy.plugins.text-stats.tools]\ntext_stats = { effect = \"read-only\" }\n",
+    )?;
     let mut command = Command::new(std::env::current_exe()?);
     command.arg("serve").arg("--config").arg(&config);
     let n = scale.n(5_000);

@@ -132,9 +132,8 @@ async fn template(runtime: &Arc<Runtime>) -> anyhow::Result<Template> {
     let ledger = runtime.guard().expect("a guarded host").ledger().clone();
     let call = ledger.call(&request.session, &request.call_id)?.ok_or_else(|| anyhow::anyhow!("the template call left no record"))?;
     let attempt = ledger.attempts_of_call(&request.session, &request.call_id)?.into_iter().next().ok_or_else(|| anyhow::anyhow!("no attempt"))?;
-    let episode = ledger
-        .episode(&call.session, &call.tool, &call.args_digest, call.episode)?
-        .ok_or_else(|| anyhow::anyhow!("the template call has no episode"))?;
+    let episode =
+        ledger.episode(&call.session, &call.tool, &call.args_digest, call.episode)?.ok_or_else(|| anyhow::anyhow!("the template call has no episode"))?;
     anyhow::ensure!(episode.closed, "the template's episode is not closed");
     Ok(Template { call, attempt, episode })
 }
@@ -199,9 +198,7 @@ fn write_back(dir: &std::path::Path) -> anyhow::Result<std::time::Duration> {
 /// Writes filler calls `from..to` through the ledger's ordinary writes, in
 /// batches, unsynced, by [`FILLERS`] writers at once.
 async fn write_calls(ledger: &Ledger, t: &Template, from: usize, to: usize) -> anyhow::Result<()> {
-    let digests: Arc<Vec<String>> = Arc::new(
-        (0..PER_SESSION).map(|i| keys::args_digest(&keys::canonical_args(&args_of(i)).expect("plain JSON"))).collect(),
-    );
+    let digests: Arc<Vec<String>> = Arc::new((0..PER_SESSION).map(|i| keys::args_digest(&keys::canonical_args(&args_of(i)).expect("plain JSON"))).collect());
     let batches: Vec<usize> = (from..to).step_by(BATCH).collect();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let workers: Vec<_> = (0..FILLERS)
@@ -232,20 +229,9 @@ async fn write_calls(ledger: &Ledger, t: &Template, from: usize, to: usize) -> a
 /// Filler call `n`: the template's records under their own identity.
 fn copy(ledger: &Ledger, t: &Template, n: usize, digest: &str) -> (CallRecord, AttemptRecord, EpisodeRecord) {
     let (session, call_id) = (session_of(n), call_id_of(n));
-    let call = CallRecord {
-        session: session.clone(),
-        call_id: call_id.clone(),
-        args_digest: digest.to_string(),
-        args: args_of(n),
-        ..t.call.clone()
-    };
+    let call = CallRecord { session: session.clone(), call_id: call_id.clone(), args_digest: digest.to_string(), args: args_of(n), ..t.call.clone() };
     let input = keys::KeyInput { session: &session, call_id: &call_id, tool: &call.tool, args_digest: digest, step: 0, generation: 0 };
-    let attempt = AttemptRecord {
-        key: keys::mint(ledger.secret(), input),
-        session: session.clone(),
-        call_id: call_id.clone(),
-        ..t.attempt.clone()
-    };
+    let attempt = AttemptRecord { key: keys::mint(ledger.secret(), input), session: session.clone(), call_id: call_id.clone(), ..t.attempt.clone() };
     let episode = EpisodeRecord { session, args_digest: digest.to_string(), executor: call_id, ..t.episode.clone() };
     (call, attempt, episode)
 }
@@ -291,7 +277,8 @@ async fn cold_replays(runtime: &Arc<Runtime>, filled: usize, scale: Scale, sampl
     let (cached, read) = (page_cache_mib(), disk_read_bytes());
     let (_, wall) = drive(8, n, move |k| {
         let i = (k * 7_919_993 + sample * filled / 3) % filled;
-        let request = crate::CallRequest { session: session_of(i), call_id: call_id_of(i), tool: "refund".into(), args_json: args_of(i).to_string(), principal: None };
+        let request =
+            crate::CallRequest { session: session_of(i), call_id: call_id_of(i), tool: "refund".into(), args_json: args_of(i).to_string(), principal: None };
         replay(rt.clone(), request)
     })
     .await?;
@@ -330,7 +317,9 @@ fn report(backend: &str, results: &[AtSize]) -> Vec<Figure> {
                 .target("no worse than 1.5× empty", flat(rate)),
         );
         figures.push(
-            Figure::new(label("guarded p50, 1 in flight"), r.p50, "ms").against("empty ledger", r.p50 / empty.p50).target("≤ 1.5× empty", flat(r.p50 / empty.p50)),
+            Figure::new(label("guarded p50, 1 in flight"), r.p50, "ms")
+                .against("empty ledger", r.p50 / empty.p50)
+                .target("≤ 1.5× empty", flat(r.p50 / empty.p50)),
         );
         figures.push(
             Figure::new(label("admission, mean"), r.admit_us, "µs")

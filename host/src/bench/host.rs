@@ -6,8 +6,8 @@ use super::disk::Bound;
 use super::guarded::drive;
 use super::{Figure, Scale, Stats, ms, us};
 use crate::config::{ComponentSource, EngineConfig, PluginConfig};
-use crate::{CallRequest, Config, Runtime};
 use crate::mcp::client::McpClient;
+use crate::{CallRequest, Config, Runtime};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +35,13 @@ pub async fn fresh_sandbox(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::R
     let (mut samples, _) = drive(1, n, move |i| {
         let rt = rt.clone();
         async move {
-            let req = CallRequest { session: "bench".into(), call_id: format!("d{i}"), tool: "greet".into(), args_json: r#"{"name":"bench"}"#.into(), principal: None };
+            let req = CallRequest {
+                session: "bench".into(),
+                call_id: format!("d{i}"),
+                tool: "greet".into(),
+                args_json: r#"{"name":"bench"}"#.into(),
+                principal: None,
+            };
             rt.call(&req).await.map(|_| ()).map_err(|e| e.to_string())
         }
     })
@@ -91,8 +97,7 @@ pub async fn mcp_http(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     Ok(vec![
         Figure::new("(f) MCP tools/call over HTTP, read-only tool, p50", ms(stats.p50), "ms")
             .against("one fsync (a)", stats.p50.as_secs_f64() / bound.sync.p50.as_secs_f64()),
-        Figure::new("(f) MCP tools/call over HTTP, 16 in flight", per_sec, "calls/s")
-            .against("synced appends/s (a)", per_sec / bound.appends_per_sec),
+        Figure::new("(f) MCP tools/call over HTTP, 16 in flight", per_sec, "calls/s").against("synced appends/s (a)", per_sec / bound.appends_per_sec),
     ])
 }
 
@@ -141,8 +146,8 @@ pub async fn memory(dir: &Path, scale: Scale) -> anyhow::Result<Vec<Figure>> {
                     call_id: format!("g{}", offset + i),
                     tool: format!("p{}_text_stats", i % 10),
                     args_json: r#"{"text":"the quick brown fox jumps over the lazy dog"}"#.into(),
-            principal: None,
-        };
+                    principal: None,
+                };
                 rt.call(&req).await.map(|_| ()).map_err(|e| e.to_string())
             }
         }
@@ -168,7 +173,8 @@ pub async fn memory(dir: &Path, scale: Scale) -> anyhow::Result<Vec<Figure>> {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     Ok(vec![
         Figure::new("(g) RSS, 10 plugins loaded", mib(loaded), "MiB"),
-        Figure::new("(g) RSS peak, 10 plugins, 64 calls in flight", mib(in_flight_peak), "MiB").against("RSS when loaded", in_flight_peak as f64 / loaded as f64),
+        Figure::new("(g) RSS peak, 10 plugins, 64 calls in flight", mib(in_flight_peak), "MiB")
+            .against("RSS when loaded", in_flight_peak as f64 / loaded as f64),
         Figure::new(format!("(g) RSS high-water, {window} calls once warm"), mib(before), "MiB"),
         Figure::new(format!("(g) RSS high-water, last {window} of a {soak}-call soak"), mib(after), "MiB")
             .against("before the soak", after as f64 / before as f64)

@@ -3,9 +3,9 @@
 //! and then serving one guarded refund per second over MCP.
 
 use super::guarded::{null_provider, refund_config};
-use crate::mcp::client::McpClient;
 use super::unguarded::cpu_of_stat;
 use super::{Figure, Scale};
+use crate::mcp::client::McpClient;
 use std::io::BufRead as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -84,8 +84,7 @@ pub async fn serve_cpu(dir: &std::path::Path, scale: Scale) -> anyhow::Result<Ve
     drop(served);
     let pct = |share: f64| share * 100.0;
     Ok(vec![
-        Figure::new(format!("(h) serve, idle over {} s: CPU", window.as_secs()), pct(idle), "% of a core")
-            .target("≈ 0 % (≤ 0.5 %)", pct(idle) <= 0.5),
+        Figure::new(format!("(h) serve, idle over {} s: CPU", window.as_secs()), pct(idle), "% of a core").target("≈ 0 % (≤ 0.5 %)", pct(idle) <= 0.5),
         Figure::new(format!("(h) serve, one guarded call per second over {calls} s: CPU"), pct(one_per_sec), "% of a core")
             .target("≈ 0 % (≤ 1 %)", pct(one_per_sec) <= 1.0),
     ])

@@ -88,9 +88,7 @@ pub async fn per_language(dir: &Path, scale: Scale, foreign: Option<&Path>) -> a
             ComponentSource::Builtin(_) => 0,
         };
         let what = if size > 0 { format!(" ({:.1} MB sealed)", size as f64 / 1e6) } else { String::new() };
-        figures.push(
-            Figure::new(format!("(j) {}{what}: fresh sandbox + invoke, p50", entry.language), p50, "µs").against("the Rust tool", p50 / rust),
-        );
+        figures.push(Figure::new(format!("(j) {}{what}: fresh sandbox + invoke, p50", entry.language), p50, "µs").against("the Rust tool", p50 / rust));
         figures.push(Figure::new(format!("(j) {}: fresh sandbox + invoke, p99", entry.language), us(stats.p99), "µs"));
     }
     Ok(figures)

@@ -134,9 +134,8 @@ fn compare(in_flight: usize, g: &Run, u: &Run, bound: &Bound) -> Vec<Figure> {
         );
         // Busy polling would show as more CPU than the call's own wall time.
         let wall = g.stats.mean.as_secs_f64();
-        figures.push(
-            Figure::new(label("CPU per call ÷ wall time per call"), g.cpu / wall, "×").target("≤ 2× (no core burnt while waiting)", g.cpu <= 2.0 * wall),
-        );
+        figures
+            .push(Figure::new(label("CPU per call ÷ wall time per call"), g.cpu / wall, "×").target("≤ 2× (no core burnt while waiting)", g.cpu <= 2.0 * wall));
     }
     figures.splice(0..0, [Some(rate), Some(p50), answered, Some(p99), Some(cpu)].into_iter().flatten());
     figures.extend(figures_by_role);
@@ -217,11 +216,8 @@ async fn by_phase(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, scale: Scale
         Phase::Finish => "completion record",
         Phase::Report => "record of what the caller was told",
     };
-    let mut figures: Vec<Figure> = phases::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Figure::new(format!("(b) guarded − unguarded, 1 in flight: {}", name(*p)), g[i] - u[i], "µs"))
-        .collect();
+    let mut figures: Vec<Figure> =
+        phases::ALL.iter().enumerate().map(|(i, p)| Figure::new(format!("(b) guarded − unguarded, 1 in flight: {}", name(*p)), g[i] - u[i], "µs")).collect();
     let last = g.len() - 1;
     figures.push(
         Figure::new("(b) guarded − unguarded, 1 in flight: whole call (mean)", g[last] - u[last], "µs")

@@ -66,7 +66,8 @@ async fn demo() -> anyhow::Result<bool> {
     println!("   pass run) re-sends call_1 with the same key: the provider replays its stored answer. call_1 is");
     println!("   settled in our ledger, but the model was never told.");
     let report = runtime.recover().await.map_err(anyhow::Error::msg)?;
-    let replayed = runtime.guard().and_then(|g| g.ledger().attempts_of_call("demo", "call_1").ok()).is_some_and(|a| a.first().is_some_and(|a| a.provider_replayed));
+    let replayed =
+        runtime.guard().and_then(|g| g.ledger().attempts_of_call("demo", "call_1").ok()).is_some_and(|a| a.first().is_some_and(|a| a.provider_replayed));
     println!("   → recovery settled {} attempt(s) and minted no key; the provider answered with its stored", report.settled.len());
     println!("     response (Idempotent-Replayed: {replayed})");
     expect("the same refund, replayed by the provider", 1);

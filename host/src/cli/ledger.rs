@@ -227,18 +227,18 @@ fn print_stats(s: &crate::ledger::retention::LedgerStats) {
     println!("budget uses {}", s.budget_uses);
     let per_call = s.bytes.checked_div(s.total_calls()).map_or_else(String::new, |b| format!(" ({b} per call)"));
     println!("bytes       {}{per_call}", s.bytes);
-    let oldest = s.oldest_call_ms.map_or_else(|| "none".into(), |t| {
-        let age_h = crate::ledger::records::now_ms().saturating_sub(t) as f64 / 3.6e6;
-        format!("{t} ms since the epoch ({age_h:.1} h ago)")
-    });
+    let oldest = s.oldest_call_ms.map_or_else(
+        || "none".into(),
+        |t| {
+            let age_h = crate::ledger::records::now_ms().saturating_sub(t) as f64 / 3.6e6;
+            format!("{t} ms since the epoch ({age_h:.1} h ago)")
+        },
+    );
     println!("oldest call {oldest}");
 }
 
 fn print_table(rows: &[(CallRecord, Vec<AttemptRecord>)]) {
-    println!(
-        "{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} ATTEMPTS (step key state tries)",
-        "SESSION", "CALL ID", "TOOL", "STATE", "TOLD", "EPISODE"
-    );
+    println!("{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} ATTEMPTS (step key state tries)", "SESSION", "CALL ID", "TOOL", "STATE", "TOLD", "EPISODE");
     for (call, attempts) in rows {
         let state = match call.state {
             CallState::Admitted => "admitted",
@@ -251,8 +251,7 @@ fn print_table(rows: &[(CallRecord, Vec<AttemptRecord>)]) {
             (Some(n), None) if call.follower => format!("{n} follows"),
             (Some(n), None) => format!("{n} acts"),
         };
-        let attempts: Vec<String> =
-            attempts.iter().map(|a| format!("{} {} {} {}", a.step, a.key, a.state.as_str(), a.tries)).collect();
+        let attempts: Vec<String> = attempts.iter().map(|a| format!("{} {} {} {}", a.step, a.key, a.state.as_str(), a.tries)).collect();
         let attempts = if attempts.is_empty() { "-".to_string() } else { attempts.join("; ") };
         println!(
             "{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} {}",

@@ -199,9 +199,7 @@ pub fn main() -> ExitCode {
             Command::Demo => demo::run().await,
             Command::Serve { config, http, workers: _ } => serve(&config, http).await,
             Command::Tools { config, json } => tools::run(&config, json).await,
-            Command::Call { config, session, call_id, tool, args } => {
-                call::run(&config, session, call_id, tool, args).await
-            }
+            Command::Call { config, session, call_id, tool, args } => call::run(&config, session, call_id, tool, args).await,
             // The ledger's client blocks (PostgreSQL's runs its own runtime).
             Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
@@ -239,8 +237,7 @@ pub fn main() -> ExitCode {
 fn init_logging(runtime: tokio::runtime::Handle) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGUARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGUARD_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let log_spans = std::env::var_os("TOOLGUARD_LOG_SPANS").is_some_and(|v| v == "1");
     let provider = crate::telemetry::otlp_provider(runtime);

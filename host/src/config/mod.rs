@@ -255,8 +255,11 @@ impl Config {
             (None, Some(path)) => {
                 let path = resolve(&path);
                 let name = path.display().to_string();
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| ConfigError { file: name.clone(), field: ".".into(), message: format!("cannot read the policy file: {e}") })?;
+                let text = std::fs::read_to_string(&path).map_err(|e| ConfigError {
+                    file: name.clone(),
+                    field: ".".into(),
+                    message: format!("cannot read the policy file: {e}"),
+                })?;
                 let raw: RawPolicy = parse_toml(&text, &name)?;
                 let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
                 let policy = Policy::from_raw(raw, &dir).map_err(|(field, message)| ConfigError { file: name.clone(), field, message })?;

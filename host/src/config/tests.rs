@@ -80,10 +80,7 @@ fn the_policy_may_live_in_its_own_file() {
 
 #[test]
 fn resolves_paths_and_layers_limits() {
-    let c = parse(
-        "data_dir = \"d\"\n[limits]\ncpu_ms = 200\n[plugins.a]\ncomponent = \"x/a.wasm\"\n[plugins.a.limits]\nwall_ms = 5\n",
-    )
-    .unwrap();
+    let c = parse("data_dir = \"d\"\n[limits]\ncpu_ms = 200\n[plugins.a]\ncomponent = \"x/a.wasm\"\n[plugins.a.limits]\nwall_ms = 5\n").unwrap();
     assert_eq!(c.data_dir, Path::new("/base/d"));
     assert_eq!(c.compile_cache, Path::new("/base/d/compiled"));
     let a = &c.plugins[0];

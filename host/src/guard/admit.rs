@@ -128,10 +128,7 @@ pub(super) fn expired(call_id: &str, pruned_ms: u64) -> CallError {
 pub(super) fn conflict(call_id: &str, first: &CallRecord) -> CallError {
     CallError::new(
         ErrorKind::Conflict,
-        format!(
-            "tool call `{call_id}` was first made as `{}` with other arguments; a changed request needs a new tool-call id. Nothing was sent",
-            first.tool
-        ),
+        format!("tool call `{call_id}` was first made as `{}` with other arguments; a changed request needs a new tool-call id. Nothing was sent", first.tool),
     )
     .with_detail(json!({ "first_args": first.args, "first_tool": first.tool }))
 }

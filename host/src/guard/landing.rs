@@ -10,8 +10,8 @@
 use super::drive::outcomes_written;
 use crate::ledger::records::CallRecord;
 use crate::ledger::{Durability, Ledger, LedgerError, LedgerWrite, QueuedWrite};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;

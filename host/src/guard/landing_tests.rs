@@ -180,7 +180,8 @@ fn a_watcher_whose_runtime_has_shut_down_is_replaced() {
     use super::Deferrals;
     let dir = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(dir.path()).unwrap();
-    let deferred = |call_id: &str| Arc::new(tokio::sync::Mutex::new(Some(Landing::deferred(ledger.clone(), LedgerWrite::new(), Vec::new(), completed(call_id)))));
+    let deferred =
+        |call_id: &str| Arc::new(tokio::sync::Mutex::new(Some(Landing::deferred(ledger.clone(), LedgerWrite::new(), Vec::new(), completed(call_id)))));
     let deferrals = Deferrals::default();
     deferrals.wait_us.store(1_000, std::sync::atomic::Ordering::Relaxed);
     // The first watcher task runs on a runtime that then shuts down.

@@ -35,8 +35,8 @@ pub mod recover;
 mod replay;
 mod send;
 pub mod tls;
-mod unconfirmed;
 pub mod transport;
+mod unconfirmed;
 pub mod wire;
 
 pub use admit::Admission;
@@ -49,8 +49,8 @@ pub use recover::{RecoveryReport, ToolRules};
 pub use send::CallGuard;
 
 use crate::error::{CallError, ErrorKind};
-use crate::policy::{Downstreams, Effect, Grant};
 use crate::ledger::Ledger;
+use crate::policy::{Downstreams, Effect, Grant};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -69,10 +69,7 @@ impl Guard {
     ///
     /// # Errors
     /// The ledger cannot be read.
-    pub async fn recover(
-        self: &Arc<Self>,
-        rules_for: &(dyn Fn(&str) -> Option<ToolRules> + Sync),
-    ) -> Result<RecoveryReport, crate::ledger::LedgerError> {
+    pub async fn recover(self: &Arc<Self>, rules_for: &(dyn Fn(&str) -> Option<ToolRules> + Sync)) -> Result<RecoveryReport, crate::ledger::LedgerError> {
         let ledger = self.ledger.clone();
         let unsettled = blocking(move || -> Result<Vec<AttemptRecord>, crate::ledger::LedgerError> {
             let mut all = ledger.attempts_in_state(AttemptState::Pending)?;
@@ -93,8 +90,7 @@ impl Guard {
         }
         // A fleet runs this every few seconds: only progress is news (what
         // needs an operator is warned about where it is found).
-        let (examined, settled, unresolved, needs_operator) =
-            (report.examined, report.settled.len(), report.unresolved.len(), report.needs_operator.len());
+        let (examined, settled, unresolved, needs_operator) = (report.examined, report.settled.len(), report.unresolved.len(), report.needs_operator.len());
         if settled > 0 {
             tracing::info!(examined, settled, unresolved, needs_operator, "recovery pass finished");
         } else if examined > 0 {
@@ -130,10 +126,13 @@ impl Guard {
             Err(panic) => {
                 let why = super::panic_message(panic.as_ref());
                 tracing::error!(%key, %why, "the host failed while resolving an attempt; it is left for an operator");
-                let (ledger, message) = (self.ledger.clone(), format!(
-                    "the host failed while resolving it ({why}); it is never sent again on its own: check the provider, \
+                let (ledger, message) = (
+                    self.ledger.clone(),
+                    format!(
+                        "the host failed while resolving it ({why}); it is never sent again on its own: check the provider, \
                      then `toolguard ledger resolve {key} --not-sent` if it never happened"
-                ));
+                    ),
+                );
                 let note = message.clone();
                 blocking(move || -> Result<(), crate::ledger::LedgerError> {
                     let Some(mut attempt) = ledger.attempt(&key)? else { return Ok(()) };

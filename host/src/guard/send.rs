@@ -229,8 +229,8 @@ impl CallGuard {
     /// A new attempt for `send`: its key minted from the call's identity,
     /// the step and the key generation (`docs/keys.md`).
     fn fresh_attempt(&self, send: PlannedSend) -> AttemptRecord {
-        let r = &self.record;
-        let input = keys::KeyInput { session: &r.session, call_id: &r.call_id, tool: &r.tool, args_digest: &r.args_digest, step: send.step, generation: send.generation };
+        let (r, step, generation) = (&self.record, send.step, send.generation);
+        let input = keys::KeyInput { session: &r.session, call_id: &r.call_id, tool: &r.tool, args_digest: &r.args_digest, step, generation };
         AttemptRecord::pending(r, keys::mint(self.guard.ledger.secret(), input), send)
     }
 

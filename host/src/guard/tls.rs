@@ -54,9 +54,7 @@ pub fn rustls_config(tls: &crate::policy::TlsPolicy, label: &str) -> Result<rust
         for ca in cas {
             roots.add(ca).map_err(|e| fail("a CA certificate of `tls.ca_file`", &e))?;
         }
-        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .map_err(|e| fail("the CA certificates", &e))?
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build().map_err(|e| fail("the CA certificates", &e))?
     };
     let pins = tls.pins();
     let verifier: Arc<dyn ServerCertVerifier> = if pins.is_empty() { verifier } else { Arc::new(Pinned { inner: verifier, pins }) };

@@ -123,11 +123,8 @@ async fn one_try(client: &reqwest::Client, d: &Downstream, wire: &Wire) -> Try {
         Err(e) => return Try::Done(unsettled(None, unsent_reason(d, &e))),
     };
     let status = response.status().as_u16();
-    let headers: Vec<(String, String)> = response
-        .headers()
-        .iter()
-        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
-        .collect();
+    let headers: Vec<(String, String)> =
+        response.headers().iter().map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
     let body = match read_capped(response).await {
         Ok(body) => body,
         Err(reason) => return Try::Done(unsettled(None, format!("HTTP {status}, but the body could not be read: {reason}"))),
@@ -209,8 +206,17 @@ fn handshake_refused(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         Some(rustls::Error::AlertReceived(alert))
             if matches!(
                 alert,
-                A::CertificateRequired | A::BadCertificate | A::UnsupportedCertificate | A::CertificateRevoked | A::CertificateExpired
-                    | A::CertificateUnknown | A::UnknownCA | A::AccessDenied | A::HandshakeFailure | A::ProtocolVersion | A::InsufficientSecurity
+                A::CertificateRequired
+                    | A::BadCertificate
+                    | A::UnsupportedCertificate
+                    | A::CertificateRevoked
+                    | A::CertificateExpired
+                    | A::CertificateUnknown
+                    | A::UnknownCA
+                    | A::AccessDenied
+                    | A::HandshakeFailure
+                    | A::ProtocolVersion
+                    | A::InsufficientSecurity
             ) =>
         {
             Some(format!("{alert:?}"))

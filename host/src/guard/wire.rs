@@ -6,15 +6,7 @@ use crate::policy::{Downstream, KeyTransport};
 
 /// Headers a plugin may never set: credentials are the host's to inject,
 /// keys are the host's to mint, and framing is the HTTP client's.
-const FORBIDDEN_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "idempotency-key",
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-];
+const FORBIDDEN_HEADERS: &[&str] = &["authorization", "proxy-authorization", "idempotency-key", "host", "content-length", "transfer-encoding", "connection"];
 
 /// A request ready to send: the plugin's, with the key (and any credential)
 /// attached. Deliberately not `Debug`: it may carry a secret.
@@ -71,9 +63,7 @@ pub fn check_headers(request: &StoredRequest, d: &Downstream) -> Result<(), Stri
         }
         let lower = name.to_ascii_lowercase();
         if FORBIDDEN_HEADERS.contains(&lower.as_str()) || key_headers.contains(&lower) {
-            return Err(format!(
-                "the request sets `{name}`, which only the host may set (it mints idempotency keys and injects credentials); remove it"
-            ));
+            return Err(format!("the request sets `{name}`, which only the host may set (it mints idempotency keys and injects credentials); remove it"));
         }
     }
     Ok(())

@@ -14,10 +14,10 @@
 
 use crate::error::CallError;
 use crate::runtime::{CallOutput, CallRequest, Runtime};
+use rmcp::RoleServer;
 use rmcp::model::RequestId;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
-use rmcp::RoleServer;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -62,16 +62,13 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     }
     let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1", "[::1]"].iter().map(|h| h.to_string()).collect();
     hosts.extend(config.allowed_hosts.iter().cloned());
-    let mcp_config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(hosts.clone())
-        .with_max_request_body_bytes(config.max_request_bytes);
+    let mcp_config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts.clone()).with_max_request_body_bytes(config.max_request_bytes);
     let ledger = host.runtime.guard().map(|g| g.ledger().clone());
     let runtime = host.runtime.clone();
     let service = StreamableHttpService::new(move || Ok(host.clone()), Arc::new(LocalSessionManager::default()), mcp_config);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
-    let mcp = axum::Router::new()
-        .nest_service(PATH, service)
-        .layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)));
+    let mcp =
+        axum::Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)));
     let hosts = Arc::new(hosts);
     let metrics_route = axum::routing::get(move |req: axum::extract::Request| {
         let (ledger, hosts) = (ledger.clone(), hosts.clone());

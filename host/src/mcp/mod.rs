@@ -6,8 +6,8 @@
 //! [`client`] is the minimal Streamable HTTP client the benchmarks and the
 //! integration tests drive it with.
 
-mod delivery;
 pub mod client;
+mod delivery;
 pub mod http;
 pub mod ids;
 pub mod results;
@@ -17,8 +17,8 @@ use crate::error::ErrorKind;
 use crate::policy::Effect;
 use crate::runtime::{CallRequest, Runtime};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};

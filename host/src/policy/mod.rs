@@ -14,8 +14,8 @@ mod plugin;
 
 pub use authorize::{Refusal, authorize};
 pub use downstream::{
-    CredentialSpec, DEFAULT_BACKOFF_MS, DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RETRIES, DEFAULT_RECONCILE_MS,
-    DEFAULT_RETENTION_HOURS, DEFAULT_TIMEOUT_MS, Downstream, Downstreams, KeyTransport, MAX_BACKOFF, RawDownstream, Secret,
+    CredentialSpec, DEFAULT_BACKOFF_MS, DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RETRIES, DEFAULT_RECONCILE_MS, DEFAULT_RETENTION_HOURS,
+    DEFAULT_TIMEOUT_MS, Downstream, Downstreams, KeyTransport, MAX_BACKOFF, RawDownstream, Secret,
 };
 pub use effect::Effect;
 pub use effective::{Budgets, EffectiveGrant, EffectivePolicy, InjectedCredential, TlsView, ToolClass};
@@ -113,7 +113,10 @@ impl Policy {
                 let ok = |part: &str| !part.is_empty() && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
                 let well_formed = package.split_once(':').is_some_and(|(ns, name)| ok(ns) && ok(name)) && ok(interface);
                 if !well_formed {
-                    return Err((at(&format!("deny_imports[{i}]")), "expected a package such as `wasi:filesystem` or an interface such as `wasi:filesystem/preopens`, without a version".into()));
+                    return Err((
+                        at(&format!("deny_imports[{i}]")),
+                        "expected a package such as `wasi:filesystem` or an interface such as `wasi:filesystem/preopens`, without a version".into(),
+                    ));
                 }
             }
             let policy = PluginPolicy {

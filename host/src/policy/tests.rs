@@ -66,9 +66,7 @@ fn paths_that_could_be_read_as_another_path_are_refused_unless_the_grant_allows_
 #[test]
 fn grants_list_real_methods_only_and_header_names_are_checked() {
     let policy = |methods: &str| {
-        let text = format!(
-            "[downstreams.pay]\nurl = \"http://127.0.0.1:1\"\n[[plugins.p.grants]]\ndownstream = \"pay\"\nmethods = {methods}\n"
-        );
+        let text = format!("[downstreams.pay]\nurl = \"http://127.0.0.1:1\"\n[[plugins.p.grants]]\ndownstream = \"pay\"\nmethods = {methods}\n");
         Policy::from_raw(toml::from_str(&text).unwrap(), Path::new("."))
     };
     assert!(policy(r#"["POST", "GET"]"#).is_ok());

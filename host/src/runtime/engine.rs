@@ -2,8 +2,8 @@
 //! interruption driven by a ticker thread, and the pooling allocator with a
 //! logged fallback to on-demand allocation.
 
-use crate::config::limits::EPOCH_TICK_MS;
 use crate::config::EngineConfig;
+use crate::config::limits::EPOCH_TICK_MS;
 use std::time::Duration;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 

@@ -94,27 +94,13 @@ impl types::HostDescriptor for InertFs {
     async fn stat_at(&mut self, _: Fd, _: types::PathFlags, _: String) -> FsResult<types::DescriptorStat> {
         denied()
     }
-    async fn set_times_at(
-        &mut self,
-        _: Fd,
-        _: types::PathFlags,
-        _: String,
-        _: types::NewTimestamp,
-        _: types::NewTimestamp,
-    ) -> FsResult<()> {
+    async fn set_times_at(&mut self, _: Fd, _: types::PathFlags, _: String, _: types::NewTimestamp, _: types::NewTimestamp) -> FsResult<()> {
         denied()
     }
     async fn link_at(&mut self, _: Fd, _: types::PathFlags, _: String, _: Fd, _: String) -> FsResult<()> {
         denied()
     }
-    async fn open_at(
-        &mut self,
-        _: Fd,
-        _: types::PathFlags,
-        _: String,
-        _: types::OpenFlags,
-        _: types::DescriptorFlags,
-    ) -> FsResult<Fd> {
+    async fn open_at(&mut self, _: Fd, _: types::PathFlags, _: String, _: types::OpenFlags, _: types::DescriptorFlags) -> FsResult<Fd> {
         denied()
     }
     fn drop(&mut self, _: Fd) -> wasmtime::Result<()> {
@@ -156,10 +142,7 @@ impl types::HostDescriptor for InertFs {
 }
 
 impl types::HostDirectoryEntryStream for InertFs {
-    async fn read_directory_entry(
-        &mut self,
-        _: Resource<types::DirectoryEntryStream>,
-    ) -> FsResult<Option<types::DirectoryEntry>> {
+    async fn read_directory_entry(&mut self, _: Resource<types::DirectoryEntryStream>) -> FsResult<Option<types::DirectoryEntry>> {
         denied()
     }
     fn drop(&mut self, _: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {

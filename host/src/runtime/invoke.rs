@@ -125,7 +125,6 @@ impl Runtime {
             tracing::warn!(error = %e, call_id = %request.call_id, "could not record what the caller was told");
         }
     }
-
 }
 
 /// The budgets a call of `plugin`'s irreversible tools spends: per session,
@@ -148,10 +147,7 @@ fn budgets(plugin: &super::plugin::LoadedPlugin, req: &CallRequest) -> Vec<crate
 
 fn unknown_tool(rt: &Runtime, name: &str) -> CallError {
     let known: Vec<&str> = rt.tools.keys().map(String::as_str).take(20).collect();
-    CallError::new(
-        ErrorKind::UnknownTool,
-        format!("no tool named `{name}`; available: {}", if known.is_empty() { "none".into() } else { known.join(", ") }),
-    )
+    CallError::new(ErrorKind::UnknownTool, format!("no tool named `{name}`; available: {}", if known.is_empty() { "none".into() } else { known.join(", ") }))
 }
 
 /// Size, syntax and schema of the arguments, checked before any instance exists.
@@ -164,9 +160,7 @@ fn check_args(text: &str, max: usize, tool: &ToolInfo) -> Result<Value, CallErro
     if !args.is_object() {
         return Err(invalid("the arguments must be a JSON object".into()));
     }
-    tool.input_schema
-        .check(&args)
-        .map_err(|e| invalid(format!("the arguments do not match the schema of `{}`: {e}", tool.name)))?;
+    tool.input_schema.check(&args).map_err(|e| invalid(format!("the arguments do not match the schema of `{}`: {e}", tool.name)))?;
     Ok(args)
 }
 
@@ -179,8 +173,7 @@ fn check_result(text: &str, max: usize, tool: &ToolInfo) -> Result<Value, CallEr
         ));
     }
     let bad = |m: String| CallError::new(ErrorKind::InvalidResult, m);
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| bad(format!("`{}` returned a result that is not JSON: {e}", tool.name)))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| bad(format!("`{}` returned a result that is not JSON: {e}", tool.name)))?;
     if let Some(schema) = &tool.output_schema {
         schema.check(&value).map_err(|e| bad(format!("`{}` broke its own output schema: {e}", tool.name)))?;
     }

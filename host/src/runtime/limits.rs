@@ -19,11 +19,7 @@ impl MemoryLimiter {
     /// (`footprint`), never below [`MIN_INSTANCES`].
     pub fn new(cap: usize, footprint: super::Footprint) -> Self {
         let floor = |n: u32| n.max(MIN_INSTANCES);
-        let room = super::Footprint {
-            core_instances: floor(footprint.core_instances),
-            memories: floor(footprint.memories),
-            tables: floor(footprint.tables),
-        };
+        let room = super::Footprint { core_instances: floor(footprint.core_instances), memories: floor(footprint.memories), tables: floor(footprint.tables) };
         Self { cap, room, refused: None }
     }
 }

@@ -33,16 +33,16 @@ use crate::guard::{Guard, Reconciler, RecoveryReport, ToolRules};
 use crate::ledger::Ledger;
 use crate::policy::{Downstreams, EffectivePolicy};
 use bindings::{Plugin, PluginPre};
+use context::PluginContext;
 use outbound::Mode;
 use plugin::LoadedPlugin;
+use sandbox::{Core, Slot};
 use sha2::{Digest, Sha256};
-use context::PluginContext;
 use state::HostState;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use sandbox::{Core, Slot};
 use wasmtime::component::Linker;
 
 /// One tool call as a caller makes it.
@@ -413,7 +413,9 @@ impl Runtime {
 fn with_hint(reason: String) -> String {
     if reason.contains("component model async") {
         // wasmtime is built without component-model-async (README: crates).
-        format!("{reason}. The component uses the component model's async ABI, which toolguard does not enable: build it synchronous (componentize-qjs --sync; wit-bindgen without async exports)")
+        format!(
+            "{reason}. The component uses the component model's async ABI, which toolguard does not enable: build it synchronous (componentize-qjs --sync; wit-bindgen without async exports)"
+        )
     } else {
         reason
     }
@@ -422,11 +424,7 @@ fn with_hint(reason: String) -> String {
 /// The most any of `plugins` takes from the pool (unreadable ones count as
 /// nothing here; loading them reports why).
 pub fn footprint_of(plugins: &[PluginConfig]) -> Footprint {
-    plugins
-        .iter()
-        .filter_map(|p| read_component(p).ok())
-        .filter_map(|bytes| Footprint::of(&bytes).ok())
-        .fold(Footprint::default(), Footprint::max)
+    plugins.iter().filter_map(|p| read_component(p).ok()).filter_map(|bytes| Footprint::of(&bytes).ok()).fold(Footprint::default(), Footprint::max)
 }
 
 /// Refuses a component the pool has no room for, naming the setting to raise.
@@ -455,10 +453,8 @@ fn read_component(config: &PluginConfig) -> Result<Vec<u8>, LoadError> {
             path: format!("builtin:{b}"),
             reason: "no such builtin plugin".into(),
         }),
-        ComponentSource::File(path) => std::fs::read(path).map_err(|e| LoadError::Read {
-            plugin: config.name.clone(),
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        }),
+        ComponentSource::File(path) => {
+            std::fs::read(path).map_err(|e| LoadError::Read { plugin: config.name.clone(), path: path.display().to_string(), reason: e.to_string() })
+        }
     }
 }

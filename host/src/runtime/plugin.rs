@@ -4,9 +4,9 @@ use super::bindings::{PluginPre, types};
 use super::context::PluginContext;
 use super::state::HostState;
 use crate::error::LoadError;
-use crate::schema::Schema;
 pub use crate::policy::Effect;
 use crate::policy::{EffectivePolicy, ToolClass};
+use crate::schema::Schema;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -77,12 +77,7 @@ pub(crate) struct LoadedPlugin {
 /// No tools, too many, a bad or repeated name, a schema that does not
 /// compile or does not describe an object, or a class for a tool the plugin
 /// does not offer.
-pub(crate) fn check_specs(
-    plugin: &str,
-    prefix: &str,
-    specs: Vec<types::ToolSpec>,
-    classes: &BTreeMap<String, Effect>,
-) -> Result<Vec<ToolInfo>, LoadError> {
+pub(crate) fn check_specs(plugin: &str, prefix: &str, specs: Vec<types::ToolSpec>, classes: &BTreeMap<String, Effect>) -> Result<Vec<ToolInfo>, LoadError> {
     let bad = |tool: &str, reason: String| LoadError::BadTool { plugin: plugin.into(), tool: tool.into(), reason };
     if specs.is_empty() || specs.len() > MAX_TOOLS {
         let reason = format!("describe returned {} tools; a plugin offers 1 to {MAX_TOOLS}", specs.len());
@@ -92,8 +87,7 @@ pub(crate) fn check_specs(
     for spec in specs {
         let plugin_tool = spec.name;
         let name = format!("{prefix}{plugin_tool}");
-        let name_ok = (1..=64).contains(&name.len())
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        let name_ok = (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !name_ok {
             return Err(bad(&name, "a tool name is 1–64 of A-Z a-z 0-9 _ -".into()));
         }

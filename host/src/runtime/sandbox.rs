@@ -4,8 +4,8 @@
 //! with reconcilers that run while an invocation waits in a send.
 
 use super::engine::Allocator;
-use super::plugin::LoadedPlugin;
 use super::outbound::{Mode, Outbound};
+use super::plugin::LoadedPlugin;
 use super::state::HostState;
 use crate::error::{CallError, ErrorKind};
 use crate::guard::{CallGuard, Guard};
@@ -97,10 +97,9 @@ impl Core {
         let result = match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(classify(&error, store.data())),
-            Err(_elapsed) => Err(Fault::Limit(format!(
-                "plugin `{}` did not finish within its wall-clock budget of {} ms (wall_ms)",
-                plugin.ctx.name, limits.wall_ms
-            ))),
+            Err(_elapsed) => {
+                Err(Fault::Limit(format!("plugin `{}` did not finish within its wall-clock budget of {} ms (wall_ms)", plugin.ctx.name, limits.wall_ms)))
+            }
         };
         (result, store.data_mut().outbound.take_call())
     }
@@ -145,9 +144,7 @@ fn classify(error: &wasmtime::Error, state: &HostState) -> Fault {
     }
     let stderr = state.stderr_tail().map(|l| format!(" (its stderr: {l})")).unwrap_or_default();
     match error.downcast_ref::<Trap>() {
-        Some(Trap::StackOverflow) => {
-            Fault::Limit(format!("plugin `{plugin}` exhausted its call stack (runaway recursion?){stderr}"))
-        }
+        Some(Trap::StackOverflow) => Fault::Limit(format!("plugin `{plugin}` exhausted its call stack (runaway recursion?){stderr}")),
         Some(trap) => Fault::Trap(format!("plugin `{plugin}` trapped: {trap}{stderr}")),
         None => Fault::Trap(format!("plugin `{plugin}` failed: {error}{stderr}")),
     }

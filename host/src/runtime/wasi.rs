@@ -76,22 +76,14 @@ const TAIL_LINES: usize = 4;
 impl PluginLog {
     /// A log for `plugin`'s stdout, or its stderr when `stderr` is true.
     pub fn new(plugin: Arc<str>, stderr: bool) -> Self {
-        Self(Arc::new(Mutex::new(LogBuffer {
-            plugin,
-            stderr,
-            partial: Vec::new(),
-            logged: 0,
-            dropped: 0,
-            tail: std::collections::VecDeque::new(),
-        })))
+        Self(Arc::new(Mutex::new(LogBuffer { plugin, stderr, partial: Vec::new(), logged: 0, dropped: 0, tail: std::collections::VecDeque::new() })))
     }
 
     /// The last few lines written, joined with ` | ` (e.g. a panic message),
     /// without Rust's hint about `RUST_BACKTRACE`, which cannot apply here.
     pub fn tail(&self) -> Option<String> {
         let b = self.lock();
-        let lines: Vec<&str> =
-            b.tail.iter().map(String::as_str).filter(|l| !l.trim().is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE")).collect();
+        let lines: Vec<&str> = b.tail.iter().map(String::as_str).filter(|l| !l.trim().is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE")).collect();
         (!lines.is_empty()).then(|| lines.join(" | "))
     }
 
@@ -178,11 +170,7 @@ impl wasmtime_wasi_io::poll::Pollable for PluginLog {
 }
 
 impl tokio::io::AsyncWrite for PluginLog {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
+    fn poll_write(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
         PluginLog::write(&self, buf);
         std::task::Poll::Ready(Ok(buf.len()))
     }

@@ -19,10 +19,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use toolguard_sdk::{
-    Attempt, AttemptInfo, OutboundError, Plugin, Reconcile, Reconciliation, Request, Response, ToolError, Tools, config,
-    found,
-};
+use toolguard_sdk::{Attempt, AttemptInfo, OutboundError, Plugin, Reconcile, Reconciliation, Request, Response, ToolError, Tools, config, found};
 
 /// A payment intent id, e.g. `pi_123`.
 const PAYMENT_INTENT: &str = "^pi_[A-Za-z0-9_]{1,64}$";
@@ -112,11 +109,8 @@ fn refund(args: RefundArgs) -> Result<RefundSummary, ToolError> {
     let pi = &args.payment_intent;
     let amount = args.amount_cents.to_string();
     let reason = serde_json::to_value(args.reason).unwrap_or_default();
-    let request = Request::post(format!("{base}/v1/refunds")).form(&[
-        ("payment_intent", pi),
-        ("amount", &amount),
-        ("reason", reason.as_str().unwrap_or_default()),
-    ]);
+    let request =
+        Request::post(format!("{base}/v1/refunds")).form(&[("payment_intent", pi), ("amount", &amount), ("reason", reason.as_str().unwrap_or_default())]);
     match request.send() {
         Ok(response) if response.is_success() => Ok(RefundSummary::from(&response.json::<StripeRefund>()?)),
         Ok(response) if error_code(&response) == "charge_already_refunded" => Err(already_refunded(&base, pi)),
@@ -192,11 +186,7 @@ impl Plugin for Payments {
                  If the outcome is reported unknown, do not call refund again: call refund_status first.",
                 refund,
             )
-            .read_only(
-                "refund_status",
-                "Lists the refunds of a payment intent, newest first, with the total refunded. Read-only.",
-                refund_status,
-            )
+            .read_only("refund_status", "Lists the refunds of a payment intent, newest first, with the total refunded. Read-only.", refund_status)
     }
 }
 

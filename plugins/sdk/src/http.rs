@@ -19,10 +19,7 @@ pub struct Request {
 impl Request {
     /// A request with `method` (`GET`, `HEAD`, `POST`, `PUT`, `PATCH`, `DELETE`) to absolute `url`.
     pub fn new(method: &str, url: impl Into<String>) -> Request {
-        Request {
-            inner: wit::Request { method: method.into(), url: url.into(), headers: Vec::new(), body: Vec::new() },
-            broken: None,
-        }
+        Request { inner: wit::Request { method: method.into(), url: url.into(), headers: Vec::new(), body: Vec::new() }, broken: None }
     }
 
     /// A `GET` of `url`.
@@ -122,8 +119,7 @@ impl Response {
 
     /// The body parsed as JSON into `T`; a body that is not is a tool failure that says so.
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, ToolError> {
-        serde_json::from_slice(&self.0.body).map_err(|e| {
-            ToolError::Failed(format!("the provider answered HTTP {} with a body that is not the expected JSON: {e}", self.0.status))
-        })
+        serde_json::from_slice(&self.0.body)
+            .map_err(|e| ToolError::Failed(format!("the provider answered HTTP {} with a body that is not the expected JSON: {e}", self.0.status)))
     }
 }

@@ -105,10 +105,7 @@ macro_rules! export {
             fn describe() -> ::std::vec::Vec<$crate::wit::ToolSpec> {
                 $crate::__describe::<$plugin>()
             }
-            fn invoke(
-                tool: ::std::string::String,
-                args: ::std::string::String,
-            ) -> ::std::result::Result<::std::string::String, $crate::ToolError> {
+            fn invoke(tool: ::std::string::String, args: ::std::string::String) -> ::std::result::Result<::std::string::String, $crate::ToolError> {
                 $crate::__invoke::<$plugin>(&tool, &args)
             }
         }
@@ -117,11 +114,7 @@ macro_rules! export {
     ($plugin:ident with Reconcile) => {
         $crate::export!($plugin);
         impl $crate::bindings::reconciler::exports::toolguard::plugin::reconciler::Guest for $plugin {
-            fn reconcile(
-                tool: ::std::string::String,
-                args: ::std::string::String,
-                attempt: $crate::Attempt,
-            ) -> $crate::Reconciliation {
+            fn reconcile(tool: ::std::string::String, args: ::std::string::String, attempt: $crate::Attempt) -> $crate::Reconciliation {
                 <$plugin as $crate::Reconcile>::reconcile(&tool, &args, &attempt)
             }
         }

@@ -18,11 +18,9 @@ pub trait Reconcile {
 /// The provider has the attempt: `body` as the JSON 200 response the request would have had.
 pub fn found<T: Serialize>(body: &T) -> Reconciliation {
     match serde_json::to_vec(body) {
-        Ok(body) => Reconciliation::Found(Response {
-            status: 200,
-            headers: vec![Header { name: "content-type".into(), value: "application/json".into() }],
-            body,
-        }),
+        Ok(body) => {
+            Reconciliation::Found(Response { status: 200, headers: vec![Header { name: "content-type".into(), value: "application/json".into() }], body })
+        }
         Err(e) => Reconciliation::StillUnknown(format!("the provider's object could not be written as JSON: {e}")),
     }
 }

@@ -59,11 +59,7 @@ struct TextStats;
 
 impl Plugin for TextStats {
     fn tools() -> Tools {
-        Tools::new().read_only(
-            "text_stats",
-            "Counts the characters, words and lines of a text and lists its most frequent words.",
-            text_stats,
-        )
+        Tools::new().read_only("text_stats", "Counts the characters, words and lines of a text and lists its most frequent words.", text_stats)
     }
 }
 

@@ -160,7 +160,9 @@ impl Provider {
     pub fn parse_key(&self, raw: Option<&str>) -> Result<Option<String>, (u16, Value)> {
         let Some(raw) = raw else {
             return match self.mode {
-                Mode::Ietf => Err((400, problem("Idempotency-Key is missing", "This operation is idempotent and requires a correctly formatted Idempotency-Key header"))),
+                Mode::Ietf => {
+                    Err((400, problem("Idempotency-Key is missing", "This operation is idempotent and requires a correctly formatted Idempotency-Key header")))
+                }
                 Mode::Stripe | Mode::Adyen => Ok(None),
             };
         };
@@ -216,18 +218,10 @@ impl Provider {
         match self.mode {
             Mode::Stripe => Admission::Reject {
                 status: 409,
-                body: stripe_error(
-                    "idempotency_error",
-                    "idempotency_key_in_use",
-                    "There is currently another in-progress request using this Idempotent Key.",
-                ),
+                body: stripe_error("idempotency_error", "idempotency_key_in_use", "There is currently another in-progress request using this Idempotent Key."),
                 transient: true,
             },
-            Mode::Ietf => Admission::Reject {
-                status: 409,
-                body: problem("A request is outstanding for this Idempotency-Key", "Retry later"),
-                transient: true,
-            },
+            Mode::Ietf => Admission::Reject { status: 409, body: problem("A request is outstanding for this Idempotency-Key", "Retry later"), transient: true },
             Mode::Adyen => Admission::Reject {
                 status: 422,
                 body: json!({ "status": 422, "errorCode": "704", "message": "request already processed or in progress", "errorType": "validation" }),
@@ -256,12 +250,8 @@ impl Provider {
         let Some(intent) = self.intents.get(pi).cloned() else {
             return (404, stripe_error("invalid_request_error", "resource_missing", &format!("No such payment_intent: '{pi}'")));
         };
-        let refunded: u64 = self
-            .refunds
-            .iter()
-            .filter(|r| r.payment_intent == *pi && !matches!(r.status.as_str(), "failed" | "canceled"))
-            .map(|r| r.amount)
-            .sum();
+        let refunded: u64 =
+            self.refunds.iter().filter(|r| r.payment_intent == *pi && !matches!(r.status.as_str(), "failed" | "canceled")).map(|r| r.amount).sum();
         let remaining = intent.amount.saturating_sub(refunded);
         let amount = match params.get("amount").map(|a| a.parse::<u64>()) {
             None => remaining,
@@ -276,10 +266,7 @@ impl Provider {
             return (400, stripe_error("invalid_request_error", "amount_too_large", &message));
         }
         self.next_id += 1;
-        let metadata = params
-            .iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix("metadata[")?.strip_suffix(']')?.to_string(), v.clone())))
-            .collect();
+        let metadata = params.iter().filter_map(|(k, v)| Some((k.strip_prefix("metadata[")?.strip_suffix(']')?.to_string(), v.clone()))).collect();
         let refund = Refund {
             id: format!("re_{:08}{:016x}", self.next_id, fnv(&format!("{pi}{}{}", self.next_id, self.now()))),
             object: "refund",

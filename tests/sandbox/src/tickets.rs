@@ -8,9 +8,9 @@
 //! (the caller times out; the ticket exists); `Sandbox::set_list_lag` keeps
 //! new tickets out of searches for a while (an eventually consistent index).
 
+use crate::Shared;
 use crate::http::{json_response, observe};
 use crate::provider::Fault;
-use crate::Shared;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
@@ -67,15 +67,17 @@ pub(crate) async fn create(State(shared): State<Arc<Shared>>, method: Method, ur
     json_response(201, &serde_json::to_value(ticket).unwrap_or_default())
 }
 
-pub(crate) async fn list(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {
+pub(crate) async fn list(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
     observe(&shared, &method, &uri, &headers, "");
     let p = shared.provider.lock().unwrap();
     let visible = crate::provider::now_ms().saturating_sub(p.list_lag.as_millis() as u64);
-    let data: Vec<&Ticket> = p
-        .tickets
-        .iter()
-        .filter(|t| t.created_ms <= visible)
-        .filter(|t| q.get("external_ref").is_none_or(|r| t.external_ref.as_ref() == Some(r)))
-        .collect();
+    let data: Vec<&Ticket> =
+        p.tickets.iter().filter(|t| t.created_ms <= visible).filter(|t| q.get("external_ref").is_none_or(|r| t.external_ref.as_ref() == Some(r))).collect();
     json_response(200, &json!({ "data": data }))
 }

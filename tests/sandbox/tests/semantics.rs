@@ -18,11 +18,7 @@ impl Client {
 
     /// POST /v1/refunds; returns (status, replayed header, body).
     async fn refund(&self, key: Option<&str>, body: &str) -> (u16, bool, Value) {
-        let mut req = self
-            .http
-            .post(format!("{}/v1/refunds", self.url))
-            .header("Content-Type", "application/x-www-form-urlencoded")
-            .body(body.to_string());
+        let mut req = self.http.post(format!("{}/v1/refunds", self.url)).header("Content-Type", "application/x-www-form-urlencoded").body(body.to_string());
         if let Some(k) = key {
             req = req.header("Idempotency-Key", k);
         }
@@ -136,12 +132,8 @@ async fn faults_around_the_commit_do_what_they_say() {
     assert_eq!(c.refund(Some("r"), "payment_intent=pi_1&amount=1").await.0, 429);
     assert_eq!(c.refund(Some("r"), "payment_intent=pi_1&amount=1").await.0, 200, "429 stored nothing");
     s.inject(Fault::DropAfterCommit);
-    let dropped = reqwest::Client::new()
-        .post(format!("{}/v1/refunds", s.url()))
-        .header("Idempotency-Key", "d")
-        .body("payment_intent=pi_1&amount=1")
-        .send()
-        .await;
+    let dropped =
+        reqwest::Client::new().post(format!("{}/v1/refunds", s.url())).header("Idempotency-Key", "d").body("payment_intent=pi_1&amount=1").send().await;
     assert!(dropped.is_err(), "no answer");
     assert_eq!(s.refunds().len(), 3, "but committed");
     s.inject(Fault::PauseAfterCommit);

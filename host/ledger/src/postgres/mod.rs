@@ -36,13 +36,16 @@ mod prepared;
 mod retention;
 mod tls;
 
-use crate::error::failed;
 use super::retention::{LedgerStats, Removal, RetireEntry};
-use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, FirstLook, GrantRecord, LedgerWrite, Prior, checks};
+use super::{
+    AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, FirstLook, GrantRecord,
+    LedgerWrite, Prior, checks,
+};
+use crate::error::failed;
+use prepared::{Manager, Param, Params, Prepared};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{GenericClient, Row};
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
-use prepared::{Manager, Param, Params, Prepared};
 use std::time::Duration;
 
 /// Version 1's tables and indexes.
@@ -161,15 +164,14 @@ impl Postgres {
     pub(crate) fn connect(url: &str) -> Result<Self, BackendError> {
         let (config, tls) = tls::config(url)?;
         let manager = Manager(PostgresConnectionManager::new(config, tls));
-        let pool = Pool::builder()
-            .max_size(POOL_SIZE)
-            .min_idle(Some(1))
-            .connection_timeout(Duration::from_secs(10))
-            .build(manager)
-            .map_err(|e| {
-                let tls = if url.contains("sslmode=verify") { ", and that `sslrootcert` is the CA that signed the server's certificate (for verify-full, one naming this host)" } else { "" };
-                format!("cannot connect: {e}; check the URL, the server and its pg_hba.conf{tls}")
-            })?;
+        let pool = Pool::builder().max_size(POOL_SIZE).min_idle(Some(1)).connection_timeout(Duration::from_secs(10)).build(manager).map_err(|e| {
+            let tls = if url.contains("sslmode=verify") {
+                ", and that `sslrootcert` is the CA that signed the server's certificate (for verify-full, one naming this host)"
+            } else {
+                ""
+            };
+            format!("cannot connect: {e}; check the URL, the server and its pg_hba.conf{tls}")
+        })?;
         let this = Self { pool: Some(pool) };
         this.migrate()?;
         Ok(this)
@@ -385,9 +387,7 @@ impl Backend for Postgres {
     }
 
     fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, BackendError> {
-        off_async(|| {
-            Self::one(&self.query("SELECT record FROM toolguard_attempts WHERE key = $1", &[&key])?)
-        })
+        off_async(|| Self::one(&self.query("SELECT record FROM toolguard_attempts WHERE key = $1", &[&key])?))
     }
 
     fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, BackendError> {
@@ -426,15 +426,13 @@ impl Backend for Postgres {
     }
 
     fn attempts(&self) -> Result<Vec<AttemptRecord>, BackendError> {
-        off_async(|| {
-            Self::records(&self.query("SELECT record FROM toolguard_attempts ORDER BY key COLLATE \"C\"", &[])?)
-        })
+        off_async(|| Self::records(&self.query("SELECT record FROM toolguard_attempts ORDER BY key COLLATE \"C\"", &[])?))
     }
 
     fn record_grants(&self, record: &GrantRecord) -> Result<bool, BackendError> {
         off_async(|| {
-            let latest: Option<GrantRecord> = Self::one(&self.query(
-                "SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1", &[&record.plugin])?)?;
+            let latest: Option<GrantRecord> =
+                Self::one(&self.query("SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1", &[&record.plugin])?)?;
             if !checks::grants_changed(latest.as_ref(), record) {
                 return Ok(false);
             }
@@ -446,9 +444,7 @@ impl Backend for Postgres {
     }
 
     fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError> {
-        off_async(|| {
-            Self::records(&self.query("SELECT record FROM toolguard_grant_history ORDER BY recorded_ms, plugin COLLATE \"C\"", &[])?)
-        })
+        off_async(|| Self::records(&self.query("SELECT record FROM toolguard_grant_history ORDER BY recorded_ms, plugin COLLATE \"C\"", &[])?))
     }
 
     fn shared(&self) -> bool {

@@ -1,8 +1,8 @@
 //! The RocksDB ledger's indexes, kept right by every write: unsettled
 //! attempts by state, attempts by (call, step), the calls of each episode, and the retire index.
 
-use super::keys::{CF_BY_STATE, CF_CALL_ATTEMPTS, CF_EPISODE_CALLS, CF_RETIRE, call_key, episode_call_key, retire_key};
 use super::Rocks;
+use super::keys::{CF_BY_STATE, CF_CALL_ATTEMPTS, CF_EPISODE_CALLS, CF_RETIRE, call_key, episode_call_key, retire_key};
 use crate::retention::RetireEntry;
 use crate::{AttemptRecord, AttemptState, CallRecord, Prior};
 use rocksdb::WriteBatch;

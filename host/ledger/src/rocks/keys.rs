@@ -20,8 +20,19 @@ pub(super) const CF_RETIRE: &str = "retire";
 pub(super) const CF_EXPIRED: &str = "expired";
 pub(super) const CF_LATEST: &str = "latest_episode";
 pub(super) const ALL_CFS: [&str; 13] = [
-    CF_META, CF_CALLS, CF_ATTEMPTS, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_GRANT_HISTORY, CF_UNSETTLED, CF_EPISODES, CF_BUDGET, CF_EPISODE_CALLS,
-    CF_RETIRE, CF_EXPIRED, CF_LATEST,
+    CF_META,
+    CF_CALLS,
+    CF_ATTEMPTS,
+    CF_BY_STATE,
+    CF_CALL_ATTEMPTS,
+    CF_GRANT_HISTORY,
+    CF_UNSETTLED,
+    CF_EPISODES,
+    CF_BUDGET,
+    CF_EPISODE_CALLS,
+    CF_RETIRE,
+    CF_EXPIRED,
+    CF_LATEST,
 ];
 
 pub(super) fn session_prefix(session: &str) -> Vec<u8> {

@@ -52,7 +52,9 @@ use writer::{Job, Now, Ticket, Writer};
 
 use super::backend::Pending;
 use super::retention::{LedgerStats, Removal, RetireEntry};
-use super::{AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, checks};
+use super::{
+    AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, checks,
+};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
 use std::cell::Cell;
 use std::path::Path;
@@ -152,7 +154,6 @@ fn episode_action(key: &[u8]) -> &[u8] {
 fn is_episode_key(key: &[u8]) -> bool {
     key.len() > 8
 }
-
 
 /// A RocksDB ledger database.
 pub(crate) struct Rocks {

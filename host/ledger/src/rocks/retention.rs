@@ -1,10 +1,10 @@
 //! Retention on RocksDB: pruning through the retire index, tombstones,
 //! and the figures of `ledger stats` (see [`crate::retention`]).
 
-use crate::error::failed;
-use super::keys::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALLS, CF_CALL_ATTEMPTS, CF_EPISODES, CF_EPISODE_CALLS, CF_EXPIRED, CF_RETIRE};
+use super::keys::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE};
 use super::keys::{call_key, episode_call_key, episode_key, retire_key};
 use super::{Rocks, db_error, read_options, write_options};
+use crate::error::failed;
 use crate::retention::{LedgerStats, Removal, RetireEntry, tombstone};
 use crate::{AttemptState, BackendError, CallRecord, CallState, Durability, EpisodeRecord};
 use rocksdb::{IteratorMode, WriteBatch};
@@ -138,7 +138,11 @@ impl Rocks {
         })?;
         self.each(CF_EPISODES, |_, v| {
             let episode: Episode = parse(v)?;
-            if episode.closed { stats.episodes_closed += 1 } else { stats.episodes_open += 1 }
+            if episode.closed {
+                stats.episodes_closed += 1
+            } else {
+                stats.episodes_open += 1
+            }
             Ok(())
         })?;
         let count = |cf| {

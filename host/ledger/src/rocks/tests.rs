@@ -160,17 +160,19 @@ fn attempt(call_id: &str, state: AttemptState) -> AttemptRecord {
 }
 
 fn indexes(ledger: &Rocks) -> Vec<Vec<u8>> {
-    [CF_BY_STATE, CF_CALL_ATTEMPTS]
-        .iter()
-        .flat_map(|cf| ledger.scan(cf, &[], |k, v| Some([cf.as_bytes(), k, v].concat())).unwrap())
-        .collect()
+    [CF_BY_STATE, CF_CALL_ATTEMPTS].iter().flat_map(|cf| ledger.scan(cf, &[], |k, v| Some([cf.as_bytes(), k, v].concat())).unwrap()).collect()
 }
 
 #[test]
 fn writes_over_a_known_prior_leave_the_same_indexes_as_blind_writes() {
     use AttemptState::*;
-    let paths: [&[AttemptState]; 5] =
-        [&[Pending, Succeeded], &[Pending, Unknown, Succeeded], &[Pending, Failed, Pending, Unknown], &[Pending, Pending, Failed], &[Pending, Unknown, Unknown, Failed]];
+    let paths: [&[AttemptState]; 5] = [
+        &[Pending, Succeeded],
+        &[Pending, Unknown, Succeeded],
+        &[Pending, Failed, Pending, Unknown],
+        &[Pending, Pending, Failed],
+        &[Pending, Unknown, Unknown, Failed],
+    ];
     for path in paths {
         let (precise, blind) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (precise, blind) = (Rocks::open(precise.path()).unwrap(), Rocks::open(blind.path()).unwrap());
@@ -220,7 +222,8 @@ fn a_group_of_queued_writes_lands_whole_with_one_fsync() {
     let ledger = Rocks::open(dir.path()).unwrap();
     let (mut group, mut results) = (Vec::new(), Vec::new());
     for i in 0..64 {
-        let write = LedgerWrite::new().call(crate::suite::call("s", &format!("c{i}"))).attempt_over(attempt(&format!("c{i}"), AttemptState::Pending), Prior::Absent);
+        let write =
+            LedgerWrite::new().call(crate::suite::call("s", &format!("c{i}"))).attempt_over(attempt(&format!("c{i}"), AttemptState::Pending), Prior::Absent);
         // One synced write among buffered ones: the group is applied whole, and synced once for it.
         let (j, r) = job(&ledger, &write, i == 40);
         group.push(j);

@@ -114,8 +114,13 @@ fn a_new_generation_becomes_the_steps_current_attempt(store: &dyn Store) {
 fn states_follow_every_transition(store: &dyn Store) {
     use AttemptState::*;
     let ledger = store.open();
-    let paths: [&[AttemptState]; 5] =
-        [&[Pending, Succeeded], &[Pending, Unknown, Succeeded], &[Pending, Failed, Pending, Unknown], &[Pending, Pending, Failed], &[Pending, Unknown, Unknown, Failed]];
+    let paths: [&[AttemptState]; 5] = [
+        &[Pending, Succeeded],
+        &[Pending, Unknown, Succeeded],
+        &[Pending, Failed, Pending, Unknown],
+        &[Pending, Pending, Failed],
+        &[Pending, Unknown, Unknown, Failed],
+    ];
     for (n, path) in paths.iter().enumerate() {
         let ids = [format!("p{n}-precise"), format!("p{n}-blind")];
         let mut prior = Prior::Absent;
@@ -232,7 +237,9 @@ fn only_a_call_that_sent_nothing_can_be_superseded(store: &dyn Store) {
     done.state = CallState::Completed;
     done.outcome = Some(StoredOutcome::Result(serde_json::json!({})));
     let write = LedgerWrite::new().call(call("s", "none")).call(call("s", "a")).call(call("s", "p")).call(done);
-    ledger.commit(write.attempt_over(not_sent, Prior::Absent).attempt_over(attempt("p", 0, 0, AttemptState::Pending), Prior::Absent), Durability::Buffered).unwrap();
+    ledger
+        .commit(write.attempt_over(not_sent, Prior::Absent).attempt_over(attempt("p", 0, 0, AttemptState::Pending), Prior::Absent), Durability::Buffered)
+        .unwrap();
     supersede("none").expect("no attempt at all");
     supersede("a").expect("its only attempt never left");
     for refused in ["p", "done", "missing"] {
@@ -380,7 +387,10 @@ fn a_call_written_over_another_actions_record_of_the_same_id_is_refused() {
     assert_eq!((stored.args_digest.as_str(), stored.owner.as_deref()), ("d", Some("host-a")), "the first record and its claim stay");
     assert!(ledger.episode("s", "refund", "other", Some(1)).unwrap().is_none(), "nothing of the refused write applied");
     // Its claim is the first action's: a claim of the other arguments is a conflict.
-    assert!(matches!(ledger.claim_call(&CallRecord { owner: Some("host-b".into()), lease_until_ms: Some(9_000), ..other }, 5_000).unwrap(), Claim::Conflict(_)));
+    assert!(matches!(
+        ledger.claim_call(&CallRecord { owner: Some("host-b".into()), lease_until_ms: Some(9_000), ..other }, 5_000).unwrap(),
+        Claim::Conflict(_)
+    ));
     // The same action's writes still land.
     ledger.commit(LedgerWrite::new().call(CallRecord { owner: Some("host-a".into()), ..call("s", "c1") }), Durability::Buffered).unwrap();
 }

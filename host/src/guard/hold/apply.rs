@@ -4,10 +4,10 @@
 
 use super::answer::{earlier_outcome, sends_outcome};
 use super::{Decision, Executor, Next, new_call};
+use crate::error::{CallError, ErrorKind};
 use crate::guard::admit::{conflict, expired};
 use crate::guard::claim::CLAIM_POLL;
-use crate::guard::{Budget, BUDGET_WINDOW_MS, CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
-use crate::error::{CallError, ErrorKind};
+use crate::guard::{BUDGET_WINDOW_MS, Budget, CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
 use crate::ledger::records::{CallRecord, EpisodeRecord, now_ms};
 use crate::ledger::{Charge, Durability, EpisodeOp, LedgerWrite, Superseding};
 use std::sync::Arc;
@@ -104,9 +104,7 @@ impl Guard {
             // It may have landed or not: the next look finds out (this call's
             // own record and episode, or none), and decides again.
             Err(e) if e.is_lost() => Ok(false),
-            Err(e) if e.is_refused() => {
-                Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message())))
-            }
+            Err(e) if e.is_refused() => Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message()))),
             Err(e) => Err(internal(e)),
         }
     }

@@ -103,12 +103,7 @@ enum Next {
 impl Guard {
     /// Admits a call of an irreversible tool under the hold rule, holding
     /// the call's own lock `lock` throughout.
-    pub(super) async fn admit_irreversible(
-        self: &Arc<Self>,
-        id: CallIdentity,
-        rules: CallRules,
-        mut lock: Held,
-    ) -> Result<Admission, CallError> {
+    pub(super) async fn admit_irreversible(self: &Arc<Self>, id: CallIdentity, rules: CallRules, mut lock: Held) -> Result<Admission, CallError> {
         let arrived_ms = now_ms();
         let deadline = Instant::now() + rules.hold_wait;
         let answers_deadline = Instant::now() + super::outgoing::DELIVERY_WAIT;
@@ -239,8 +234,7 @@ impl Guard {
     }
 
     fn executor_state(&self, session: &str, call_id: &str, record: Option<CallRecord>, attempts: Vec<AttemptRecord>) -> Executor {
-        let running = self.in_progress(session, call_id)
-            || (self.ledger.shared() && record.as_ref().is_some_and(|r| r.leased_elsewhere(&self.host, now_ms())));
+        let running = self.in_progress(session, call_id) || (self.ledger.shared() && record.as_ref().is_some_and(|r| r.leased_elsewhere(&self.host, now_ms())));
         match record {
             Some(r) if r.state == CallState::Completed && r.outcome.is_some() => Executor::Completed(r),
             _ if running => Executor::Running,

@@ -77,9 +77,7 @@ impl Outbound {
             (Mode::Guarded(call), _) => call.send(req).await,
             (Mode::Unguarded, Some(guard)) => guard::send_unguarded(guard, &self.plugin.grants, req).await,
             (Mode::Unguarded, None) => Err(SendError::Denied("no guard to borrow a client from; nothing was sent".into())),
-            (Mode::ReadOnly(tool), _) => {
-                Err(SendError::Denied(format!("`{tool}` is a read-only tool: it may fetch but not send; nothing was sent")))
-            }
+            (Mode::ReadOnly(tool), _) => Err(SendError::Denied(format!("`{tool}` is a read-only tool: it may fetch but not send; nothing was sent"))),
             (Mode::NoCall, _) => Err(SendError::Denied(format!(
                 "{} {}: no guarded tool call is in progress (no ledger, or during describe); nothing was sent",
                 req.method, req.url
