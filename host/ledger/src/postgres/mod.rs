@@ -42,9 +42,9 @@ use super::{
     LedgerWrite, Prior, checks,
 };
 use crate::error::failed;
-use prepared::{Manager, Param, Params, Prepared};
+use prepared::{Manager, Param, Params, Prepared, Uncommitted};
 use r2d2_postgres::PostgresConnectionManager;
-use r2d2_postgres::postgres::{GenericClient, Row};
+use r2d2_postgres::postgres::{GenericClient, Row, Transaction};
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
 use std::time::Duration;
 
@@ -163,7 +163,7 @@ impl Postgres {
     /// Connects to `url` and creates or migrates the schema.
     pub(crate) fn connect(url: &str) -> Result<Self, BackendError> {
         let (config, tls) = tls::config(url)?;
-        let manager = Manager(PostgresConnectionManager::new(config, tls));
+        let manager = Manager::new(PostgresConnectionManager::new(config, tls));
         let pool = Pool::builder().max_size(POOL_SIZE).min_idle(Some(1)).connection_timeout(Duration::from_secs(10)).build(manager).map_err(|e| {
             let tls = if url.contains("sslmode=verify") {
                 ", and that `sslrootcert` is the CA that signed the server's certificate (for verify-full, one naming this host)"
@@ -207,15 +207,29 @@ impl Postgres {
     /// Every caller reads (a `SELECT`): one whose connection was lost — the
     /// server terminated it, the socket dropped, often while it sat idle in
     /// the pool — changed nothing and runs again on another connection (a
-    /// lost one leaves the pool), up to [`READ_TRIES`] times in all, so a
+    /// lost one leaves the pool), up to [`TRIES`] times in all, so a
     /// passing loss, or a restart that closed every pooled connection, is
     /// not a failed tool call.
     fn query(&self, sql: &str, params: &Params<'_>) -> Result<Vec<Row>, BackendError> {
         let mut tries = 1;
         loop {
             match self.client()?.prepared().query(sql, params) {
-                Err(e) if connection_lost(&e) && tries < READ_TRIES => tries += 1,
+                Err(e) if connection_lost(&e) && tries < TRIES => tries += 1,
                 read => return read.map_err(db),
+            }
+        }
+    }
+
+    /// Runs `f` in a transaction on a connection of the pool. One that lost
+    /// its connection before its `COMMIT` was sent changed nothing and runs
+    /// again on another connection, up to [`TRIES`] times in all; one lost
+    /// at its `COMMIT` may have landed, and is [`BackendError::Lost`].
+    fn transaction<T>(&self, mut f: impl FnMut(&mut Prepared<'_, Transaction<'_>>) -> Result<T, BackendError>) -> Result<T, BackendError> {
+        let mut tries = 1;
+        loop {
+            match self.client()?.in_transaction(&mut f) {
+                Err(Uncommitted::Before(BackendError::Lost(_))) if tries < TRIES => tries += 1,
+                done => return done.map_err(BackendError::from),
             }
         }
     }
@@ -539,15 +553,15 @@ impl Backend for Postgres {
 
     fn commit(&self, write: &LedgerWrite, _durability: Durability) -> Result<(), BackendError> {
         off_async(|| {
-            let mut client = self.client()?;
-            // A statement is atomic on its own: no BEGIN and COMMIT round trips around one.
+            // A statement is atomic on its own: no BEGIN and COMMIT round trips
+            // around one (nor a second try: a lost connection may have committed it).
             if let Some((report, episode, at_ms)) = fused::report_and_close(write) {
-                return fused::apply_report_and_close(&mut client.prepared(), report, episode, at_ms);
+                return fused::apply_report_and_close(&mut self.client()?.prepared(), report, episode, at_ms);
             }
             if most_statements(write) == 1 {
-                return apply(&mut client.prepared(), write);
+                return apply(&mut self.client()?.prepared(), write);
             }
-            client.in_transaction(|tx| apply(tx, write))
+            self.transaction(|tx| apply(tx, write))
         })
     }
 }
@@ -669,14 +683,15 @@ fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWrite) -> Resu
     Ok(())
 }
 
-/// How many connections a read tries while each it gets turns out lost.
-const READ_TRIES: usize = 4;
+/// How many connections a read, or a transaction lost before its commit,
+/// tries while each it gets turns out lost.
+const TRIES: usize = 4;
 
 /// Whether `e` lost the connection rather than failed the statement: the
 /// connection closed, its socket failed (reset by the server, broken
 /// pipe), or the server ended the session (SQLSTATE class 08, a connection
 /// exception, or 57P01–57P03, an administrator's termination or a shutdown).
-fn connection_lost(e: &r2d2_postgres::postgres::Error) -> bool {
+pub(super) fn connection_lost(e: &r2d2_postgres::postgres::Error) -> bool {
     let socket_failed = std::error::Error::source(e).is_some_and(|cause| cause.is::<std::io::Error>());
     e.is_closed() || socket_failed || e.code().is_some_and(|c| c.code().starts_with("08") || matches!(c.code(), "57P01" | "57P02" | "57P03"))
 }

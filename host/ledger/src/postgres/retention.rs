@@ -33,7 +33,7 @@ impl Postgres {
     /// Applies `removal` in one transaction.
     pub(super) fn remove_unit(&self, removal: &Removal) -> Result<(), BackendError> {
         let pruned = big(removal.pruned_ms)?;
-        self.client()?.in_transaction(|tx| {
+        self.transaction(|tx| {
             for (session, call_id) in &removal.calls {
                 tx.execute("DELETE FROM toolguard_attempts WHERE session = $1 AND call_id = $2", &[session, call_id]).map_err(db)?;
                 tx.execute("DELETE FROM toolguard_calls WHERE session = $1 AND call_id = $2", &[session, call_id]).map_err(db)?;

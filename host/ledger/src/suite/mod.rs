@@ -397,10 +397,11 @@ fn a_call_written_over_another_actions_record_of_the_same_id_is_refused() {
 
 /// A connection the server terminated is told apart from a failed
 /// statement: a read that met it runs again on another connection and
-/// succeeds; a write that met it is `is_lost` (it may or may not have
+/// succeeds, and so does a transaction that met it before its COMMIT; a
+/// one-statement write that met it is `is_lost` (it may or may not have
 /// landed), never a plain failure or a conflict.
 #[test]
-fn a_lost_connection_is_told_apart_and_a_read_survives_it() {
+fn a_lost_connection_is_told_apart_and_a_read_or_uncommitted_transaction_survives_it() {
     let store = PostgresStore::new();
     let ledger = store.open();
     let terminate = || {
@@ -417,7 +418,13 @@ fn a_lost_connection_is_told_apart_and_a_read_survives_it() {
     terminate();
     assert!(ledger.call("s", "c1").unwrap().is_some(), "the read ran again on another connection");
     terminate();
-    let e = ledger.commit(LedgerWrite::new().call(call("s", "c2")), Durability::Synced).unwrap_err();
+    // Two statements, in a transaction that lost its connection before its COMMIT: nothing landed, so it ran again.
+    let write = LedgerWrite::new().call(call("s", "c2")).attempt_over(attempt("c2", 0, 0, AttemptState::Pending), Prior::Absent);
+    ledger.commit(write, Durability::Synced).unwrap();
+    assert!(ledger.call("s", "c2").unwrap().is_some() && ledger.attempt_at("s", "c2", 0).unwrap().is_some(), "the transaction ran again whole");
+    terminate();
+    // One statement, committed on its own: it may have landed before the connection went.
+    let e = ledger.commit(LedgerWrite::new().attempt_over(attempt("c2", 1, 0, AttemptState::Pending), Prior::Absent), Durability::Synced).unwrap_err();
     assert!(e.is_lost() && !e.is_conflict(), "{e}");
 }
 
