@@ -16,6 +16,7 @@ mod guard_edges;
 mod hold;
 mod hold_cli;
 mod hostile;
+mod ledger_outage;
 mod loading;
 mod mcp;
 mod metrics;

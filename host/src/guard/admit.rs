@@ -46,8 +46,9 @@ impl Guard {
     ///
     /// # Errors
     /// `conflict` when the call id was used with another tool or arguments;
-    /// `held` under the hold rule; `expired` for a pruned call; `internal`
-    /// when the ledger cannot be read.
+    /// `held` under the hold rule; `expired` for a pruned call; `transport`
+    /// when the ledger is unavailable (unreachable, its connection lost);
+    /// `internal` when it fails otherwise.
     pub async fn admit(self: &Arc<Self>, id: CallIdentity, rules: CallRules) -> Result<Admission, CallError> {
         let cached = self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id.session, &id.call_id);
         // A hit with other arguments falls through to the ledger, which holds

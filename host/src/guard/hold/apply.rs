@@ -76,8 +76,8 @@ impl Guard {
     /// written, so concurrent calls never both spend a last use.
     ///
     /// # Errors
-    /// `denied` when a budget is spent (nothing was run); `internal` when
-    /// the ledger fails.
+    /// `denied` when a budget is spent (nothing was run); `transport` when
+    /// the ledger is unavailable, `internal` when it fails otherwise.
     async fn written_charging(&self, id: &CallIdentity, rules: &CallRules, mut write: LedgerWrite) -> Result<bool, CallError> {
         let at_ms = now_ms();
         let mut scopes: Vec<&Budget> = rules.budgets.iter().collect();
