@@ -2,13 +2,15 @@
 //! --http` processes over one PostgreSQL ledger while another session
 //! terminates their server connections at random (`pg_terminate_backend`,
 //! about a third of them every 5–45 ms) — mid-statement, mid-transaction,
-//! between a commit and its acknowledgement, idle in the pool. The model
-//! calls 60 refunds, each under its own tool-call id and amount, and
-//! retries each (the same id, alternating hosts) until it hears a refund.
-//! It counts at the sandbox: one refund per call, every success of an id
-//! reports that one refund, no caller is told `internal` (a lost ledger
-//! connection is `transport`: nothing was run, retry), and once the terminations stop the hosts'
-//! takeover passes leave nothing pending or unknown.
+//! between a commit and its acknowledgement, idle in the pool — and the
+//! provider fails its first requests in each way it can
+//! (`PROVIDER_FAULTS`). The model calls 150 refunds, each under its own
+//! tool-call id and amount, and retries each (the same id, alternating
+//! hosts) until it hears a refund. It counts at the sandbox: one refund per
+//! call, every success of an id reports that one refund, no caller is told
+//! `internal` (a lost ledger connection is `transport`: nothing was run,
+//! retry), and once the terminations stop the hosts' takeover passes leave
+//! nothing pending or unknown.
 
 use crate::common::{Mcp, fresh_postgres_database, serve_http};
 use crate::payments::{Downstream, PI};
@@ -18,12 +20,28 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use toolguard::ledger::{AttemptState, Ledger};
-use toolguard_sandbox::{Mode, Sandbox};
+use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 /// Tool calls made, each retried until it succeeds.
-const CALLS: u64 = 60;
+const CALLS: u64 = 150;
 /// The most times the model asks for one call.
 const TRIES: u64 = 40;
+
+/// What the provider does to the requests it gets first, in turn: commits
+/// and fails to say so (the connection dropped, a 500, an answer after the
+/// host's timeout), or refuses before committing (429, a 409 "in flight",
+/// the connection dropped). Not a stored 500 for a request it never
+/// committed: that key's outcome stays unknown for good (an operator's to
+/// resolve, `recovery_edges`), so no retry of the same id could succeed.
+const PROVIDER_FAULTS: [Fault; 7] = [
+    Fault::DropAfterCommit,
+    Fault::HiddenCommit500,
+    Fault::DelayAfterCommit { ms: 1_200 },
+    Fault::RateLimit429,
+    Fault::InFlight409,
+    Fault::DropBeforeCommit,
+    Fault::Pass,
+];
 
 /// Terminates, until `stop`, a random third of database `db`'s connections
 /// every 5–45 ms; returns how many it terminated.
@@ -51,6 +69,10 @@ fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a
     let configs = crate::fleet::host_configs(&sandbox.url(), &ledger, dir.path(), &d);
     let servers: Vec<_> = configs.iter().map(|c| serve_http(c, &[("TOOLGUARD_LOG", "error")])).collect();
     let clients: Vec<Arc<Mcp>> = servers.iter().map(|s| Arc::new(rt.block_on(Mcp::connect(&s.url)))).collect();
+    // The provider is flaky too: a fault for each of its first 30 refund requests but every seventh.
+    for fault in PROVIDER_FAULTS.iter().cycle().take(30) {
+        sandbox.inject(fault.clone());
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").unwrap();
     let terminator = {
