@@ -1,7 +1,7 @@
 //! `toolguard serve` against real MCP clients: the official conformance
 //! suite (Node), the official Python SDK over stdio and HTTP (counting
-//! refunds at the sandbox), stdio over a pipe, a socket and a file, and the
-//! HTTP hardening.
+//! refunds at the sandbox), stdio over a pipe, a socket and a file, stdio
+//! given lines it cannot read, and the HTTP hardening.
 //!
 //! The external tools come from `./dev.sh test`, which installs them into a
 //! cache and exports `TOOLGUARD_NODE`, `TOOLGUARD_CONFORMANCE`,
@@ -297,6 +297,48 @@ fn stdio_serves_a_pipe_a_socket_and_a_file_alike() {
     assert_eq!(listed_tools(&out.stdout[..]), piped);
 }
 
+/// `toolguard serve` over stdio on `config`, in `dir`, its stdin and stdout piped.
+fn serve_piped(config: &Path, dir: &Path) -> std::process::Child {
+    use std::process::Stdio;
+    let mut command = Command::new(BIN);
+    command.args(["serve", "--config", config.to_str().unwrap()]).current_dir(dir);
+    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap()
+}
+
+/// A stdio client that writes lines the server cannot read as JSON gets
+/// no answer to them (rmcp and the official SDKs ignore unparsable input:
+/// there is no id to answer), one whose JSON is not a JSON-RPC message gets
+/// Invalid Request, and the server goes on answering the next request.
+#[test]
+fn stdio_ignores_unreadable_lines_refuses_malformed_messages_and_goes_on() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let config = conformance_config(dir.path());
+    let mut child = serve_piped(&config, dir.path());
+    let deep = format!(r#"{{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{{"x":{}{}}}}}"#, "[".repeat(200), "]".repeat(200));
+    let surrogate = r#"{"jsonrpc":"2.0","id":4,"method":"tools/list","params":{"x":"\udc00"}}"#;
+    let wrong_shape = r#"{"jsonrpc":"2.0","id":5,"method":{}}"#;
+    let (handshake, list) = LIST_TOOLS.split_at(LIST_TOOLS.find(r#"{"jsonrpc":"2.0","id":2"#).unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(handshake.as_bytes()).unwrap();
+    for line in ["not json at all", &deep, surrogate, wrong_shape] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    stdin.write_all(list.as_bytes()).unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut answers: Vec<Value> = Vec::new();
+    while !answers.iter().any(|a| a["id"] == 2) {
+        let line = lines.next().expect("serve closed stdout before answering tools/list").unwrap();
+        answers.push(serde_json::from_str(&line).unwrap());
+    }
+    drop(stdin);
+    answers.extend(lines.map(|l| serde_json::from_str::<Value>(&l.unwrap()).unwrap()));
+    assert!(child.wait().unwrap().success());
+    assert!(answers.iter().any(|a| a["id"] == 2 && a["result"]["tools"].is_array()), "the server went on: {answers:?}");
+    assert!(!answers.iter().any(|a| a["id"] == 3 || a["id"] == 4), "unreadable lines are not answered: {answers:?}");
+    assert!(answers.iter().any(|a| a["id"].is_null() && a["error"]["code"] == -32600), "the wrong shape is Invalid Request: {answers:?}");
+}
+
 #[test]
 fn stdio_runs_one_async_worker_unless_told_otherwise() {
     use std::io::Write;
@@ -325,7 +367,6 @@ fn stdio_runs_one_async_worker_unless_told_otherwise() {
 #[test]
 fn on_one_worker_a_spinning_plugin_does_not_hold_up_another_call() {
     use std::io::{BufRead, Write};
-    use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
         "data_dir = \"data\"\ncompile_cache = {:?}\n[plugins.text-stats]\ncomponent = \"builtin:text-stats\"\n\
@@ -335,14 +376,7 @@ fn on_one_worker_a_spinning_plugin_does_not_hold_up_another_call() {
         wasm("misbehave").display().to_string()
     );
     let config = write(dir.path(), "spin.toml", &text);
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config", config.to_str().unwrap()])
-        .current_dir(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = serve_piped(&config, dir.path());
     let call = |id: u32, tool: &str, args: &str| {
         format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{"toolguard/toolCallId":"c{id}"}}}}}}"#

@@ -165,15 +165,7 @@ fn indexes(ledger: &Rocks) -> Vec<Vec<u8>> {
 
 #[test]
 fn writes_over_a_known_prior_leave_the_same_indexes_as_blind_writes() {
-    use AttemptState::*;
-    let paths: [&[AttemptState]; 5] = [
-        &[Pending, Succeeded],
-        &[Pending, Unknown, Succeeded],
-        &[Pending, Failed, Pending, Unknown],
-        &[Pending, Pending, Failed],
-        &[Pending, Unknown, Unknown, Failed],
-    ];
-    for path in paths {
+    for path in crate::suite::STATE_PATHS {
         let (precise, blind) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (precise, blind) = (Rocks::open(precise.path()).unwrap(), Rocks::open(blind.path()).unwrap());
         let mut prior = Prior::Absent;

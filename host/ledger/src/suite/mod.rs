@@ -111,17 +111,21 @@ fn a_new_generation_becomes_the_steps_current_attempt(store: &dyn Store) {
     assert_eq!(ledger.attempt(&old.key).unwrap(), Some(old), "the old generation stays readable");
 }
 
-fn states_follow_every_transition(store: &dyn Store) {
+/// Paths an attempt's state takes through its writes.
+pub(super) const STATE_PATHS: [&[AttemptState]; 5] = {
     use AttemptState::*;
-    let ledger = store.open();
-    let paths: [&[AttemptState]; 5] = [
+    [
         &[Pending, Succeeded],
         &[Pending, Unknown, Succeeded],
         &[Pending, Failed, Pending, Unknown],
         &[Pending, Pending, Failed],
         &[Pending, Unknown, Unknown, Failed],
-    ];
-    for (n, path) in paths.iter().enumerate() {
+    ]
+};
+
+fn states_follow_every_transition(store: &dyn Store) {
+    let ledger = store.open();
+    for (n, path) in STATE_PATHS.iter().enumerate() {
         let ids = [format!("p{n}-precise"), format!("p{n}-blind")];
         let mut prior = Prior::Absent;
         for state in *path {
