@@ -196,15 +196,25 @@ fn the_python_sdk_over_http_in_the_2025_era() {
 
 /// POSTs `body` to the MCP endpoint with extra headers; the status code.
 fn post(url: &str, headers: &[(&str, &str)], body: String) -> u16 {
+    send(reqwest::Method::POST, url, headers, body).0
+}
+
+/// Sends `body` to the MCP endpoint with extra headers; the status, headers and body.
+fn send(method: reqwest::Method, url: &str, headers: &[(&str, &str)], body: String) -> (u16, reqwest::header::HeaderMap, String) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut req =
-            reqwest::Client::new().post(url).header("Content-Type", "application/json").header("Accept", "application/json, text/event-stream").body(body);
+        let mut req = reqwest::Client::new()
+            .request(method, url)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .body(body);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        req.send().await.unwrap().status().as_u16()
+        let response = req.send().await.unwrap();
+        let (status, headers) = (response.status().as_u16(), response.headers().clone());
+        (status, headers, response.text().await.unwrap())
     })
 }
 
@@ -238,6 +248,40 @@ fn http_is_hardened() {
     assert!(rebinding == 403 || rebinding == 421 || rebinding == 400, "a foreign Host is refused: {rebinding}");
     let huge = INITIALIZE.replace("\"t\",", &format!("\"{}\",", "x".repeat(8_000)));
     assert_eq!(post(&server.url, &[("Authorization", "Bearer t0ken-long-enough-16")], huge), 413, "bodies over max_request_bytes");
+}
+
+/// A client looping on `initialize` cannot hold the server's memory: past
+/// `[mcp] max_sessions` a new session closes the oldest, whose client gets
+/// 404 (and, as the protocol says, starts a new one), while the others and
+/// the new one serve.
+#[test]
+fn http_sessions_are_capped_by_closing_the_oldest() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = std::fs::read_to_string(conformance_config(dir.path())).unwrap();
+    text.push_str("[mcp]\nmax_sessions = 3\n");
+    let server = serve_http(&write(dir.path(), "capped.toml", &text), &[]);
+    let open = || {
+        let (status, headers, body) = send(Method::POST, &server.url, &[], INITIALIZE.into());
+        assert_eq!(status, 200, "{body}");
+        headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string()
+    };
+    // Initialized, then asked for the tools: the status of the list.
+    let list = |id: &str| {
+        let headers = [("Mcp-Session-Id", id), ("MCP-Protocol-Version", "2025-11-25")];
+        let initialized = send(Method::POST, &server.url, &headers, r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into()).0;
+        let (status, _, body) = send(Method::POST, &server.url, &headers, r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#.into());
+        assert!(status != 200 || (initialized == 202 && body.contains("\"tools\"")), "{status}: {body}");
+        status
+    };
+    let ids: Vec<String> = (0..4).map(|_| open()).collect();
+    assert_eq!(list(&ids[0]), 404, "the oldest session was closed for the fourth");
+    for id in &ids[1..] {
+        assert_eq!(list(id), 200, "the others serve");
+    }
+    let again = open();
+    assert_eq!(list(&again), 200, "its client starts a new one");
+    assert_eq!(list(&ids[1]), 404, "which closes the next oldest");
 }
 
 /// The JSON-RPC lines a client sends to list the tools: initialize, initialized, tools/list.

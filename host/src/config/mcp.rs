@@ -37,6 +37,9 @@ pub struct McpConfig {
     pub allowed_hosts: Vec<String>,
     /// Largest HTTP request body accepted.
     pub max_request_bytes: usize,
+    /// Most Streamable HTTP sessions (`Mcp-Session-Id`) open at once; a
+    /// new one past it closes the oldest ([`crate::mcp::sessions`]).
+    pub max_sessions: usize,
 }
 
 impl Default for McpConfig {
@@ -49,6 +52,7 @@ impl Default for McpConfig {
             tokens: Vec::new(),
             allowed_hosts: Vec::new(),
             max_request_bytes: 1 << 20,
+            max_sessions: 1_000,
         }
     }
 }

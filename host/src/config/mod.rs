@@ -300,6 +300,9 @@ impl Config {
         if raw.mcp.max_request_bytes < 1024 {
             return Err(err("mcp.max_request_bytes", "must be at least 1024".into()));
         }
+        if raw.mcp.max_sessions == 0 {
+            return Err(err("mcp.max_sessions", "must be at least 1".into()));
+        }
         let tokens = raw.mcp.all_tokens();
         if let Some((principal, _)) = tokens.iter().find(|(p, _)| !valid_principal(p)) {
             return Err(err("mcp.tokens", format!("principal `{principal}`: use 1–64 of A-Z a-z 0-9 . _ -")));

@@ -5,7 +5,6 @@
 //! bodies capped.
 
 use super::McpHost;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,7 +64,8 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let mcp_config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts.clone()).with_max_request_body_bytes(config.max_request_bytes);
     let ledger = host.runtime.guard().map(|g| g.ledger().clone());
     let runtime = host.runtime.clone();
-    let service = StreamableHttpService::new(move || Ok(host.clone()), Arc::new(LocalSessionManager::default()), mcp_config);
+    let sessions = Arc::new(super::sessions::CappedSessions::new(config.max_sessions));
+    let service = StreamableHttpService::new(move || Ok(host.clone()), sessions, mcp_config);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
     let mcp =
         axum::Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)));

@@ -11,6 +11,7 @@ mod delivery;
 pub mod http;
 pub mod ids;
 pub mod results;
+pub mod sessions;
 
 use crate::config::McpConfig;
 use crate::error::ErrorKind;

@@ -1,0 +1,96 @@
+//! The Streamable HTTP transport's sessions (the 2025 era's `Mcp-Session-Id`),
+//! capped. Each costs the server a worker task, channels and buffers — tens
+//! of KiB — and lives until closed or idle for five minutes, so a client
+//! looping on `initialize` could otherwise hold gigabytes within that time.
+//! A new session past `[mcp] max_sessions` closes the oldest one instead of
+//! being refused: a client whose session is gone gets 404 and starts a new
+//! one, as the protocol says it must, and nothing of the guard depends on
+//! transport sessions (calls are keyed by tool-call id and conversation).
+//! Stateless requests of the 2026 era open none.
+
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
+use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage, SessionId, SessionManager};
+use std::collections::VecDeque;
+
+/// rmcp's in-memory sessions, at most `max` open at once.
+pub struct CappedSessions {
+    inner: LocalSessionManager,
+    max: usize,
+    /// The sessions this manager made, oldest first (some since closed or
+    /// expired). Locked from the count to the insert, so concurrent
+    /// `initialize`s cannot overshoot.
+    made: tokio::sync::Mutex<VecDeque<SessionId>>,
+}
+
+impl CappedSessions {
+    /// In-memory sessions with rmcp's defaults, at most `max` at once.
+    pub fn new(max: usize) -> Self {
+        Self { inner: LocalSessionManager::default(), max, made: tokio::sync::Mutex::default() }
+    }
+}
+
+impl SessionManager for CappedSessions {
+    type Error = LocalSessionManagerError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let mut made = self.made.lock().await;
+        while self.inner.sessions.read().await.len() >= self.max {
+            let Some(oldest) = made.pop_front() else { break };
+            // Closed or expired already, or closed now (it leaves the map first, whatever its worker says).
+            let _ = self.inner.close_session(&oldest).await;
+            tracing::debug!(session = %oldest, max = self.max, "closed the oldest MCP session to open a new one ([mcp] max_sessions)");
+        }
+        if made.len() >= 2 * self.max {
+            let open = self.inner.sessions.read().await;
+            made.retain(|id| open.contains_key(id));
+        }
+        let (id, transport) = self.inner.create_session().await?;
+        made.push_back(id.clone());
+        Ok((id, transport))
+    }
+
+    async fn initialize_session(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.inner.initialize_session(id, message).await
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.inner.has_session(id).await
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        self.inner.close_session(id).await
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl futures_util::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_stream(id, message).await
+    }
+
+    async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        self.inner.accept_message(id, message).await
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl futures_util::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_standalone_stream(id).await
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl futures_util::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.resume(id, last_event_id).await
+    }
+
+    async fn restore_session(&self, id: SessionId) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        self.inner.restore_session(id).await
+    }
+}
