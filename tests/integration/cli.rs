@@ -160,3 +160,38 @@ fn without_room_for_the_pool_the_host_falls_back_to_on_demand_and_says_so() {
     assert!(logs.contains("WARN") && logs.contains("falling back to on-demand"), "{logs}");
     assert_eq!(stdout_json(&out)["words"], 2);
 }
+
+/// A host started with a low soft limit on open files (often 1,024) raises
+/// it to the hard limit: RocksDB's table files and every connection share it.
+#[test]
+fn the_open_file_limit_is_raised_to_the_hard_limit() {
+    use std::io::BufRead as _;
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: reads this process's own resource limit.
+    let hard = unsafe {
+        let mut limit = std::mem::zeroed::<libc::rlimit>();
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_max
+    };
+    let soft = hard.min(256);
+    let dir = tempfile::tempdir().unwrap();
+    let config = example_config(dir.path());
+    let mut command = Command::new(BIN);
+    command.args(["serve", "--config", config.to_str().unwrap(), "--http", "127.0.0.1:0"]).stderr(std::process::Stdio::piped());
+    // SAFETY: only setrlimit, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().starts_with("toolguard: MCP on")), "serve did not start");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let soft_now: u64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert_eq!(soft_now, hard, "started with a soft limit of {soft}: {line}");
+}
