@@ -284,6 +284,40 @@ fn http_sessions_are_capped_by_closing_the_oldest() {
     assert_eq!(list(&ids[1]), 404, "which closes the next oldest");
 }
 
+/// Slow clients cannot hold the server: at `[mcp] max_connections` (2
+/// here) a new connection waits, a client that trickles its headers is cut
+/// off after the header timeout, and the waiting client is then served.
+#[test]
+fn http_connections_are_capped_and_slow_headers_time_out() {
+    use std::io::{Read, Write};
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = std::fs::read_to_string(conformance_config(dir.path())).unwrap();
+    text.push_str("[mcp]\nmax_connections = 2\n");
+    let server = serve_http(&write(dir.path(), "slow.toml", &text), &[]);
+    let addr = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
+    // Two connections that send half a request's headers and then nothing.
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+            tcp.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
+            tcp.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+            std::thread::spawn(move || {
+                // Returns when the server closes the connection (or after 30 s, when it never does).
+                let mut buf = [0u8; 256];
+                while tcp.read(&mut buf).is_ok_and(|n| n > 0) {}
+                Instant::now()
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let status = post(&server.url, &[], INITIALIZE.into());
+    let served = Instant::now();
+    assert_eq!(status, 200, "the waiting client is served");
+    let cut: Vec<Instant> = slow.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(cut.iter().any(|at| *at <= served), "it was served once a slow client was cut off, not before");
+}
+
 /// The JSON-RPC lines a client sends to list the tools: initialize, initialized, tools/list.
 const LIST_TOOLS: &str = concat!(
     r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,

@@ -30,7 +30,7 @@ pub(crate) async fn null_provider() -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move {
-        let _ = axum::serve(crate::mcp::http::no_delay(listener), app).await;
+        crate::mcp::listen::serve_on(listener, app, crate::config::McpConfig::default().max_connections).await;
     });
     Ok(url)
 }

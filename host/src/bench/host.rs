@@ -79,7 +79,7 @@ pub async fn mcp_http(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let url = format!("http://{}{}", listener.local_addr()?, crate::mcp::http::PATH);
     tokio::spawn(async move {
-        let _ = axum::serve(crate::mcp::http::no_delay(listener), app).await;
+        crate::mcp::listen::serve_on(listener, app, crate::config::McpConfig::default().max_connections).await;
     });
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = Arc::new(McpClient::connect(&url).await?);

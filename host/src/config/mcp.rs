@@ -40,6 +40,8 @@ pub struct McpConfig {
     /// Most Streamable HTTP sessions (`Mcp-Session-Id`) open at once; a
     /// new one past it closes the oldest ([`crate::mcp::sessions`]).
     pub max_sessions: usize,
+    /// Most HTTP connections open at once ([`crate::mcp::listen`]).
+    pub max_connections: usize,
 }
 
 impl Default for McpConfig {
@@ -53,6 +55,7 @@ impl Default for McpConfig {
             allowed_hosts: Vec::new(),
             max_request_bytes: 1 << 20,
             max_sessions: 1_000,
+            max_connections: 4_096,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! required when binding anywhere else (several tokens, each its own
 //! principal); Host validation against DNS rebinding always on (loopback
 //! plus the configured `allowed_hosts`), `/metrics` included; request
-//! bodies capped.
+//! bodies capped; connections capped and given a header timeout (`super::listen`).
 
 use super::McpHost;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -32,10 +32,11 @@ async fn metrics(ledger: Option<crate::ledger::Ledger>) -> axum::response::Respo
 /// A non-loopback bind without a token, a token variable that is unset,
 /// or the address cannot be bound.
 pub async fn serve(host: McpHost, addr: SocketAddr) -> anyhow::Result<()> {
+    let max_connections = host.config.max_connections;
     let app = router(host, addr)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     eprintln!("toolguard: MCP on http://{}{PATH}", listener.local_addr()?);
-    axum::serve(no_delay(listener), app).await?;
+    super::listen::serve_on(listener, app, max_connections).await;
     Ok(())
 }
 
@@ -102,15 +103,6 @@ fn host_allowed(req: &axum::extract::Request, allowed: &[String]) -> bool {
         _ => host,
     };
     allowed.iter().any(|a| a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(name))
-}
-
-/// The listener with Nagle's algorithm off on every connection: small
-/// responses (an SSE event) go out at once instead of waiting on a delayed ACK.
-pub fn no_delay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Addr = SocketAddr> {
-    use axum::serve::ListenerExt as _;
-    listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    })
 }
 
 /// Lets a request through only with one of the bearer tokens (if any are

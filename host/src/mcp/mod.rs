@@ -10,6 +10,7 @@ pub mod client;
 mod delivery;
 pub mod http;
 pub mod ids;
+pub mod listen;
 pub mod results;
 pub mod sessions;
 

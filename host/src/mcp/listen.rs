@@ -1,0 +1,47 @@
+//! Accepting `serve --http`'s connections, bounded: at most `[mcp]
+//! max_connections` open at once (more wait in the kernel's backlog), each
+//! given [`HEADER_TIMEOUT`] to send a request's headers — so a client that
+//! opens connections and trickles its headers (slowloris) neither holds them
+//! for ever nor takes the file descriptors RocksDB and the ledger need —
+//! and Nagle's algorithm off (an SSE event goes out at once, not after a
+//! delayed ACK). axum's own `serve` sets none of these. HTTP/1.1 only, as
+//! before (MCP's Streamable HTTP needs nothing more).
+
+use axum::body::Body;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt as _;
+
+/// How long a client has to send a request's headers once it has started
+/// one (or, on a kept-alive connection, once the previous answer ended).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` until the process ends, with at most
+/// `max_connections` connections open at once.
+pub async fn serve_on(listener: tokio::net::TcpListener, app: axum::Router, max_connections: usize) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    loop {
+        let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            // Out of file descriptors, or a connection reset before it was
+            // accepted: the listener is fine; try again shortly.
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting an MCP connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone().map_request(|req: axum::http::Request<hyper::body::Incoming>| req.map(Body::new)));
+        tokio::spawn(async move {
+            let mut builder = http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+            let _ = builder.serve_connection(TokioIo::new(tcp), service).with_upgrades().await;
+            drop(slot);
+        });
+    }
+}
