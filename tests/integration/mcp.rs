@@ -318,6 +318,40 @@ fn http_connections_are_capped_and_slow_headers_time_out() {
     assert!(cut.iter().any(|at| *at <= served), "it was served once a slow client was cut off, not before");
 }
 
+/// A host allowed few open files serves at most half as many connections
+/// (the ledger needs the rest): a crowd of idle connections waits to be
+/// accepted instead of running the process out of descriptors.
+#[test]
+fn http_connections_stay_within_half_the_open_file_limit() {
+    use std::io::BufRead as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let config = conformance_config(dir.path());
+    let mut command = Command::new(BIN);
+    command.args(["serve", "--config", config.to_str().unwrap(), "--http", "127.0.0.1:0"]).current_dir(dir.path());
+    command.env("TOOLGUARD_LOG", "warn").stderr(std::process::Stdio::piped());
+    // SAFETY: only setrlimit, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 128, rlim_max: 128 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = lines.by_ref().map(Result::unwrap).find_map(|l| l.strip_prefix("toolguard: MCP on ").map(str::to_string)).expect("serve started");
+    let addr = url.trim_start_matches("http://").split('/').next().unwrap().to_string();
+    let idle: Vec<_> = (0..120).map(|_| std::net::TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let open = std::fs::read_dir(format!("/proc/{}/fd", child.id())).unwrap().count();
+    drop(idle);
+    let _ = child.kill();
+    let _ = child.wait();
+    let said: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(!said.iter().any(|l| l.contains("accepting an MCP connection failed")), "it ran out of descriptors: {said:?}");
+    assert!(open < 128, "{open} descriptors open");
+}
+
 /// The JSON-RPC lines a client sends to list the tools: initialize, initialized, tools/list.
 const LIST_TOOLS: &str = concat!(
     r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
