@@ -284,6 +284,50 @@ fn http_sessions_are_capped_by_closing_the_oldest() {
     assert_eq!(list(&ids[1]), 404, "which closes the next oldest");
 }
 
+/// A refund in flight in a session that is closed to make room for another
+/// still happens once, and its answer, never delivered, counts as not
+/// told: a repeat of it in the new session is held and carries its refund.
+#[test]
+fn a_refund_in_flight_when_its_session_is_closed_is_held_with_its_refund_on_repeat() {
+    use reqwest::Method;
+    use toolguard_sandbox::Fault;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, _) = refund_world(dir.path());
+    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(&sandbox.url(), wasm("payments").display().to_string()) };
+    let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\nmax_sessions = 1\n", shared_cache().display().to_string(), payments.toml());
+    let server = serve_http(&write(dir.path(), "one-session.toml", &text), &[]);
+    let open = || {
+        let (status, headers, body) = send(Method::POST, &server.url, &[], INITIALIZE.into());
+        assert_eq!(status, 200, "{body}");
+        let id = headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string();
+        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        assert_eq!(send(Method::POST, &server.url, &[("Mcp-Session-Id", &id), ("MCP-Protocol-Version", "2025-11-25")], initialized.into()).0, 202);
+        id
+    };
+    let refund = |session: &str, call_id: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"refund","arguments":{{"payment_intent":"pi_mcp","amount_cents":500,"reason":"duplicate"}},"_meta":{{"toolguard/toolCallId":"{call_id}","toolguard/sessionId":"conv"}}}}}}"#
+        );
+        send(Method::POST, &server.url, &[("Mcp-Session-Id", session), ("MCP-Protocol-Version", "2025-11-25")], body).2
+    };
+    let first = open();
+    sandbox.inject(Fault::PauseAfterCommit);
+    let in_flight = std::thread::scope(|scope| {
+        let call = scope.spawn(|| refund(&first, "a1"));
+        assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
+        let second = open();
+        sandbox.release();
+        (call.join().unwrap(), second)
+    });
+    let (answered, second) = in_flight;
+    assert!(!answered.contains("refund_id"), "the closed session's client heard nothing: {answered}");
+    let made: Vec<String> = sandbox.refunds().iter().map(|r| r.id.clone()).collect();
+    assert_eq!(made.len(), 1);
+    let repeat = refund(&second, "b1");
+    assert!(repeat.contains(r#""kind":"held""#) && repeat.contains(&made[0]), "held, with the first call's refund: {repeat}");
+    assert_eq!(sandbox.refunds().len(), 1, "nothing new was refunded");
+}
+
 /// Slow clients cannot hold the server: at `[mcp] max_connections` (2
 /// here) a new connection waits, a client that trickles its headers is cut
 /// off after the header timeout, and the waiting client is then served.
