@@ -293,7 +293,7 @@ fn a_refund_in_flight_when_its_session_is_closed_is_held_with_its_refund_on_repe
     use toolguard_sandbox::Fault;
     let dir = tempfile::tempdir().unwrap();
     let (_rt, sandbox, _) = refund_world(dir.path());
-    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(&sandbox.url(), wasm("payments").display().to_string()) };
+    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
     let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\nmax_sessions = 1\n", shared_cache().display().to_string(), payments.toml());
     let server = serve_http(&write(dir.path(), "one-session.toml", &text), &[]);
     let open = || {
