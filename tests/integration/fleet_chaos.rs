@@ -1,15 +1,16 @@
 //! The flaky network between hosts and their ledger: two `toolguard serve
-//! --http` processes over one PostgreSQL ledger while another session
-//! terminates their server connections at random (`pg_terminate_backend`,
-//! about a third of them every 5–45 ms) — mid-statement, mid-transaction,
-//! between a commit and its acknowledgement, idle in the pool — and the
-//! provider fails its first requests in each way it can
-//! (`PROVIDER_FAULTS`). The model calls 150 refunds, each under its own
+//! --http` processes over one PostgreSQL ledger while the ledger's server
+//! misbehaves — another session terminates their server connections at
+//! random (`pg_terminate_backend`, about a third of them every 5–45 ms:
+//! mid-statement, mid-transaction, between a commit and its
+//! acknowledgement, idle in the pool), or the server itself restarts — and
+//! the provider fails its first requests in each way it can
+//! (`PROVIDER_FAULTS`). The model makes refunds, each under its own
 //! tool-call id and amount, and retries each (the same id, alternating
 //! hosts) until it hears a refund. It counts at the sandbox: one refund per
 //! call, every success of an id reports that one refund, no caller is told
 //! `internal` (a lost ledger connection is `transport`: nothing was run,
-//! retry), and once the terminations stop the hosts' takeover passes leave
+//! retry), and once the chaos stops the hosts' takeover passes leave
 //! nothing pending or unknown.
 
 use crate::common::{Mcp, fresh_postgres_database, serve_http};
@@ -22,8 +23,6 @@ use std::time::Duration;
 use toolguard::ledger::{AttemptState, Ledger};
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
-/// Tool calls made, each retried until it succeeds.
-const CALLS: u64 = 150;
 /// The most times the model asks for one call.
 const TRIES: u64 = 40;
 
@@ -59,6 +58,38 @@ fn terminate_connections(admin: String, db: String, stop: Arc<AtomicBool>) -> u6
 
 #[test]
 fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a_refund() {
+    let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").unwrap();
+    under_two_hosts("connections terminated", 150, move |db, stop| terminate_connections(admin, db, stop));
+}
+
+/// The ledger's server itself restarted, three times, while two hosts
+/// serve 600 refunds: every connection of both pools dies at once, and no
+/// new one can be made until the server is back. Ignored in the main run:
+/// it restarts the tests' shared server, so `./dev.sh test` runs it alone,
+/// with `TOOLGUARD_TEST_POSTGRES_RESTART` (the command that restarts it).
+#[test]
+#[ignore = "restarts the tests' PostgreSQL: ./dev.sh test runs it alone"]
+fn restarts_of_the_ledger_server_under_two_hosts_never_duplicate_or_lose_a_refund() {
+    let restart = std::env::var("TOOLGUARD_TEST_POSTGRES_RESTART").expect("TOOLGUARD_TEST_POSTGRES_RESTART: the command that restarts the test server");
+    under_two_hosts("server restarts", 600, move |_db, stop| {
+        let mut restarts = 0;
+        while restarts < 3 && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(400));
+            let out = std::process::Command::new("sh").args(["-c", &restart]).output().unwrap();
+            assert!(out.status.success(), "restarting the server: {}", String::from_utf8_lossy(&out.stderr));
+            restarts += 1;
+        }
+        restarts
+    });
+}
+
+/// Two `serve --http` hosts over one fresh ledger, and a provider whose
+/// first requests fail (`PROVIDER_FAULTS`), while `chaos` (given the
+/// database's name and a flag set once every call succeeded) does what it
+/// does to the ledger's server; it returns how many times, printed as
+/// `what`. The model makes `calls` refunds, each retried under its own id
+/// until it succeeds. Then the checks of the module docs.
+fn under_two_hosts(what: &str, calls: u64, chaos: impl FnOnce(String, Arc<AtomicBool>) -> u64 + Send + 'static) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
     sandbox.add_payment_intent(PI, u64::MAX / 4);
@@ -74,12 +105,11 @@ fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a
         sandbox.inject(fault.clone());
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").unwrap();
-    let terminator = {
-        let (stop, db) = (stop.clone(), db.clone());
-        std::thread::spawn(move || terminate_connections(admin, db, stop))
+    let chaos = {
+        let stop = stop.clone();
+        std::thread::spawn(move || chaos(db, stop))
     };
-    let calls: Vec<_> = (0..CALLS)
+    let calls: Vec<_> = (0..calls)
         .map(|i| {
             let clients = clients.clone();
             rt.spawn(async move {
@@ -99,7 +129,7 @@ fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a
         .collect();
     let told: Vec<(u64, Vec<Value>)> = calls.into_iter().map(|c| rt.block_on(c).unwrap()).collect();
     stop.store(true, Ordering::SeqCst);
-    let terminated = terminator.join().unwrap();
+    let times = chaos.join().unwrap();
     // The hosts' takeover passes (every 2 s) settle what a lost connection left.
     let ledger = Ledger::connect(&ledger).unwrap();
     let unsettled = || [AttemptState::Pending, AttemptState::Unknown].iter().map(|s| ledger.attempts_in_state(*s).unwrap().len()).sum::<usize>();
@@ -117,13 +147,13 @@ fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a
             *kinds.entry(a["structuredContent"]["kind"].as_str().unwrap_or("lost connection to the host").to_string()).or_default() += 1;
         }
     }
-    println!("ledger connection torture tally: two hosts over one PostgreSQL ledger");
-    println!("  connections terminated: {terminated}");
-    println!("  tool calls: {CALLS}, each retried under its own id until it succeeded");
+    println!("ledger chaos tally: two hosts over one PostgreSQL ledger");
+    println!("  {what}: {times}");
+    println!("  tool calls: {}, each retried under its own id until it succeeded", told.len());
     for (kind, n) in &kinds {
         println!("  answers before success, {kind}: {n}");
     }
-    println!("  refunds at the provider: {} for {CALLS} calls; left pending or unknown: {}", refunds.len(), unsettled());
+    println!("  refunds at the provider: {} for {} calls; left pending or unknown: {}", refunds.len(), told.len(), unsettled());
     assert!(!kinds.contains_key("internal"), "a ledger that lost its connection is `transport` (retry the same id), never `internal`: {kinds:?}");
     assert!(settled, "attempts left unsettled after the takeover passes: {}", unsettled());
 }
