@@ -300,9 +300,10 @@ impl Config {
         if raw.mcp.max_request_bytes < 1024 {
             return Err(err("mcp.max_request_bytes", "must be at least 1024".into()));
         }
-        if raw.mcp.max_sessions == 0 || raw.mcp.max_connections == 0 {
-            let field = if raw.mcp.max_sessions == 0 { "mcp.max_sessions" } else { "mcp.max_connections" };
-            return Err(err(field, "must be at least 1".into()));
+        for (field, n) in [("mcp.max_sessions", raw.mcp.max_sessions), ("mcp.max_connections", raw.mcp.max_connections)] {
+            if n == 0 {
+                return Err(err(field, "must be at least 1".into()));
+            }
         }
         let tokens = raw.mcp.all_tokens();
         if let Some((principal, _)) = tokens.iter().find(|(p, _)| !valid_principal(p)) {

@@ -206,28 +206,28 @@ impl Postgres {
     ///
     /// Every caller reads (a `SELECT`): one whose connection was lost — the
     /// server terminated it, the socket dropped, often while it sat idle in
-    /// the pool — changed nothing and runs again on another connection (a
-    /// lost one leaves the pool), up to [`TRIES`] times in all, so a
-    /// passing loss, or a restart that closed every pooled connection, is
-    /// not a failed tool call.
+    /// the pool — changed nothing, and runs again ([`Postgres::retried`]).
     fn query(&self, sql: &str, params: &Params<'_>) -> Result<Vec<Row>, BackendError> {
-        let mut tries = 1;
-        loop {
-            match self.client()?.prepared().query(sql, params) {
-                Err(e) if connection_lost(&e) && tries < TRIES => tries += 1,
-                read => return read.map_err(db),
-            }
-        }
+        self.retried(|connection| connection.prepared().query(sql, params).map_err(|e| Uncommitted::Before(db(e))))
     }
 
     /// Runs `f` in a transaction on a connection of the pool. One that lost
-    /// its connection before its `COMMIT` was sent changed nothing and runs
-    /// again on another connection, up to [`TRIES`] times in all; one lost
-    /// at its `COMMIT` may have landed, and is [`BackendError::Lost`].
+    /// its connection before its `COMMIT` was sent changed nothing, and runs
+    /// again ([`Postgres::retried`]); one lost at its `COMMIT` may have
+    /// landed, and is [`BackendError::Lost`].
     fn transaction<T>(&self, mut f: impl FnMut(&mut Prepared<'_, Transaction<'_>>) -> Result<T, BackendError>) -> Result<T, BackendError> {
+        self.retried(|connection| connection.in_transaction(&mut f))
+    }
+
+    /// Runs `run` on a connection of the pool, and again on another (a lost
+    /// one leaves the pool), up to [`TRIES`] connections in all, while it
+    /// fails before anything of it could apply because its connection was
+    /// lost: a passing loss, or a restart that closed every pooled
+    /// connection, is not a failed operation.
+    fn retried<T>(&self, mut run: impl FnMut(&mut prepared::Connection) -> Result<T, Uncommitted>) -> Result<T, BackendError> {
         let mut tries = 1;
         loop {
-            match self.client()?.in_transaction(&mut f) {
+            match run(&mut *self.client()?) {
                 Err(Uncommitted::Before(BackendError::Lost(_))) if tries < TRIES => tries += 1,
                 done => return done.map_err(BackendError::from),
             }

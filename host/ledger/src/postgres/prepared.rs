@@ -61,12 +61,13 @@ impl Connection {
     }
 }
 
-/// How a transaction failed to commit.
+/// How an operation on a connection failed, and so whether it may run again.
 #[derive(Debug)]
 pub(super) enum Uncommitted {
-    /// Before its `COMMIT` was sent: nothing of it was applied, even if the
-    /// connection was lost (the server rolls back a transaction whose
-    /// client is gone), so it may run again on another connection.
+    /// Before anything of it could apply — a read, or a transaction whose
+    /// `COMMIT` was not sent yet — even if the connection was lost (the
+    /// server rolls back a transaction whose client is gone), so it may run
+    /// again on another connection.
     Before(BackendError),
     /// At its `COMMIT`: with the connection lost, it may have been applied.
     AtCommit(BackendError),
