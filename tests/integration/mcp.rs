@@ -196,19 +196,16 @@ fn the_python_sdk_over_http_in_the_2025_era() {
 
 /// POSTs `body` to the MCP endpoint with extra headers; the status code.
 fn post(url: &str, headers: &[(&str, &str)], body: String) -> u16 {
-    send(reqwest::Method::POST, url, headers, body).0
+    send(url, headers, body).0
 }
 
-/// Sends `body` to the MCP endpoint with extra headers; the status, headers and body.
-fn send(method: reqwest::Method, url: &str, headers: &[(&str, &str)], body: String) -> (u16, reqwest::header::HeaderMap, String) {
+/// POSTs `body` to the MCP endpoint with extra headers; the status, headers and body.
+fn send(url: &str, headers: &[(&str, &str)], body: String) -> (u16, reqwest::header::HeaderMap, String) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut req = reqwest::Client::new()
-            .request(method, url)
-            .header("Content-Type", "application/json")
-            .header("Accept", "application/json, text/event-stream")
-            .body(body);
+        let mut req =
+            reqwest::Client::new().post(url).header("Content-Type", "application/json").header("Accept", "application/json, text/event-stream").body(body);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -220,6 +217,27 @@ fn send(method: reqwest::Method, url: &str, headers: &[(&str, &str)], body: Stri
 
 const INITIALIZE: &str =
     r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
+/// The headers of a request in session `id` (2025-11-25).
+fn in_session(id: &str) -> [(&str, &str); 2] {
+    [("Mcp-Session-Id", id), ("MCP-Protocol-Version", "2025-11-25")]
+}
+
+/// A new session at the MCP endpoint `url`, initialized: its id.
+fn open_session(url: &str) -> String {
+    let (status, headers, body) = send(url, &[], INITIALIZE.into());
+    assert_eq!(status, 200, "{body}");
+    let id = headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string();
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    assert_eq!(send(url, &in_session(&id), initialized.into()).0, 202);
+    id
+}
+
+/// `serve --http` on the conformance fixture with `[mcp]` settings `mcp` (TOML lines).
+fn serve_conformance_with(dir: &Path, mcp: &str) -> crate::common::Server {
+    let text = format!("{}[mcp]\n{mcp}", std::fs::read_to_string(conformance_config(dir)).unwrap());
+    serve_http(&write(dir, "mcp.toml", &text), &[])
+}
 
 #[test]
 fn http_is_hardened() {
@@ -256,22 +274,13 @@ fn http_is_hardened() {
 /// the new one serve.
 #[test]
 fn http_sessions_are_capped_by_closing_the_oldest() {
-    use reqwest::Method;
     let dir = tempfile::tempdir().unwrap();
-    let mut text = std::fs::read_to_string(conformance_config(dir.path())).unwrap();
-    text.push_str("[mcp]\nmax_sessions = 3\n");
-    let server = serve_http(&write(dir.path(), "capped.toml", &text), &[]);
-    let open = || {
-        let (status, headers, body) = send(Method::POST, &server.url, &[], INITIALIZE.into());
-        assert_eq!(status, 200, "{body}");
-        headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string()
-    };
-    // Initialized, then asked for the tools: the status of the list.
+    let server = serve_conformance_with(dir.path(), "max_sessions = 3\n");
+    let open = || open_session(&server.url);
+    // Asked for the tools: the status of the list.
     let list = |id: &str| {
-        let headers = [("Mcp-Session-Id", id), ("MCP-Protocol-Version", "2025-11-25")];
-        let initialized = send(Method::POST, &server.url, &headers, r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into()).0;
-        let (status, _, body) = send(Method::POST, &server.url, &headers, r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#.into());
-        assert!(status != 200 || (initialized == 202 && body.contains("\"tools\"")), "{status}: {body}");
+        let (status, _, body) = send(&server.url, &in_session(id), r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#.into());
+        assert!(status != 200 || body.contains("\"tools\""), "{status}: {body}");
         status
     };
     let ids: Vec<String> = (0..4).map(|_| open()).collect();
@@ -289,26 +298,18 @@ fn http_sessions_are_capped_by_closing_the_oldest() {
 /// told: a repeat of it in the new session is held and carries its refund.
 #[test]
 fn a_refund_in_flight_when_its_session_is_closed_is_held_with_its_refund_on_repeat() {
-    use reqwest::Method;
     use toolguard_sandbox::Fault;
     let dir = tempfile::tempdir().unwrap();
     let (_rt, sandbox, _) = refund_world(dir.path());
     let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
     let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\nmax_sessions = 1\n", shared_cache().display().to_string(), payments.toml());
     let server = serve_http(&write(dir.path(), "one-session.toml", &text), &[]);
-    let open = || {
-        let (status, headers, body) = send(Method::POST, &server.url, &[], INITIALIZE.into());
-        assert_eq!(status, 200, "{body}");
-        let id = headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string();
-        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-        assert_eq!(send(Method::POST, &server.url, &[("Mcp-Session-Id", &id), ("MCP-Protocol-Version", "2025-11-25")], initialized.into()).0, 202);
-        id
-    };
+    let open = || open_session(&server.url);
     let refund = |session: &str, call_id: &str| {
         let body = format!(
             r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"refund","arguments":{{"payment_intent":"pi_mcp","amount_cents":500,"reason":"duplicate"}},"_meta":{{"toolguard/toolCallId":"{call_id}","toolguard/sessionId":"conv"}}}}}}"#
         );
-        send(Method::POST, &server.url, &[("Mcp-Session-Id", session), ("MCP-Protocol-Version", "2025-11-25")], body).2
+        send(&server.url, &in_session(session), body).2
     };
     let first = open();
     sandbox.inject(Fault::PauseAfterCommit);
@@ -336,9 +337,7 @@ fn http_connections_are_capped_and_slow_headers_time_out() {
     use std::io::{Read, Write};
     use std::time::Instant;
     let dir = tempfile::tempdir().unwrap();
-    let mut text = std::fs::read_to_string(conformance_config(dir.path())).unwrap();
-    text.push_str("[mcp]\nmax_connections = 2\n");
-    let server = serve_http(&write(dir.path(), "slow.toml", &text), &[]);
+    let server = serve_conformance_with(dir.path(), "max_connections = 2\n");
     let addr = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
     // Two connections that send half a request's headers and then nothing.
     let slow: Vec<_> = (0..2)
