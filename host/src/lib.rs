@@ -34,6 +34,7 @@ pub mod keys;
 pub mod local;
 pub mod mcp;
 pub mod metrics;
+pub mod open_files;
 pub mod phases;
 pub mod policy;
 pub mod runtime;

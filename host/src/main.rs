@@ -12,25 +12,8 @@ const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 
 fn main() -> std::process::ExitCode {
     pin_mmap_threshold();
-    raise_open_file_limit();
+    toolguard::open_files::raise_to_hard();
     toolguard::cli::main()
-}
-
-/// Raises the soft limit on open files to the hard one, as Go's runtime
-/// does for every program. The soft default is often 1,024, which a host
-/// shares between RocksDB's table files, the ledger's and the downstreams'
-/// connections and every MCP client's: a few hundred idle HTTP connections
-/// would otherwise leave the ledger unable to open a table file.
-fn raise_open_file_limit() {
-    #[cfg(unix)]
-    // SAFETY: reads and sets this process's own resource limit.
-    unsafe {
-        let mut limit = std::mem::zeroed::<libc::rlimit>();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
 }
 
 /// Makes mimalloc commit arena memory as it is used, not up front: RSS when

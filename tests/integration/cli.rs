@@ -167,12 +167,7 @@ fn without_room_for_the_pool_the_host_falls_back_to_on_demand_and_says_so() {
 fn the_open_file_limit_is_raised_to_the_hard_limit() {
     use std::io::BufRead as _;
     use std::os::unix::process::CommandExt as _;
-    // SAFETY: reads this process's own resource limit.
-    let hard = unsafe {
-        let mut limit = std::mem::zeroed::<libc::rlimit>();
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
-        limit.rlim_max
-    };
+    let (_, hard) = toolguard::open_files::limits().expect("the open-file limits");
     let soft = hard.min(256);
     let dir = tempfile::tempdir().unwrap();
     let config = example_config(dir.path());

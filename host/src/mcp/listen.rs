@@ -23,7 +23,8 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// `max_connections` connections open at once — and never more than half
 /// the files the process may open, which the ledger needs too.
 pub async fn serve_on(listener: tokio::net::TcpListener, app: axum::Router, max_connections: usize) {
-    let most = max_connections.min(half_the_open_file_limit());
+    let half_the_open_file_limit = crate::open_files::limits().and_then(|(soft, _)| usize::try_from(soft / 2).ok()).unwrap_or(usize::MAX);
+    let most = max_connections.min(half_the_open_file_limit);
     if most < max_connections {
         tracing::warn!(max_connections, most, "[mcp] max_connections is more than half the open-file limit; serving at most {most} connections");
     }
@@ -49,14 +50,4 @@ pub async fn serve_on(listener: tokio::net::TcpListener, app: axum::Router, max_
             drop(slot);
         });
     }
-}
-
-/// Half this process's soft limit on open files (`usize::MAX` if unknown).
-fn half_the_open_file_limit() -> usize {
-    // SAFETY: reads this process's own resource limit.
-    let limit = unsafe {
-        let mut limit = std::mem::zeroed::<libc::rlimit>();
-        (libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0).then_some(limit.rlim_cur)
-    };
-    limit.and_then(|l| usize::try_from(l / 2).ok()).unwrap_or(usize::MAX)
 }
