@@ -155,5 +155,9 @@ fn under_two_hosts(what: &str, calls: u64, chaos: impl FnOnce(String, Arc<Atomic
     }
     println!("  refunds at the provider: {} for {} calls; left pending or unknown: {}", refunds.len(), told.len(), unsettled());
     assert!(!kinds.contains_key("internal"), "a ledger that lost its connection is `transport` (retry the same id), never `internal`: {kinds:?}");
-    assert!(settled, "attempts left unsettled after the takeover passes: {}", unsettled());
+    if !settled {
+        let left: Vec<_> = [AttemptState::Pending, AttemptState::Unknown].iter().flat_map(|s| ledger.attempts_in_state(*s).unwrap()).collect();
+        let calls: Vec<_> = left.iter().map(|a| ledger.call(&a.session, &a.call_id).unwrap()).collect();
+        panic!("attempts left unsettled after the takeover passes: {left:#?}\ntheir calls: {calls:#?}");
+    }
 }

@@ -165,6 +165,32 @@ fn a_python_refund_whose_outcome_is_unknown_holds_the_blind_repeat() {
     assert!(keys.iter().all(|k| *k == keys[0]), "only k1's key ever went out: {keys:?}");
 }
 
+#[test]
+fn a_python_reconciliation_reads_past_the_first_page_of_refunds() {
+    let d = Downstream { reconcile_ms: 200, ..Downstream::default() };
+    let w = World::new(&d, &python_payments());
+    // Committed behind a 500, and not listed yet: unknown …
+    w.sandbox.set_list_lag(Duration::from_secs(600));
+    w.sandbox.inject(Fault::HiddenCommit500);
+    let (ok, first, _) = w.call("k1", "py_refund", &refund(700));
+    assert!(!ok);
+    assert_eq!(first["kind"], "outcome-unknown", "{first}");
+    // … and by the next look 150 newer refunds of the payment list before it.
+    let newer: Vec<u64> = (1..=150).collect();
+    for amount in &newer {
+        assert_eq!(w.sandbox.refund_elsewhere(PI, *amount).0, 200);
+    }
+    w.sandbox.set_list_lag(Duration::ZERO);
+    let (ok, again, log) = w.call("k1", "py_refund", &refund(700));
+    assert!(ok, "found on the listing's second page: {again}\n{log}");
+    assert_eq!(again["refund_id"], w.sandbox.refunds()[0].id.as_str(), "{again}");
+    assert_eq!(w.refunds_of(700), 1, "found, never made again");
+    let (ok, status, _) = w.call("st", "py_refund_status", &json!({ "payment_intent": PI }));
+    assert!(ok, "{status}");
+    assert_eq!(status["refunds"].as_array().map(Vec::len), Some(151), "every page is read");
+    assert_eq!(status["refunded_cents"], 700 + newer.iter().sum::<u64>());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_refund_over_mcp_refunds_once() {
     let w = tokio::task::spawn_blocking(|| World::new(&Downstream::default(), &python_payments())).await.unwrap();

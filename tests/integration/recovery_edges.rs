@@ -267,6 +267,33 @@ async fn e30_a_lagging_listing_is_retried_within_the_reconcile_window_without_re
 }
 
 #[tokio::test]
+async fn a_refund_behind_a_page_of_newer_ones_is_still_found_by_reconciliation() {
+    // The first look finds nothing (the listing lags) and the outcome stays unknown …
+    let h = harness(Downstream::default()).await;
+    h.sandbox.set_list_lag(LONG_LAG);
+    h.sandbox.inject(Fault::HiddenCommit500);
+    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    // … and by the next look 120 newer refunds of the same payment list before it:
+    // a page of 100 alone would call the committed refund "not found".
+    let newer: Vec<u64> = (1..=120).collect();
+    for amount in &newer {
+        h.refund(&format!("n{amount}"), *amount).await.unwrap();
+    }
+    h.sandbox.set_list_lag(Duration::ZERO);
+    let out = h.refund("c1", 500).await.expect("found on the listing's second page");
+    assert_eq!(out.value["refund_id"], h.sandbox.refunds()[0].id.as_str());
+    assert_eq!(h.refunds(), 121, "found, never made again");
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert_eq!((attempt.state, attempt.resolution), (AttemptState::Succeeded, Some(Resolution::ReconciledFound)));
+    let pages = h.sandbox.requests().iter().filter(|r| r.method == "GET" && r.query.contains("starting_after")).count();
+    assert!(pages >= 1, "it read past the first page");
+    // `refund_status` reads every page too: the total is the whole payment's.
+    let status = h.call("st", "refund_status", &json!({ "payment_intent": PI }).to_string()).await.unwrap();
+    assert_eq!(status.value["refunds"].as_array().unwrap().len(), 121);
+    assert_eq!(status.value["refunded_cents"], 500 + newer.iter().sum::<u64>());
+}
+
+#[tokio::test]
 async fn a_held_call_gets_the_outcome_reconciliation_found_for_the_earlier_one() {
     // Past retention, so resolution can only come from reconciliation.
     let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;

@@ -4,7 +4,8 @@
 //!
 //! - `refund` (irreversible): form-encoded `POST /v1/refunds` with
 //!   `payment_intent`, `amount`, `reason`.
-//! - `refund_status` (read-only): `GET /v1/refunds?payment_intent=…`.
+//! - `refund_status` (read-only): `GET /v1/refunds?payment_intent=…`, every
+//!   page of it (Stripe's `has_more` and `starting_after`).
 //!
 //! The provider's base URL comes from the plugin setting `api_base`. The
 //! idempotency key is the host's business: this plugin never sees it when
@@ -12,9 +13,10 @@
 //! and tells the model to check `refund_status` before anything else.
 //!
 //! It also reconciles: given an attempt whose outcome is unknown, it lists the
-//! payment intent's refunds and looks for the one whose metadata carries the
-//! attempt's key (the host puts it there; the metadata field is the setting
-//! `key_metadata_field`, default `toolguard_key`).
+//! payment intent's refunds, page after page, and looks for the one whose
+//! metadata carries the attempt's key (the host puts it there; the metadata
+//! field is the setting `key_metadata_field`, default `toolguard_key`). A
+//! refund older than the newest hundred is still found.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -132,7 +134,8 @@ fn refund(args: RefundArgs) -> Result<RefundSummary, ToolError> {
 /// A full refund was refused because the payment is already refunded: that
 /// may be this very request's earlier attempt. Never a success; say what exists.
 fn already_refunded(base: &str, pi: &str) -> ToolError {
-    let existing = match list_refunds(base, pi) {
+    // The newest page is enough to say what exists.
+    let existing = match list_refunds_until(base, pi, |_| true) {
         Ok(list) => list.iter().map(|r| format!("{} ({} cents, {})", r.id, r.amount, r.status)).collect::<Vec<_>>().join(", "),
         Err(_) => "unknown (the listing failed)".into(),
     };
@@ -142,17 +145,45 @@ fn already_refunded(base: &str, pi: &str) -> ToolError {
     ))
 }
 
-/// The refunds of `pi`, newest first.
-fn list_refunds(base: &str, pi: &str) -> Result<Vec<StripeRefund>, ToolError> {
+/// The most pages of refunds one look-up reads: 100 pages of 100, the
+/// refunds of any real payment many times over. Past it, the look-up fails
+/// rather than answer from part of the list.
+const MAX_PAGES: usize = 100;
+
+/// The refunds of `pi`, newest first: page after page (Stripe's
+/// `starting_after` cursor) until `enough` says a refund read is the one
+/// sought, or the list ends. Never a "not there" from the first page alone.
+fn list_refunds_until(base: &str, pi: &str, enough: impl Fn(&StripeRefund) -> bool) -> Result<Vec<StripeRefund>, ToolError> {
     #[derive(Deserialize)]
-    struct List {
+    struct Page {
         data: Vec<StripeRefund>,
+        #[serde(default)]
+        has_more: bool,
     }
-    let response = Request::get(format!("{base}/v1/refunds")).query(&[("payment_intent", pi), ("limit", "100")]).fetch()?;
-    if !response.is_success() {
-        return Err(ToolError::Failed(declined(&response)));
+    let mut refunds: Vec<StripeRefund> = Vec::new();
+    for _ in 0..MAX_PAGES {
+        let mut query = vec![("payment_intent", pi), ("limit", "100")];
+        let cursor = refunds.last().map(|r| r.id.clone());
+        if let Some(after) = &cursor {
+            query.push(("starting_after", after));
+        }
+        let response = Request::get(format!("{base}/v1/refunds")).query(&query).fetch()?;
+        if !response.is_success() {
+            return Err(ToolError::Failed(declined(&response)));
+        }
+        let page = response.json::<Page>()?;
+        let done = !page.has_more || page.data.is_empty() || page.data.iter().any(&enough);
+        refunds.extend(page.data);
+        if done {
+            return Ok(refunds);
+        }
     }
-    Ok(response.json::<List>()?.data)
+    Err(ToolError::Failed(format!("payment {pi} has more than {} refunds; not all of them were read", MAX_PAGES * 100)))
+}
+
+/// All the refunds of `pi`, newest first.
+fn list_refunds(base: &str, pi: &str) -> Result<Vec<StripeRefund>, ToolError> {
+    list_refunds_until(base, pi, |_| false)
 }
 
 fn refund_status(args: StatusArgs) -> Result<Status, ToolError> {
@@ -207,9 +238,10 @@ impl Reconcile for Payments {
             return Reconciliation::StillUnknown("the plugin setting `api_base` is not configured".into());
         };
         let field = config("key_metadata_field").unwrap_or_else(|| "toolguard_key".into());
-        match list_refunds(&base, &args.payment_intent) {
+        let made_by = |r: &StripeRefund| r.metadata.get(&field) == Some(&attempt.key);
+        match list_refunds_until(&base, &args.payment_intent, made_by) {
             Err(e) => Reconciliation::StillUnknown(format!("listing the refunds of {} failed: {e:?}", args.payment_intent)),
-            Ok(refunds) => match refunds.iter().find(|r| r.metadata.get(&field) == Some(&attempt.key)) {
+            Ok(refunds) => match refunds.iter().find(|r| made_by(r)) {
                 Some(refund) => found(refund),
                 None => Reconciliation::NotFound,
             },

@@ -83,17 +83,36 @@ def refund_status(payment_intent: PaymentIntent) -> Status:
 def find_refund(args: dict, attempt):
     """Finds the refund whose metadata carries the attempt's key."""
     field = config("key_metadata_field") or "toolguard_key"
-    for r in list_refunds(api_base(), args["payment_intent"]):
-        if (r.get("metadata") or {}).get(field) == attempt.key:
+    def made_by(r: dict) -> bool:
+        return (r.get("metadata") or {}).get(field) == attempt.key
+    for r in list_refunds(api_base(), args["payment_intent"], until=made_by):
+        if made_by(r):
             return found(r)
     return not_found()
 
 
-def list_refunds(base: str, payment_intent: str) -> list[dict]:
-    response = Request.get(f"{base}/v1/refunds", {"payment_intent": payment_intent, "limit": "100"}).fetch()
-    if not response.ok:
-        raise Failed(declined(response))
-    return response.json().get("data", [])
+# The most pages of 100 refunds one look-up reads; past it, it fails rather
+# than answer from part of the list.
+MAX_PAGES = 100
+
+
+def list_refunds(base: str, payment_intent: str, until=lambda r: False) -> list[dict]:
+    """The refunds of a payment intent, newest first: page after page (Stripe's
+    has_more and starting_after) until `until` matches one or the list ends."""
+    refunds: list[dict] = []
+    for _ in range(MAX_PAGES):
+        query = {"payment_intent": payment_intent, "limit": "100"}
+        if refunds:
+            query["starting_after"] = refunds[-1]["id"]
+        response = Request.get(f"{base}/v1/refunds", query).fetch()
+        if not response.ok:
+            raise Failed(declined(response))
+        page = response.json()
+        data = page.get("data", [])
+        refunds.extend(data)
+        if not page.get("has_more") or not data or any(until(r) for r in data):
+            return refunds
+    raise Failed(f"payment {payment_intent} has more than {MAX_PAGES * 100} refunds; not all of them were read")
 
 
 def summary(refund: dict) -> Refund:

@@ -216,8 +216,11 @@ async fn list_refunds(State(shared): State<Arc<Shared>>, method: Method, uri: Ur
         return denied;
     }
     let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(10);
-    let list = shared.provider.lock().unwrap().list_refunds(q.get("payment_intent").map(String::as_str), limit);
-    json_response(200, &list)
+    let list = shared.provider.lock().unwrap().list_refunds(q.get("payment_intent").map(String::as_str), limit, q.get("starting_after").map(String::as_str));
+    match list {
+        Ok(list) => json_response(200, &list),
+        Err(error) => json_response(400, &error),
+    }
 }
 
 async fn get_refund(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, Path(id): Path<String>) -> Response {

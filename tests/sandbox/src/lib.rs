@@ -159,6 +159,14 @@ impl Sandbox {
         self.shared.set_refund_status(id, status)
     }
 
+    /// Makes a refund of `amount` cents of `payment_intent` the way another
+    /// client of the provider would (its dashboard, another system), with
+    /// no key: the status (200 or 4xx) and body it answered.
+    pub fn refund_elsewhere(&self, payment_intent: &str, amount: u64) -> (u16, serde_json::Value) {
+        let params = [("payment_intent", payment_intent.to_string()), ("amount", amount.to_string())];
+        self.shared.provider.lock().unwrap().create_refund(&params.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    }
+
     /// Queues a fault for the next refund creation.
     pub fn inject(&self, fault: Fault) {
         self.shared.provider.lock().unwrap().faults.push_back(fault);

@@ -284,17 +284,28 @@ impl Provider {
         (200, body)
     }
 
-    /// Stripe's list object of the refunds of `payment_intent`, newest first.
-    pub fn list_refunds(&self, payment_intent: Option<&str>, limit: usize) -> Value {
-        let data: Vec<&Refund> = self
+    /// Stripe's list object of the refunds of `payment_intent`, newest first:
+    /// at most `limit` (1–100) of them, those after refund `starting_after`
+    /// if given (Stripe's cursor), and `has_more` when the list goes on.
+    /// An unknown cursor is Stripe's 400 `resource_missing`.
+    pub fn list_refunds(&self, payment_intent: Option<&str>, limit: usize, starting_after: Option<&str>) -> Result<Value, Value> {
+        let mut listed = self
             .refunds
             .iter()
             .rev()
             .filter(|r| payment_intent.is_none_or(|pi| r.payment_intent == pi))
             .filter(|r| r.created_ms + self.list_lag.as_millis() as u64 <= now_ms())
-            .take(limit.clamp(1, 100))
-            .collect();
-        json!({ "object": "list", "url": "/v1/refunds", "has_more": false, "data": data })
+            .peekable();
+        if let Some(cursor) = starting_after {
+            if !self.refunds.iter().any(|r| r.id == cursor) {
+                return Err(stripe_error("invalid_request_error", "resource_missing", &format!("No such refund: '{cursor}'")));
+            }
+            while listed.next_if(|r| r.id != cursor).is_some() {}
+            listed.next();
+        }
+        let data: Vec<&Refund> = listed.by_ref().take(limit.clamp(1, 100)).collect();
+        let has_more = listed.peek().is_some();
+        Ok(json!({ "object": "list", "url": "/v1/refunds", "has_more": has_more, "data": data }))
     }
 }
 

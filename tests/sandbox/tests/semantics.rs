@@ -167,6 +167,28 @@ async fn refund_statuses_can_start_pending_and_change_later() {
 }
 
 #[tokio::test]
+async fn listings_page_newest_first_with_has_more_and_a_cursor() {
+    let s = sandbox(Mode::Stripe).await;
+    let ids: Vec<String> = (1..=5).map(|a| s.refund_elsewhere("pi_1", a).1["id"].as_str().unwrap().to_string()).collect();
+    let get = |query: String| {
+        let url = format!("{}/v1/refunds?payment_intent=pi_1&{query}", s.url());
+        async move {
+            let r = reqwest::Client::new().get(url).send().await.unwrap();
+            (r.status().as_u16(), serde_json::from_slice::<Value>(&r.bytes().await.unwrap()).unwrap())
+        }
+    };
+    let listed = |page: &Value| page["data"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let (_, first) = get("limit=2".into()).await;
+    assert_eq!((listed(&first), first["has_more"].as_bool()), (vec![ids[4].clone(), ids[3].clone()], Some(true)));
+    let (_, second) = get(format!("limit=2&starting_after={}", ids[3])).await;
+    assert_eq!((listed(&second), second["has_more"].as_bool()), (vec![ids[2].clone(), ids[1].clone()], Some(true)));
+    let (_, last) = get(format!("limit=2&starting_after={}", ids[1])).await;
+    assert_eq!((listed(&last), last["has_more"].as_bool()), (vec![ids[0].clone()], Some(false)));
+    let (status, unknown) = get("starting_after=re_nope".into()).await;
+    assert_eq!((status, unknown["error"]["code"].as_str()), (400, Some("resource_missing")));
+}
+
+#[tokio::test]
 async fn an_api_key_can_be_required() {
     let s = sandbox(Mode::Stripe).await;
     s.require_api_key(Some("sk_test_x"));
