@@ -181,6 +181,12 @@ fn a_python_reconciliation_reads_past_the_first_page_of_refunds() {
         assert_eq!(w.sandbox.refund_elsewhere(PI, *amount).0, 200);
     }
     w.sandbox.set_list_lag(Duration::ZERO);
+    // A listing that ignores its cursor cannot be read to its end: "can't tell", not "not found".
+    w.sandbox.set_list_ignores_cursor(true);
+    let (ok, stuck, _) = w.call("k1", "py_refund", &refund(700));
+    assert!(!ok);
+    assert!(stuck["message"].as_str().unwrap().contains("does not page past"), "{stuck}");
+    w.sandbox.set_list_ignores_cursor(false);
     let (ok, again, log) = w.call("k1", "py_refund", &refund(700));
     assert!(ok, "found on the listing's second page: {again}\n{log}");
     assert_eq!(again["refund_id"], w.sandbox.refunds()[0].id.as_str(), "{again}");

@@ -294,6 +294,32 @@ async fn a_refund_behind_a_page_of_newer_ones_is_still_found_by_reconciliation()
 }
 
 #[tokio::test]
+async fn a_listing_that_cannot_be_read_to_its_end_never_says_not_found() {
+    // Past the provider's key retention a "not found" goes to an operator,
+    // who may declare the refund never made; a refund behind the first page
+    // of a listing that ignores its cursor must stay "can't tell" instead.
+    let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;
+    h.sandbox.set_list_lag(LONG_LAG);
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    for amount in 1..=120 {
+        h.sandbox.refund_elsewhere(PI, amount);
+    }
+    h.sandbox.set_list_lag(Duration::ZERO);
+    h.sandbox.set_list_ignores_cursor(true);
+    let report = h.rt.recover().await.unwrap();
+    assert_eq!((report.settled.len(), report.needs_operator.len(), report.unresolved.len()), (0, 0, 1), "{report:?}");
+    assert!(report.unresolved[0].1.contains("does not page past"), "{report:?}");
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert_eq!((attempt.state, attempt.resolution), (AttemptState::Unknown, None));
+    // Once the listing pages, the refund is found and nothing was sent again.
+    h.sandbox.set_list_ignores_cursor(false);
+    let report = h.rt.recover().await.unwrap();
+    assert_eq!(report.settled.len(), 1, "{report:?}");
+    assert_eq!((h.posts().len(), h.refunds()), (1, 121));
+}
+
+#[tokio::test]
 async fn a_held_call_gets_the_outcome_reconciliation_found_for_the_earlier_one() {
     // Past retention, so resolution can only come from reconciliation.
     let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;

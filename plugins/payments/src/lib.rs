@@ -161,6 +161,7 @@ fn list_refunds_until(base: &str, pi: &str, enough: impl Fn(&StripeRefund) -> bo
         has_more: bool,
     }
     let mut refunds: Vec<StripeRefund> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for _ in 0..MAX_PAGES {
         let mut query = vec![("payment_intent", pi), ("limit", "100")];
         let cursor = refunds.last().map(|r| r.id.clone());
@@ -172,7 +173,13 @@ fn list_refunds_until(base: &str, pi: &str, enough: impl Fn(&StripeRefund) -> bo
             return Err(ToolError::Failed(declined(&response)));
         }
         let page = response.json::<Page>()?;
-        let done = !page.has_more || page.data.is_empty() || page.data.iter().any(&enough);
+        // A listing that does not move past its cursor cannot be read to its end.
+        let repeated = page.data.iter().find(|r| !seen.insert(r.id.clone()));
+        if repeated.is_some() || (page.has_more && page.data.is_empty()) {
+            let sent = repeated.map_or_else(|| "an empty page".to_string(), |r| format!("{} again", r.id));
+            return Err(ToolError::Failed(format!("the provider's listing of {pi} does not page past {cursor:?}: it sent {sent}")));
+        }
+        let done = !page.has_more || page.data.iter().any(&enough);
         refunds.extend(page.data);
         if done {
             return Ok(refunds);

@@ -100,15 +100,21 @@ def list_refunds(base: str, payment_intent: str, until=lambda r: False) -> list[
     """The refunds of a payment intent, newest first: page after page (Stripe's
     has_more and starting_after) until `until` matches one or the list ends."""
     refunds: list[dict] = []
+    seen: set[str] = set()
     for _ in range(MAX_PAGES):
         query = {"payment_intent": payment_intent, "limit": "100"}
-        if refunds:
-            query["starting_after"] = refunds[-1]["id"]
+        cursor = refunds[-1]["id"] if refunds else None
+        if cursor:
+            query["starting_after"] = cursor
         response = Request.get(f"{base}/v1/refunds", query).fetch()
         if not response.ok:
             raise Failed(declined(response))
         page = response.json()
         data = page.get("data", [])
+        # A listing that does not move past its cursor cannot be read to its end.
+        if any(r["id"] in seen for r in data) or (page.get("has_more") and not data):
+            raise Failed(f"the provider's listing of {payment_intent} does not page past {cursor}")
+        seen.update(r["id"] for r in data)
         refunds.extend(data)
         if not page.get("has_more") or not data or any(until(r) for r in data):
             return refunds

@@ -7,7 +7,8 @@
 //!
 //! It speaks Stripe's wire format for this subset: form-encoded
 //! `POST /v1/refunds` (`payment_intent`, `amount`, `reason`, `metadata[…]`),
-//! `GET /v1/refunds?payment_intent=…`, `GET /v1/refunds/{id}`.
+//! `GET /v1/refunds?payment_intent=…` (newest first, in pages: `limit`,
+//! `has_more`, `starting_after`), `GET /v1/refunds/{id}`.
 //! Control endpoints live under `/_sandbox` (see [`http`]).
 
 pub mod config;
@@ -201,6 +202,12 @@ impl Sandbox {
     /// Moves the provider's clock forward (e.g. past key retention).
     pub fn advance_clock(&self, by: Duration) {
         self.shared.provider.lock().unwrap().clock_offset += by.as_secs();
+    }
+
+    /// Makes the refund listing ignore its cursor (`starting_after`): every
+    /// page is the first, `has_more` and all, as a faulty provider's might.
+    pub fn set_list_ignores_cursor(&self, ignores: bool) {
+        self.shared.provider.lock().unwrap().list_ignores_cursor = ignores;
     }
 
     /// Keeps refunds (and tickets) out of listings until `lag` after their creation (an

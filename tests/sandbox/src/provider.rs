@@ -120,6 +120,8 @@ pub(crate) struct Provider {
     pub clock_offset: u64,
     /// How long a new refund stays out of listings.
     pub list_lag: Duration,
+    /// A faulty listing: `starting_after` is ignored, every page is the first.
+    pub list_ignores_cursor: bool,
     /// The ticket desk's tickets (`crate::tickets`), in creation order.
     pub tickets: Vec<crate::tickets::Ticket>,
     next_id: u64,
@@ -145,6 +147,7 @@ impl Provider {
             faults: VecDeque::new(),
             clock_offset: 0,
             list_lag: Duration::ZERO,
+            list_ignores_cursor: false,
             tickets: Vec::new(),
             next_id: 0,
         }
@@ -296,7 +299,7 @@ impl Provider {
             .filter(|r| payment_intent.is_none_or(|pi| r.payment_intent == pi))
             .filter(|r| r.created_ms + self.list_lag.as_millis() as u64 <= now_ms())
             .peekable();
-        if let Some(cursor) = starting_after {
+        if let Some(cursor) = starting_after.filter(|_| !self.list_ignores_cursor) {
             if !self.refunds.iter().any(|r| r.id == cursor) {
                 return Err(stripe_error("invalid_request_error", "resource_missing", &format!("No such refund: '{cursor}'")));
             }
