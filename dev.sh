@@ -131,7 +131,7 @@ case "${1:-}" in
         TOOLGUARD_TEST_POSTGRES_TLS=1 cargo test --locked -p toolguard --test integration -- fleet:: hold_cli::on_a_fleet
         cargo test --locked -p toolguard --test integration torture -- --nocapture
         # Restarts of the ledger's server under two hosts, alone: it restarts the server every test shares.
-        TOOLGUARD_TEST_POSTGRES_RESTART="${PG_AS[*]} $PG_BIN/pg_ctl -D $PG_DIR/data -l $PG_DIR/log -w -m fast restart >/dev/null" \
+        TOOLGUARD_TEST_POSTGRES_RESTART="${PG_AS[*]} $PG_BIN/pg_ctl -D $PG_DIR/data -l $PG_DIR/log -w -t 300 -m fast restart >/dev/null" \
             cargo test --locked -p toolguard --test integration restarts_of_the_ledger_server -- --ignored --nocapture ;;
     *) echo "usage: ./dev.sh demo | ./dev.sh test" >&2; exit 2 ;;
 esac

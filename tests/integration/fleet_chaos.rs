@@ -71,6 +71,12 @@ fn torture_of_the_ledger_connections_under_two_hosts_never_duplicates_or_loses_a
 #[ignore = "restarts the tests' PostgreSQL: ./dev.sh test runs it alone"]
 fn restarts_of_the_ledger_server_under_two_hosts_never_duplicate_or_lose_a_refund() {
     let restart = std::env::var("TOOLGUARD_TEST_POSTGRES_RESTART").expect("TOOLGUARD_TEST_POSTGRES_RESTART: the command that restarts the test server");
+    // A restart's shutdown checkpoint syncs every file written since the
+    // last one: after the whole suite, every test's database, which once
+    // took pg_ctl past its wait. Checkpoint first, so each restart here
+    // carries this test's writes only.
+    let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").unwrap();
+    r2d2_postgres::postgres::Client::connect(&admin, r2d2_postgres::postgres::NoTls).unwrap().batch_execute("CHECKPOINT").unwrap();
     under_two_hosts("server restarts", 600, move |_db, stop| {
         let mut restarts = 0;
         while restarts < 3 && !stop.load(Ordering::SeqCst) {
