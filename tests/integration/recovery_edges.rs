@@ -3,7 +3,7 @@
 //! held, or left to an operator — never guessed. Cases 8 and 9 (real
 //! crashes) are in `crash.rs`. Every test counts refunds at the sandbox.
 
-use crate::payments::{Downstream, HEADER_ONLY, PI, harness, refund_args, rogue_args};
+use crate::payments::{Downstream, HEADER_ONLY, Harness, PI, harness, refund_args, rogue_args};
 use serde_json::json;
 use std::time::Duration;
 use toolguard::ErrorKind;
@@ -12,6 +12,17 @@ use toolguard_sandbox::{Fault, Mode};
 
 /// Reconciliation cannot find a committed refund while the listing lags this long.
 const LONG_LAG: Duration = Duration::from_secs(60);
+
+/// A host that treats keys as already expired at the provider (retention
+/// 0 h), and on it refund `c1` (500 cents): committed, answered too late,
+/// not listed yet — unknown, and never to be re-sent.
+async fn unknown_past_retention() -> Harness {
+    let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;
+    h.sandbox.set_list_lag(LONG_LAG);
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    h
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e10_a_cut_off_invocation_is_unknown_and_its_retry_uses_the_same_key() {
@@ -72,11 +83,7 @@ async fn e12_a_500_with_a_hidden_commit_is_found_by_reconciliation() {
 
 #[tokio::test]
 async fn e14_past_the_providers_key_retention_it_reconciles_and_never_resends() {
-    // The host treats keys as already expired at the provider (retention 0 h).
-    let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;
-    h.sandbox.set_list_lag(LONG_LAG);
-    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
-    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    let h = unknown_past_retention().await;
     h.sandbox.advance_clock(Duration::from_secs(25 * 3600));
     h.sandbox.set_list_lag(Duration::ZERO);
     let out = h.refund("c1", 500).await.expect("found by reconciliation");
@@ -298,10 +305,7 @@ async fn a_listing_that_cannot_be_read_to_its_end_never_says_not_found() {
     // Past the provider's key retention a "not found" goes to an operator,
     // who may declare the refund never made; a refund behind the first page
     // of a listing that ignores its cursor must stay "can't tell" instead.
-    let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;
-    h.sandbox.set_list_lag(LONG_LAG);
-    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
-    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    let h = unknown_past_retention().await;
     for amount in 1..=120 {
         h.sandbox.refund_elsewhere(PI, amount);
     }
@@ -322,10 +326,7 @@ async fn a_listing_that_cannot_be_read_to_its_end_never_says_not_found() {
 #[tokio::test]
 async fn a_held_call_gets_the_outcome_reconciliation_found_for_the_earlier_one() {
     // Past retention, so resolution can only come from reconciliation.
-    let h = harness(Downstream { retention_hours: 0, ..Downstream::default() }).await;
-    h.sandbox.set_list_lag(LONG_LAG);
-    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
-    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    let h = unknown_past_retention().await;
     let held = h.refund("c2", 500).await.unwrap_err();
     assert_eq!(held.kind, ErrorKind::Held);
     assert!(held.detail.as_ref().unwrap()["earlier_outcome"].is_null(), "nothing found yet: {held}");
