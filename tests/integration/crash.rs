@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use toolguard::ledger::{AttemptState, Ledger};
+use toolguard::ledger::{AttemptState, Ledger, Resolution};
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
@@ -170,6 +170,31 @@ fn e09_crash_between_the_providers_commit_and_our_outcome_write() {
     let posts = w.posts_of(222);
     assert_eq!(posts.len(), 2, "the original and recovery's re-send");
     assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key);
+}
+
+/// A refund found by reconciliation (the provider answered 500 after
+/// committing) reaches its caller, and the host dies before that outcome
+/// lands. By the time `toolguard recover` looks again, more than a page of
+/// newer refunds of the payment list before it: recovery re-sends the key,
+/// the provider replays its stored 500, and the refund must still be found
+/// (the plugin once read the first page only, and left it unknown for good).
+#[test]
+fn a_found_refund_whose_outcome_was_lost_is_found_again_behind_a_page_of_newer_ones() {
+    let w = World::new();
+    w.sandbox.inject(Fault::HiddenCommit500);
+    let out = w.spawn_refund("c1", 444, Some("after-print")).wait_with_output().unwrap();
+    assert!(!out.status.success(), "it aborted after printing");
+    assert_eq!(stdout_json(&out)["amount_cents"], 444, "the caller heard the refund");
+    assert_eq!(w.ledger().attempts_in_state(AttemptState::Pending).unwrap().len(), 1, "its outcome never landed");
+    for amount in 1..=120 {
+        assert_eq!(w.sandbox.refund_elsewhere(PI, amount).0, 200);
+    }
+    let out = w.toolguard(&["recover"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(stdout_json(&out)["settled"].as_array().map(Vec::len), Some(1));
+    let attempt = w.ledger().attempts().unwrap().remove(0);
+    assert_eq!((attempt.state, attempt.resolution), (AttemptState::Succeeded, Some(Resolution::ReconciledFound)));
+    assert_eq!(w.refunds_of(444), 1);
 }
 
 #[test]
