@@ -293,6 +293,40 @@ fn http_sessions_are_capped_by_closing_the_oldest() {
     assert_eq!(list(&ids[1]), 404, "which closes the next oldest");
 }
 
+/// One token holder looping on `initialize` closes only its own sessions:
+/// past `[mcp] max_sessions_per_principal` its own oldest, never another
+/// principal's (the global cap alone once closed the oldest, whoever's).
+#[test]
+fn a_principal_looping_on_initialize_closes_only_its_own_sessions() {
+    const ALICE: &str = "alice-token-long-enough";
+    const MALLORY: &str = "mallory-token-long-enough";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = r#"tokens = [{ principal = "alice", token_env = "TG_ALICE" }, { principal = "mallory", token_env = "TG_MALLORY" }]"#;
+    let text =
+        format!("{}[mcp]\nmax_sessions = 6\nmax_sessions_per_principal = 2\n{tokens}\n", std::fs::read_to_string(conformance_config(dir.path())).unwrap());
+    let server = serve_http(&write(dir.path(), "principals.toml", &text), &[("TG_ALICE", ALICE), ("TG_MALLORY", MALLORY)]);
+    let open = |token: &str| {
+        let auth = format!("Bearer {token}");
+        let (status, headers, body) = send(&server.url, &[("Authorization", &auth)], INITIALIZE.into());
+        assert_eq!(status, 200, "{body}");
+        let id = headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string();
+        let [a, b] = in_session(&id);
+        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        assert_eq!(send(&server.url, &[a, b, ("Authorization", &auth)], initialized.into()).0, 202);
+        id
+    };
+    let list = |token: &str, id: &str| {
+        let auth = format!("Bearer {token}");
+        let [a, b] = in_session(id);
+        send(&server.url, &[a, b, ("Authorization", &auth)], r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#.into()).0
+    };
+    let alice = open(ALICE);
+    let flood: Vec<String> = (0..20).map(|_| open(MALLORY)).collect();
+    assert_eq!(list(ALICE, &alice), 200, "another principal's loop closed none of alice's sessions");
+    assert_eq!((list(MALLORY, &flood[19]), list(MALLORY, &flood[18])), (200, 200), "mallory keeps its newest two");
+    assert_eq!(list(MALLORY, &flood[17]), 404, "and its older ones were closed for them");
+}
+
 /// A refund in flight in a session that is closed to make room for another
 /// still happens once, and its answer, never delivered, counts as not
 /// told: a repeat of it in the new session is held and carries its refund.

@@ -40,6 +40,10 @@ pub struct McpConfig {
     /// Most Streamable HTTP sessions (`Mcp-Session-Id`) open at once; a
     /// new one past it closes the oldest ([`crate::mcp::sessions`]).
     pub max_sessions: usize,
+    /// Most of those one authenticated principal holds: a new one past it
+    /// closes that principal's own oldest, so a token holder looping on
+    /// `initialize` cannot close other principals' sessions.
+    pub max_sessions_per_principal: usize,
     /// Most HTTP connections open at once ([`crate::mcp::listen`]).
     pub max_connections: usize,
 }
@@ -55,6 +59,7 @@ impl Default for McpConfig {
             allowed_hosts: Vec::new(),
             max_request_bytes: 1 << 20,
             max_sessions: 1_000,
+            max_sessions_per_principal: 100,
             max_connections: 4_096,
         }
     }

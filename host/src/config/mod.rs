@@ -300,7 +300,12 @@ impl Config {
         if raw.mcp.max_request_bytes < 1024 {
             return Err(err("mcp.max_request_bytes", "must be at least 1024".into()));
         }
-        for (field, n) in [("mcp.max_sessions", raw.mcp.max_sessions), ("mcp.max_connections", raw.mcp.max_connections)] {
+        let counts = [
+            ("mcp.max_sessions", raw.mcp.max_sessions),
+            ("mcp.max_sessions_per_principal", raw.mcp.max_sessions_per_principal),
+            ("mcp.max_connections", raw.mcp.max_connections),
+        ];
+        for (field, n) in counts {
             if n == 0 {
                 return Err(err(field, "must be at least 1".into()));
             }

@@ -102,3 +102,12 @@ fn the_ledger_cache_is_sized_for_rocksdb_only_and_within_bounds() {
     assert_eq!(e.field, "ledger_cache_mib");
     assert!(e.message.contains("shared_buffers"), "{e}");
 }
+
+#[test]
+fn mcp_counts_are_at_least_one() {
+    for field in ["max_sessions", "max_sessions_per_principal", "max_connections"] {
+        let e = parse(&format!("[mcp]\n{field} = 0\n")).unwrap_err();
+        assert_eq!((e.field.as_str(), e.message.as_str()), (format!("mcp.{field}").as_str(), "must be at least 1"));
+    }
+    assert_eq!(parse("").unwrap().mcp.max_sessions_per_principal, 100);
+}

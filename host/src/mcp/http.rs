@@ -65,7 +65,7 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let mcp_config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts.clone()).with_max_request_body_bytes(config.max_request_bytes);
     let ledger = host.runtime.guard().map(|g| g.ledger().clone());
     let runtime = host.runtime.clone();
-    let sessions = Arc::new(super::sessions::CappedSessions::new(config.max_sessions));
+    let sessions = Arc::new(super::sessions::CappedSessions::new(config.max_sessions, config.max_sessions_per_principal));
     let service = StreamableHttpService::new(move || Ok(host.clone()), sessions, mcp_config);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
     let mcp =
@@ -118,8 +118,10 @@ async fn bearer(tokens: &[(Principal, String)], mut req: axum::extract::Request,
         tokens.iter().fold(None, |found, (principal, token)| if constant_time_eq(g.as_bytes(), token.as_bytes()) { Some(principal.clone()) } else { found })
     });
     if let Some(principal) = matched {
+        let name = principal.0.clone();
         req.extensions_mut().insert(principal);
-        return next.run(req).await;
+        // A session opened by this request is counted as the principal's.
+        return super::sessions::PRINCIPAL.scope(Some(name), next.run(req)).await;
     }
     (axum::http::StatusCode::UNAUTHORIZED, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], "a valid bearer token is required\n").into_response()
 }

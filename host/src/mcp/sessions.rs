@@ -7,26 +7,47 @@
 //! one, as the protocol says it must, and nothing of the guard depends on
 //! transport sessions (calls are keyed by tool-call id and conversation).
 //! Stateless requests of the 2026 era open none.
+//!
+//! With bearer tokens, each principal also holds at most `[mcp]
+//! max_sessions_per_principal`: its new session past that closes its own
+//! oldest, so one token holder's loop closes none of another's. (rmcp asks
+//! for a session without saying for whom: the bearer middleware names the
+//! principal in [`PRINCIPAL`] while it serves the request.)
 
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
 use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage, SessionId, SessionManager};
 use std::collections::VecDeque;
 
-/// rmcp's in-memory sessions, at most `max` open at once.
+tokio::task_local! {
+    /// The authenticated principal of the HTTP request being served, if any.
+    pub static PRINCIPAL: Option<String>;
+}
+
+/// rmcp's in-memory sessions, at most `max` open at once and at most
+/// `per_principal` of one authenticated principal.
 pub struct CappedSessions {
     inner: LocalSessionManager,
     max: usize,
-    /// The sessions this manager made, oldest first (some since closed or
-    /// expired). Locked from the count to the insert, so concurrent
-    /// `initialize`s cannot overshoot.
-    made: tokio::sync::Mutex<VecDeque<SessionId>>,
+    per_principal: usize,
+    /// The sessions this manager made and whose they are, oldest first
+    /// (some since closed or expired). Locked from the count to the insert,
+    /// so concurrent `initialize`s cannot overshoot.
+    made: tokio::sync::Mutex<VecDeque<(SessionId, Option<String>)>>,
 }
 
 impl CappedSessions {
-    /// In-memory sessions with rmcp's defaults, at most `max` at once.
-    pub fn new(max: usize) -> Self {
-        Self { inner: LocalSessionManager::default(), max, made: tokio::sync::Mutex::default() }
+    /// In-memory sessions with rmcp's defaults, at most `max` at once and
+    /// `per_principal` of one principal.
+    pub fn new(max: usize, per_principal: usize) -> Self {
+        Self { inner: LocalSessionManager::default(), max, per_principal, made: tokio::sync::Mutex::default() }
+    }
+
+    /// Closes session `id` to make room, for the reason `why`.
+    async fn make_room(&self, id: &SessionId, why: &'static str) {
+        // Closed or expired already, or closed now (it leaves the map first, whatever its worker says).
+        let _ = self.inner.close_session(id).await;
+        tracing::debug!(session = %id, max = self.max, per_principal = self.per_principal, why, "closed an MCP session to open a new one");
     }
 }
 
@@ -35,19 +56,28 @@ impl SessionManager for CappedSessions {
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let owner = PRINCIPAL.try_with(Clone::clone).ok().flatten();
         let mut made = self.made.lock().await;
+        if owner.is_some() {
+            let open = self.inner.sessions.read().await;
+            let theirs: Vec<SessionId> = made.iter().filter(|(id, whose)| *whose == owner && open.contains_key(id)).map(|(id, _)| id.clone()).collect();
+            drop(open);
+            let excess = (theirs.len() + 1).saturating_sub(self.per_principal);
+            for id in &theirs[..excess] {
+                self.make_room(id, "[mcp] max_sessions_per_principal").await;
+            }
+            made.retain(|(id, _)| !theirs[..excess].contains(id));
+        }
         while self.inner.sessions.read().await.len() >= self.max {
-            let Some(oldest) = made.pop_front() else { break };
-            // Closed or expired already, or closed now (it leaves the map first, whatever its worker says).
-            let _ = self.inner.close_session(&oldest).await;
-            tracing::debug!(session = %oldest, max = self.max, "closed the oldest MCP session to open a new one ([mcp] max_sessions)");
+            let Some((oldest, _)) = made.pop_front() else { break };
+            self.make_room(&oldest, "[mcp] max_sessions").await;
         }
         if made.len() >= 2 * self.max {
             let open = self.inner.sessions.read().await;
-            made.retain(|id| open.contains_key(id));
+            made.retain(|(id, _)| open.contains_key(id));
         }
         let (id, transport) = self.inner.create_session().await?;
-        made.push_back(id.clone());
+        made.push_back((id.clone(), owner));
         Ok((id, transport))
     }
 
