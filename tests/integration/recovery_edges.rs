@@ -324,6 +324,21 @@ async fn a_listing_that_cannot_be_read_to_its_end_never_says_not_found() {
 }
 
 #[tokio::test]
+async fn a_listing_longer_than_a_look_up_reads_is_cant_tell_never_not_found() {
+    // 1,600 newer refunds: more pages than the plugin reads in one look-up
+    // (15, within the host's budget of 16 outbound calls per invocation).
+    let h = unknown_past_retention().await;
+    for _ in 0..1_600 {
+        assert_eq!(h.sandbox.refund_elsewhere(PI, 1).0, 200);
+    }
+    h.sandbox.set_list_lag(Duration::ZERO);
+    let report = h.rt.recover().await.unwrap();
+    assert_eq!((report.settled.len(), report.needs_operator.len(), report.unresolved.len()), (0, 0, 1), "{report:?}");
+    assert!(report.unresolved[0].1.contains("more than 1500 refunds"), "{report:?}");
+    assert_eq!(h.posts().len(), 1, "nothing re-sent past the provider's retention");
+}
+
+#[tokio::test]
 async fn a_held_call_gets_the_outcome_reconciliation_found_for_the_earlier_one() {
     // Past retention, so resolution can only come from reconciliation.
     let h = unknown_past_retention().await;

@@ -145,10 +145,11 @@ fn already_refunded(base: &str, pi: &str) -> ToolError {
     ))
 }
 
-/// The most pages of refunds one look-up reads: 100 pages of 100, the
-/// refunds of any real payment many times over. Past it, the look-up fails
-/// rather than answer from part of the list.
-const MAX_PAGES: usize = 100;
+/// The most pages of refunds one look-up reads: 15 pages of 100, the
+/// refunds of any real payment many times over, within the host's default
+/// budget of 16 outbound calls per invocation (`max_outbound_calls`). Past
+/// it, the look-up fails rather than answer from part of the list.
+const MAX_PAGES: usize = 15;
 
 /// The refunds of `pi`, newest first: page after page (Stripe's
 /// `starting_after` cursor) until `enough` says a refund read is the one
