@@ -38,16 +38,27 @@ pub struct CappedSessions {
 
 impl CappedSessions {
     /// In-memory sessions with rmcp's defaults, at most `max` at once and
-    /// `per_principal` of one principal.
+    /// `per_principal` of one principal (each at least 1: the new one).
     pub fn new(max: usize, per_principal: usize) -> Self {
+        let (max, per_principal) = (max.max(1), per_principal.max(1));
         Self { inner: LocalSessionManager::default(), max, per_principal, made: tokio::sync::Mutex::default() }
     }
 
-    /// Closes session `id` to make room, for the reason `why`.
-    async fn make_room(&self, id: &SessionId, why: &'static str) {
-        // Closed or expired already, or closed now (it leaves the map first, whatever its worker says).
-        let _ = self.inner.close_session(id).await;
-        tracing::debug!(session = %id, max = self.max, per_principal = self.per_principal, why, "closed an MCP session to open a new one");
+    /// Makes room for one more of the open sessions in `made` whose owner
+    /// `counts`: closes the oldest of them until fewer than `cap` are left
+    /// (`why` names the setting), and forgets them.
+    async fn make_room(&self, made: &mut VecDeque<(SessionId, Option<String>)>, cap: usize, counts: impl Fn(&Option<String>) -> bool, why: &'static str) {
+        let open = self.inner.sessions.read().await;
+        let counted = || made.iter().filter(|(id, whose)| counts(whose) && open.contains_key(id)).map(|(id, _)| id);
+        let over = (counted().count() + 1).saturating_sub(cap);
+        let excess: Vec<SessionId> = counted().take(over).cloned().collect();
+        drop(open);
+        for id in &excess {
+            // Closed now, or expired meanwhile (it leaves the map first, whatever its worker says).
+            let _ = self.inner.close_session(id).await;
+            tracing::debug!(session = %id, cap, why, "closed an MCP session to open a new one");
+        }
+        made.retain(|(id, _)| !excess.contains(id));
     }
 }
 
@@ -59,19 +70,9 @@ impl SessionManager for CappedSessions {
         let owner = PRINCIPAL.try_with(Clone::clone).ok().flatten();
         let mut made = self.made.lock().await;
         if owner.is_some() {
-            let open = self.inner.sessions.read().await;
-            let theirs: Vec<SessionId> = made.iter().filter(|(id, whose)| *whose == owner && open.contains_key(id)).map(|(id, _)| id.clone()).collect();
-            drop(open);
-            let excess = (theirs.len() + 1).saturating_sub(self.per_principal);
-            for id in &theirs[..excess] {
-                self.make_room(id, "[mcp] max_sessions_per_principal").await;
-            }
-            made.retain(|(id, _)| !theirs[..excess].contains(id));
+            self.make_room(&mut made, self.per_principal, |whose| *whose == owner, "[mcp] max_sessions_per_principal").await;
         }
-        while self.inner.sessions.read().await.len() >= self.max {
-            let Some((oldest, _)) = made.pop_front() else { break };
-            self.make_room(&oldest, "[mcp] max_sessions").await;
-        }
+        self.make_room(&mut made, self.max, |_| true, "[mcp] max_sessions").await;
         if made.len() >= 2 * self.max {
             let open = self.inner.sessions.read().await;
             made.retain(|(id, _)| open.contains_key(id));
