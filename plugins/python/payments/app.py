@@ -117,7 +117,7 @@ def list_refunds(base: str, payment_intent: str, until=lambda r: False) -> list[
             raise Failed(f"the provider's listing of {payment_intent} does not page past {cursor}")
         seen.update(r["id"] for r in data)
         refunds.extend(data)
-        if not page.get("has_more") or not data or any(until(r) for r in data):
+        if not page.get("has_more") or any(until(r) for r in data):
             return refunds
     raise Failed(f"payment {payment_intent} has more than {MAX_PAGES * 100} refunds; not all of them were read")
 

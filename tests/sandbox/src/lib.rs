@@ -164,8 +164,8 @@ impl Sandbox {
     /// client of the provider would (its dashboard, another system), with
     /// no key: the status (200 or 4xx) and body it answered.
     pub fn refund_elsewhere(&self, payment_intent: &str, amount: u64) -> (u16, serde_json::Value) {
-        let params = [("payment_intent", payment_intent.to_string()), ("amount", amount.to_string())];
-        self.shared.provider.lock().unwrap().create_refund(&params.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+        let params = std::collections::BTreeMap::from([("payment_intent".to_string(), payment_intent.to_string()), ("amount".to_string(), amount.to_string())]);
+        self.shared.provider.lock().unwrap().create_refund(&params)
     }
 
     /// Queues a fault for the next refund creation.
