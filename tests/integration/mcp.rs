@@ -225,11 +225,16 @@ fn in_session(id: &str) -> [(&str, &str); 2] {
 
 /// A new session at the MCP endpoint `url`, initialized: its id.
 fn open_session(url: &str) -> String {
-    let (status, headers, body) = send(url, &[], INITIALIZE.into());
+    open_session_with(url, &[])
+}
+
+/// [`open_session`], each request with the extra headers `with` (a token).
+fn open_session_with(url: &str, with: &[(&str, &str)]) -> String {
+    let (status, headers, body) = send(url, with, INITIALIZE.into());
     assert_eq!(status, 200, "{body}");
     let id = headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string();
     let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-    assert_eq!(send(url, &in_session(&id), initialized.into()).0, 202);
+    assert_eq!(send(url, &[&in_session(&id)[..], with].concat(), initialized.into()).0, 202);
     id
 }
 
@@ -305,16 +310,7 @@ fn a_principal_looping_on_initialize_closes_only_its_own_sessions() {
     let text =
         format!("{}[mcp]\nmax_sessions = 6\nmax_sessions_per_principal = 2\n{tokens}\n", std::fs::read_to_string(conformance_config(dir.path())).unwrap());
     let server = serve_http(&write(dir.path(), "principals.toml", &text), &[("TG_ALICE", ALICE), ("TG_MALLORY", MALLORY)]);
-    let open = |token: &str| {
-        let auth = format!("Bearer {token}");
-        let (status, headers, body) = send(&server.url, &[("Authorization", &auth)], INITIALIZE.into());
-        assert_eq!(status, 200, "{body}");
-        let id = headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string();
-        let [a, b] = in_session(&id);
-        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-        assert_eq!(send(&server.url, &[a, b, ("Authorization", &auth)], initialized.into()).0, 202);
-        id
-    };
+    let open = |token: &str| open_session_with(&server.url, &[("Authorization", &format!("Bearer {token}"))]);
     let list = |token: &str, id: &str| {
         let auth = format!("Bearer {token}");
         let [a, b] = in_session(id);
