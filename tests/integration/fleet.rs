@@ -118,6 +118,55 @@ async fn a_dead_hosts_call_is_taken_over_once_its_claim_lapses_with_the_same_key
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_no_pass_can_settle_is_tried_less_often_as_it_ages_by_the_whole_fleet() {
+    use toolguard::ledger::{AttemptState, Durability, LedgerWrite, records::now_ms};
+    // A stored 500 the provider never committed: every re-send gets it back and
+    // the listing finds no refund, so no pass settles it within the key's retention.
+    let f = fleet(Downstream::default()).await;
+    f.sandbox.inject(Fault::Stored500 { should_retry: None });
+    assert_eq!(f.refund(0, "c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    let sent = |method: &str| f.sandbox.requests().into_iter().filter(|r| r.method == method).count();
+    let (posts, lookups) = (sent("POST"), sent("GET"));
+    assert_eq!(posts, 1);
+    // Host A tried it a moment ago: host B's takeover pass leaves it for later.
+    let pass = f.hosts[1].takeover_pass().await.unwrap();
+    assert_eq!((pass.examined, pass.not_due.len(), pass.unresolved.len()), (1, 1, 0), "{pass:?}");
+    assert_eq!((sent("POST"), sent("GET")), (posts, lookups), "nothing re-sent, nothing looked up");
+    // A start-up or `toolguard recover` tries every attempt at once.
+    let now = f.hosts[1].recover().await.unwrap();
+    assert_eq!((now.unresolved.len(), now.not_due.len()), (1, 0), "{now:?}");
+    assert_eq!(sent("POST"), posts + 1, "re-sent with its key");
+
+    // Two hours old: a pass waits five minutes after the last try, by whichever host.
+    let ledger = f.hosts[0].guard().unwrap().ledger().clone();
+    let age = |last_try_ago_ms: u64| {
+        let mut attempt = ledger.attempts_of_call("s1", "c1").unwrap().remove(0);
+        assert_eq!(attempt.state, AttemptState::Unknown);
+        attempt.created_ms = now_ms() - 2 * 3_600_000;
+        attempt.updated_ms = now_ms() - last_try_ago_ms;
+        ledger.commit(LedgerWrite::new().attempt(attempt), Durability::Synced).unwrap();
+    };
+    assert_eq!(toolguard::guard::pause_ms(2 * 3_600_000), 300_000);
+    age(240_000);
+    for host in &f.hosts {
+        let pass = host.takeover_pass().await.unwrap();
+        assert_eq!(pass.not_due.len(), 1, "tried four minutes ago: {pass:?}");
+    }
+    assert_eq!(sent("POST"), posts + 1);
+    age(360_000);
+    let pass = f.hosts[1].takeover_pass().await.unwrap();
+    assert_eq!((pass.not_due.len(), pass.unresolved.len()), (0, 1), "tried six minutes ago: due, and still unknown: {pass:?}");
+    assert_eq!(sent("POST"), posts + 2, "re-sent once more");
+    let pass = f.hosts[0].takeover_pass().await.unwrap();
+    assert_eq!(pass.not_due.len(), 1, "host B's try counts for host A too: {pass:?}");
+    assert_eq!(sent("POST"), posts + 2);
+
+    let all: Vec<_> = f.sandbox.requests().into_iter().filter(|r| r.method == "POST").collect();
+    assert!(all.iter().all(|p| p.idempotency_key == all[0].idempotency_key), "one key throughout");
+    assert_eq!(f.sandbox.refunds().len(), 0, "the provider never committed it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identical_calls_under_new_ids_on_two_hosts_at_once_refund_once() {
     // The provider refunds every request it gets: only the hosts' episodes stand between
     // two identical calls made at the same moment and two refunds.

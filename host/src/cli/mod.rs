@@ -399,11 +399,12 @@ const TAKEOVER_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2)
 
 /// On a shared ledger: a recovery pass every [`TAKEOVER_INTERVAL`], which
 /// takes over the unsettled attempts of calls whose claim lapsed (their host
-/// died) and resolves them with the same keys.
+/// died) and resolves them with the same keys; an attempt no pass settles is
+/// tried less often as it ages ([`crate::Runtime::takeover_pass`]).
 async fn takeovers(runtime: std::sync::Arc<crate::Runtime>) {
     loop {
         tokio::time::sleep(TAKEOVER_INTERVAL).await;
-        if let Err(e) = runtime.recover().await {
+        if let Err(e) = runtime.takeover_pass().await {
             tracing::warn!(error = %e, "takeover pass failed; retrying");
         }
     }

@@ -45,7 +45,7 @@ pub(crate) use direct::send_unguarded;
 pub use hold::DEFAULT_HOLD_WAIT;
 pub use message::{Request, Response, SendError, Unsettled};
 pub use reconcile::{Reconciled, Reconciler};
-pub use recover::{RecoveryReport, ToolRules};
+pub use recover::{Pace, RecoveryReport, ToolRules, pause_ms};
 pub use send::CallGuard;
 
 use crate::error::{CallError, ErrorKind};

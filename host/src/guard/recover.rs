@@ -16,6 +16,35 @@ use std::sync::Arc;
 /// How long recovery claims a call it resolves: one re-send or reconciliation.
 const RECOVERY_LEASE_MS: u64 = 60_000;
 
+/// The least a takeover pass waits between two tries at one attempt (a
+/// fleet's passes run every 2 s).
+const PACE_MIN_MS: u64 = 2_000;
+/// The most a takeover pass waits between two tries at one attempt.
+const PACE_MAX_MS: u64 = 300_000;
+
+/// How long a takeover pass leaves an attempt of age `age_ms` alone after
+/// its last try: a tenth of its age, from 2 s to 5 min (`docs/fleet.md`).
+pub fn pause_ms(age_ms: u64) -> u64 {
+    (age_ms / 10).clamp(PACE_MIN_MS, PACE_MAX_MS)
+}
+
+/// Whether a takeover pass at `now_ms` tries `attempt` again: its last try
+/// (by any host: `updated_ms` is in the shared ledger) is [`pause_ms`] ago.
+fn due(attempt: &AttemptRecord, now_ms: u64) -> bool {
+    now_ms.saturating_sub(attempt.updated_ms) >= pause_ms(now_ms.saturating_sub(attempt.created_ms))
+}
+
+/// Whether a recovery pass tries every unsettled attempt, or only those due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// Every attempt now: start-up and `toolguard recover`.
+    All,
+    /// Only attempts whose last try is a tenth of their age ago: a fleet's
+    /// takeover passes, so that one no pass can settle is not re-sent and
+    /// looked up every 2 s until the provider's key retention passes.
+    Due,
+}
+
 /// What a recovery pass found and did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RecoveryReport {
@@ -32,6 +61,10 @@ pub struct RecoveryReport {
     /// Keys left alone because another host runs their tool call now (a live
     /// claim on a shared ledger); its run settles them, or its claim lapses.
     pub running_elsewhere: Vec<String>,
+    /// Keys a takeover pass left for a later one: tried (by some host) less
+    /// than a tenth of their age ago ([`Pace::Due`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_due: Vec<String>,
 }
 
 /// How resolving one unsettled attempt came out.
@@ -58,7 +91,8 @@ pub struct ToolRules {
 }
 
 impl Guard {
-    /// Resolves every pending or unknown attempt. `rules_for(tool)` gives
+    /// Resolves every pending or unknown attempt (with [`Pace::Due`], only
+    /// those due). `rules_for(tool)` gives
     /// the current grants and reconciler of the plugin of a tool (`None`: no
     /// longer loaded, so nothing is sent for it).
     ///
@@ -69,7 +103,11 @@ impl Guard {
     ///
     /// # Errors
     /// The ledger cannot be read.
-    pub async fn recover(self: &Arc<Self>, rules_for: &(dyn Fn(&str) -> Option<ToolRules> + Sync)) -> Result<RecoveryReport, crate::ledger::LedgerError> {
+    pub async fn recover(
+        self: &Arc<Self>,
+        rules_for: &(dyn Fn(&str) -> Option<ToolRules> + Sync),
+        pace: Pace,
+    ) -> Result<RecoveryReport, crate::ledger::LedgerError> {
         let ledger = self.ledger.clone();
         let unsettled = blocking(move || -> Result<Vec<AttemptRecord>, crate::ledger::LedgerError> {
             let mut all = ledger.attempts_in_state(AttemptState::Pending)?;
@@ -80,6 +118,10 @@ impl Guard {
         let mut report = RecoveryReport { examined: unsettled.len(), ..RecoveryReport::default() };
         for attempt in unsettled {
             let key = attempt.key.clone();
+            if pace == Pace::Due && !due(&attempt, now_ms()) {
+                report.not_due.push(key);
+                continue;
+            }
             let rules = rules_for(&attempt.tool);
             match self.resolve_attempt_safely(attempt, rules.as_ref()).await? {
                 Resolved::Settled => report.settled.push(key),
@@ -90,11 +132,12 @@ impl Guard {
         }
         // A fleet runs this every few seconds: only progress is news (what
         // needs an operator is warned about where it is found).
-        let (examined, settled, unresolved, needs_operator) = (report.examined, report.settled.len(), report.unresolved.len(), report.needs_operator.len());
+        let (examined, settled, unresolved, needs_operator, not_due) =
+            (report.examined, report.settled.len(), report.unresolved.len(), report.needs_operator.len(), report.not_due.len());
         if settled > 0 {
-            tracing::info!(examined, settled, unresolved, needs_operator, "recovery pass finished");
+            tracing::info!(examined, settled, unresolved, needs_operator, not_due, "recovery pass finished");
         } else if examined > 0 {
-            tracing::debug!(examined, settled, unresolved, needs_operator, "recovery pass finished");
+            tracing::debug!(examined, settled, unresolved, needs_operator, not_due, "recovery pass finished");
         }
         Ok(report)
     }
@@ -200,5 +243,20 @@ impl Guard {
             Driven::Unsettled(info) => Resolved::Unresolved(info.message),
             Driven::NotSent(why) => Resolved::Unresolved(why),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pause_ms;
+
+    #[test]
+    fn a_takeover_pass_waits_a_tenth_of_an_attempts_age_from_two_seconds_to_five_minutes() {
+        assert_eq!(pause_ms(0), 2_000, "a young attempt: every pass");
+        assert_eq!(pause_ms(19_999), 2_000);
+        assert_eq!(pause_ms(60_000), 6_000);
+        assert_eq!(pause_ms(600_000), 60_000);
+        assert_eq!(pause_ms(3_000_000), 300_000);
+        assert_eq!(pause_ms(24 * 3_600_000), 300_000, "an old one: every five minutes");
     }
 }

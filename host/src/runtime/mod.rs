@@ -29,7 +29,7 @@ pub use plugin::{Effect, ToolInfo};
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
 use crate::error::{CallError, ErrorKind, LoadError};
-use crate::guard::{Guard, Reconciler, RecoveryReport, ToolRules};
+use crate::guard::{Guard, Pace, Reconciler, RecoveryReport, ToolRules};
 use crate::ledger::Ledger;
 use crate::policy::{Downstreams, EffectivePolicy};
 use bindings::{Plugin, PluginPre};
@@ -202,6 +202,20 @@ impl Runtime {
     /// # Errors
     /// There is no guard, or the ledger cannot be read.
     pub async fn recover(&self) -> Result<RecoveryReport, String> {
+        self.recover_at(Pace::All).await
+    }
+
+    /// A fleet's takeover pass: [`Runtime::recover`], but only for attempts
+    /// no host has tried for a tenth of their age ([`Pace::Due`]).
+    ///
+    /// # Errors
+    /// There is no guard, or the ledger cannot be read.
+    pub async fn takeover_pass(&self) -> Result<RecoveryReport, String> {
+        self.recover_at(Pace::Due).await
+    }
+
+    /// Resolves the unsettled attempts `pace` picks.
+    async fn recover_at(&self, pace: Pace) -> Result<RecoveryReport, String> {
         let guard = self.guard().ok_or("no guard is set, so there is no ledger to recover")?;
         let rules_for = |tool: &str| -> Option<ToolRules> {
             let (index, _) = self.tools.get(tool)?;
@@ -209,7 +223,7 @@ impl Runtime {
             let reconciler = reconcile::PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>);
             Some(ToolRules { grants: plugin.ctx.grants.clone(), reconciler })
         };
-        guard.recover(&rules_for).await.map_err(|e| e.to_string())
+        guard.recover(&rules_for, pace).await.map_err(|e| e.to_string())
     }
 
     /// Records each plugin's digest and effective policy in the ledger's
