@@ -40,6 +40,8 @@ pub enum ErrorKind {
     /// The tool call is older than the ledger keeps: its record was pruned,
     /// and it is not run again.
     Expired,
+    /// Too many of the caller's tool calls are running at once; nothing was run.
+    Busy,
     /// A fault inside the host itself; please report it.
     Internal,
 }
@@ -61,6 +63,7 @@ impl ErrorKind {
             Self::Transport => "transport",
             Self::InvalidRequest => "invalid-request",
             Self::Expired => "expired",
+            Self::Busy => "busy",
             Self::Internal => "internal",
         }
     }
@@ -85,6 +88,7 @@ impl ErrorKind {
             Self::Transport => "Nothing reached the provider; retrying the same tool call is safe.",
             Self::InvalidRequest => "The tool built a request the host refuses; retrying will not help. Report it.",
             Self::Expired => "The call is too old to replay: check what it did at the provider; use a new tool-call id only for a genuinely new action.",
+            Self::Busy => "Nothing was run: retry the same tool call once one of your running calls has finished.",
             Self::Internal => "The host failed; retry the same tool call later.",
         }
     }
@@ -94,7 +98,7 @@ impl std::str::FromStr for ErrorKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        const ALL: [ErrorKind; 14] = [
+        const ALL: [ErrorKind; 15] = [
             ErrorKind::UnknownTool,
             ErrorKind::InvalidArgs,
             ErrorKind::PluginTrap,
@@ -108,6 +112,7 @@ impl std::str::FromStr for ErrorKind {
             ErrorKind::Transport,
             ErrorKind::InvalidRequest,
             ErrorKind::Expired,
+            ErrorKind::Busy,
             ErrorKind::Internal,
         ];
         ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown error kind `{s}`"))

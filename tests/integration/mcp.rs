@@ -323,6 +323,58 @@ fn a_principal_looping_on_initialize_closes_only_its_own_sessions() {
     assert_eq!(list(MALLORY, &flood[17]), 404, "and its older ones were closed for them");
 }
 
+/// One token holder's slow calls cannot queue another's behind them: past
+/// `[mcp] max_calls_per_principal` (2 here) its next call is answered `busy`
+/// at once and never reaches the provider, while another principal's call
+/// runs; retried under its id once a place is free, it refunds once.
+#[test]
+fn a_principal_at_its_call_cap_is_told_busy_and_another_principal_is_served() {
+    use toolguard_sandbox::Fault;
+    const ALICE: &str = "alice-token-long-enough";
+    const MALLORY: &str = "mallory-token-long-enough";
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, _) = refund_world(dir.path());
+    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
+    let tokens = r#"tokens = [{ principal = "alice", token_env = "TG_ALICE" }, { principal = "mallory", token_env = "TG_MALLORY" }]"#;
+    let text = format!(
+        "data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\nmax_calls_per_principal = 2\n{tokens}\n",
+        shared_cache().display().to_string(),
+        payments.toml()
+    );
+    let server = serve_http(&write(dir.path(), "fair.toml", &text), &[("TG_ALICE", ALICE), ("TG_MALLORY", MALLORY)]);
+    let sessions = [ALICE, MALLORY].map(|token| open_session_with(&server.url, &[("Authorization", &format!("Bearer {token}"))]));
+    let refund = |token: &str, call_id: &str, amount: u64| {
+        let (auth, session) = (format!("Bearer {token}"), if token == ALICE { &sessions[0] } else { &sessions[1] });
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{amount},"method":"tools/call","params":{{"name":"refund","arguments":{{"payment_intent":"pi_mcp","amount_cents":{amount},"reason":"duplicate"}},"_meta":{{"toolguard/toolCallId":"{call_id}","toolguard/sessionId":"conv"}}}}}}"#
+        );
+        // JSON-RPC ids differ within a session (two calls in flight answer on their own streams).
+        send(&server.url, &[&in_session(session)[..], &[("Authorization", auth.as_str())]].concat(), body).2
+    };
+    let posts = || sandbox.requests().iter().filter(|r| r.method == "POST").count();
+    sandbox.inject(Fault::PauseAfterCommit);
+    sandbox.inject(Fault::PauseAfterCommit);
+    std::thread::scope(|scope| {
+        let slow = [("m1", 101), ("m2", 102)].map(|(id, amount)| scope.spawn(move || refund(MALLORY, id, amount)));
+        assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 2), "mallory's two refunds reached the provider");
+        let third = refund(MALLORY, "m3", 103);
+        assert!(third.contains(r#""kind":"busy""#), "mallory's third call is refused at once: {third}");
+        assert_eq!(posts(), 2, "and it never reached the provider");
+        let alice = refund(ALICE, "a1", 201);
+        assert!(alice.contains("refund_id"), "alice is served while mallory's calls hang: {alice}");
+        sandbox.release();
+        for call in slow {
+            let answered = call.join().unwrap();
+            assert!(answered.contains("refund_id"), "{answered}");
+        }
+    });
+    let again = refund(MALLORY, "m3", 103);
+    assert!(again.contains("refund_id"), "the refused call, retried under its id, runs: {again}");
+    let mut amounts: Vec<u64> = sandbox.refunds().iter().map(|r| r.amount).collect();
+    amounts.sort_unstable();
+    assert_eq!(amounts, [101, 102, 103, 201], "one refund per call, none for the refusal");
+}
+
 /// A refund in flight in a session that is closed to make room for another
 /// still happens once, and its answer, never delivered, counts as not
 /// told: a repeat of it in the new session is held and carries its refund.

@@ -44,6 +44,10 @@ pub struct McpConfig {
     /// closes that principal's own oldest, so a token holder looping on
     /// `initialize` cannot close other principals' sessions.
     pub max_sessions_per_principal: usize,
+    /// Most tool calls one authenticated principal has running (or waiting
+    /// for an instance) at once; one more is answered `busy` and not run
+    /// ([`crate::mcp::principals`]).
+    pub max_calls_per_principal: usize,
     /// Most HTTP connections open at once ([`crate::mcp::listen`]).
     pub max_connections: usize,
 }
@@ -60,6 +64,7 @@ impl Default for McpConfig {
             max_request_bytes: 1 << 20,
             max_sessions: 1_000,
             max_sessions_per_principal: 100,
+            max_calls_per_principal: 64,
             max_connections: 4_096,
         }
     }

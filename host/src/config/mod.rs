@@ -303,6 +303,7 @@ impl Config {
         let counts = [
             ("mcp.max_sessions", raw.mcp.max_sessions),
             ("mcp.max_sessions_per_principal", raw.mcp.max_sessions_per_principal),
+            ("mcp.max_calls_per_principal", raw.mcp.max_calls_per_principal),
             ("mcp.max_connections", raw.mcp.max_connections),
         ];
         for (field, n) in counts {

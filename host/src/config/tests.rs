@@ -105,9 +105,10 @@ fn the_ledger_cache_is_sized_for_rocksdb_only_and_within_bounds() {
 
 #[test]
 fn mcp_counts_are_at_least_one() {
-    for field in ["max_sessions", "max_sessions_per_principal", "max_connections"] {
+    for field in ["max_sessions", "max_sessions_per_principal", "max_calls_per_principal", "max_connections"] {
         let e = parse(&format!("[mcp]\n{field} = 0\n")).unwrap_err();
         assert_eq!((e.field.as_str(), e.message.as_str()), (format!("mcp.{field}").as_str(), "must be at least 1"));
     }
     assert_eq!(parse("").unwrap().mcp.max_sessions_per_principal, 100);
+    assert_eq!(parse("").unwrap().mcp.max_calls_per_principal, 64);
 }

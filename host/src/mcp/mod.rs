@@ -11,6 +11,7 @@ mod delivery;
 pub mod http;
 pub mod ids;
 pub mod listen;
+pub mod principals;
 pub mod results;
 pub mod sessions;
 
@@ -34,6 +35,8 @@ pub struct McpHost {
     /// Tools in name order (the list is the same for every client).
     tools: Arc<BTreeMap<String, (Tool, Effect)>>,
     config: Arc<McpConfig>,
+    /// Each principal's tool calls in flight (`[mcp] max_calls_per_principal`).
+    in_flight: Arc<principals::CallsInFlight>,
     /// Over stdio: answers waiting for their response to be written.
     pending: Option<Arc<delivery::Pending>>,
 }
@@ -60,7 +63,8 @@ impl McpHost {
                 (t.name.clone(), (tool.with_annotations(annotations), t.effect))
             })
             .collect();
-        Self { runtime, tools: Arc::new(tools), config: Arc::new(config), pending: None }
+        let in_flight = principals::CallsInFlight::new(config.max_calls_per_principal);
+        Self { runtime, tools: Arc::new(tools), config: Arc::new(config), in_flight, pending: None }
     }
 
     /// Serves MCP over stdin/stdout until the client goes away.
@@ -153,6 +157,11 @@ impl ServerHandler for McpHost {
                 return Ok(r.into());
             }
         };
+        // Held until the call is answered (or its request dropped).
+        let _counted = match principal.as_deref().map(|p| self.in_flight.enter(p)) {
+            Some(Err(cap)) => return Ok(busy(&request.name, cap).into()),
+            counted => counted,
+        };
         let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json, principal };
         let answer = self.runtime.call(&call).await;
         let result = match &answer {
@@ -165,4 +174,14 @@ impl ServerHandler for McpHost {
         }
         Ok(result.into())
     }
+}
+
+/// The answer to a call past its principal's `[mcp] max_calls_per_principal`.
+fn busy(tool: &str, cap: usize) -> CallToolResult {
+    crate::metrics::tool_call(tool, ErrorKind::Busy.as_str());
+    let message = format!(
+        "{cap} of your tool calls are already running, the most [mcp] max_calls_per_principal lets one principal have at once; \
+         `{tool}` was not run and nothing was recorded"
+    );
+    results::error_result(&crate::CallError::new(ErrorKind::Busy, message))
 }

@@ -114,7 +114,7 @@ impl Runtime {
         let reported = match answer {
             Ok(_) => Reported::Definitive,
             Err(e) => match e.kind {
-                ErrorKind::UnknownTool | ErrorKind::InvalidArgs | ErrorKind::Conflict | ErrorKind::Expired | ErrorKind::Internal => return,
+                ErrorKind::UnknownTool | ErrorKind::InvalidArgs | ErrorKind::Conflict | ErrorKind::Expired | ErrorKind::Busy | ErrorKind::Internal => return,
                 ErrorKind::ToolFailed => Reported::Definitive,
                 ErrorKind::Held if e.detail.as_ref().is_some_and(|d| d.get("earlier_outcome").is_some()) => Reported::Definitive,
                 _ => Reported::Unknown,

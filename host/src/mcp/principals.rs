@@ -1,0 +1,71 @@
+//! One principal's share of the host's tool calls. The instance pool is
+//! first come, first served, so a token holder firing thousands of slow calls
+//! would queue every other principal's behind them. Each authenticated
+//! principal therefore has at most `[mcp] max_calls_per_principal` tool
+//! calls running or waiting for an instance at once; one more is answered
+//! `busy` at once, before admission — nothing run, nothing recorded, so
+//! retrying the same tool call later is safe. Calls without a principal (stdio,
+//! HTTP without tokens) have one client and are not counted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The tool calls each principal has in flight, capped.
+pub struct CallsInFlight {
+    cap: usize,
+    counts: Mutex<HashMap<String, usize>>,
+}
+
+/// One counted call; dropping it (the call answered, or its request gone) frees its place.
+pub struct InFlight {
+    of: Arc<CallsInFlight>,
+    principal: String,
+}
+
+impl CallsInFlight {
+    /// At most `cap` calls in flight per principal (at least 1).
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self { cap: cap.max(1), counts: Mutex::default() })
+    }
+
+    /// Counts one more call of `principal`, or `Err(cap)` if it has `cap` in flight already.
+    pub fn enter(self: &Arc<Self>, principal: &str) -> Result<InFlight, usize> {
+        let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = counts.entry(principal.to_string()).or_default();
+        if *n >= self.cap {
+            return Err(self.cap);
+        }
+        *n += 1;
+        Ok(InFlight { of: self.clone(), principal: principal.to_string() })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut counts = self.of.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = counts.get_mut(&self.principal) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.principal);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CallsInFlight;
+
+    #[test]
+    fn a_principal_at_its_cap_is_refused_and_others_are_not() {
+        let calls = CallsInFlight::new(2);
+        let (a1, a2) = (calls.enter("a").unwrap(), calls.enter("a").unwrap());
+        assert_eq!(calls.enter("a").err(), Some(2), "a third call of `a` is refused");
+        let b = calls.enter("b").expect("another principal has its own share");
+        drop(a1);
+        let a3 = calls.enter("a").expect("a finished call frees its place");
+        assert_eq!(calls.counts.lock().unwrap().get("a"), Some(&2));
+        drop((a2, a3, b));
+        assert!(calls.counts.lock().unwrap().is_empty(), "idle principals leave no entry behind");
+    }
+}
