@@ -362,6 +362,7 @@ fn a_principal_at_its_call_cap_is_told_busy_and_another_principal_is_served() {
         assert_eq!(posts(), 2, "and it never reached the provider");
         let alice = refund(ALICE, "a1", 201);
         assert!(alice.contains("refund_id"), "alice is served while mallory's calls hang: {alice}");
+        assert!(alice.contains(r#""toolguard/toolCallId":"a1""#), "the result names the tool call it answers: {alice}");
         sandbox.release();
         for call in slow {
             let answered = call.join().unwrap();

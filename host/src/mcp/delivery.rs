@@ -108,13 +108,25 @@ impl Slot {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
     }
 
-    /// Takes the answers whose response `frame` carries.
+    /// Takes the answers whose response `frame` carries. An answer whose
+    /// request id the frame's response has, but for another tool call (its
+    /// `_meta` names another), is dropped unrecorded: a client that used one
+    /// JSON-RPC id for two requests at once got another call's response on
+    /// this stream, and this call's answer will not follow on it.
     fn answered_by(&self, frame: &[u8]) -> Vec<Answer> {
         let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let ids = responses_in(frame);
-        let (told, waiting) = std::mem::take(&mut *slot).into_iter().partition(|(id, _)| ids.contains(id));
-        *slot = waiting;
-        told.into_iter().map(|(_, a)| a).collect()
+        let responses = responses_in(frame);
+        let mut told = Vec::new();
+        for (id, answer) in std::mem::take(&mut *slot) {
+            match responses.iter().find(|(r, _)| *r == id) {
+                None => slot.push((id, answer)),
+                Some((_, Some(call_id))) if *call_id != answer.request.call_id => {
+                    tracing::warn!(%call_id, mine = %answer.request.call_id, "a client used one JSON-RPC id for two calls at once; this call is not recorded as told");
+                }
+                Some(_) => told.push(answer),
+            }
+        }
+        told
     }
 
     fn take(&self) -> Vec<Answer> {
@@ -123,9 +135,10 @@ impl Slot {
 }
 
 /// The ids of the JSON-RPC responses (results or errors) in one frame of a
-/// response body: a whole JSON body, or a server-sent event whose `data`
-/// lines carry one message (rmcp writes one event per frame).
-fn responses_in(frame: &[u8]) -> Vec<RequestId> {
+/// response body — a whole JSON body, or a server-sent event whose `data`
+/// lines carry one message (rmcp writes one event per frame) — each with
+/// the tool-call id its result names in `_meta`, if it names one.
+fn responses_in(frame: &[u8]) -> Vec<(RequestId, Option<String>)> {
     let Ok(text) = std::str::from_utf8(frame) else { return Vec::new() };
     let json = if text.trim_start().starts_with('{') {
         text.to_string()
@@ -135,8 +148,9 @@ fn responses_in(frame: &[u8]) -> Vec<RequestId> {
     };
     let Ok(message) = serde_json::from_str::<serde_json::Value>(&json) else { return Vec::new() };
     let is_response = message.get("result").is_some() || message.get("error").is_some();
+    let call_id = message.pointer("/result/_meta").and_then(|m| m.get(super::ids::CALL_ID_KEY)).and_then(|c| c.as_str()).map(str::to_string);
     match message.get("id").cloned().map(serde_json::from_value::<RequestId>) {
-        Some(Ok(id)) if is_response => vec![id],
+        Some(Ok(id)) if is_response => vec![(id, call_id)],
         _ => Vec::new(),
     }
 }
@@ -261,8 +275,9 @@ mod tests {
         assert!(pending.take(&RequestId::Number(7)).is_none());
     }
 
-    /// A body that yields `frames`, then stays pending (its end never comes).
-    struct Frames(std::collections::VecDeque<&'static str>);
+    /// A body that yields its frames, then ends if told to, else stays
+    /// pending (its end never comes).
+    struct Frames(std::collections::VecDeque<&'static str>, bool);
 
     impl http_body::Body for Frames {
         type Data = axum::body::Bytes;
@@ -274,19 +289,25 @@ mod tests {
         ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
             match self.0.pop_front() {
                 Some(f) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(axum::body::Bytes::from_static(f.as_bytes()))))),
+                None if self.1 => std::task::Poll::Ready(None),
                 None => std::task::Poll::Pending,
             }
         }
     }
 
-    /// Polls `body` until it stops yielding, then drops it; the call ids recorded as told.
+    /// Polls a body of `frames` until it stops yielding, then drops it; the call ids recorded as told.
     fn serve(frames: &[&'static str], id: RequestId) -> Vec<String> {
+        serve_then(frames, id, false)
+    }
+
+    /// [`serve`], the body ending after its frames if `ends`.
+    fn serve_then(frames: &[&'static str], id: RequestId, ends: bool) -> Vec<String> {
         let told = Arc::new(Mutex::new(Vec::new()));
         let sink = told.clone();
         let record: Record = Arc::new(move |answers, _| sink.lock().unwrap().extend(answers.into_iter().map(|a| a.request.call_id)));
         let slot = Slot::default();
         slot.push(id, answer("a"));
-        let mut body = Delivered::new(Frames(frames.iter().copied().collect()), slot, record);
+        let mut body = Delivered::new(Frames(frames.iter().copied().collect(), ends), slot, record);
         let waker = std::task::Waker::noop();
         let mut cx = std::task::Context::from_waker(waker);
         while let std::task::Poll::Ready(Some(_)) = http_body::Body::poll_frame(std::pin::Pin::new(&mut body), &mut cx) {}
@@ -304,6 +325,17 @@ mod tests {
         assert_eq!(serve(&error, RequestId::String("r-4".into())), ["a"]);
         // A JSON (not event-stream) body.
         assert_eq!(serve(&["{\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{}}"], RequestId::Number(4)), ["a"]);
+    }
+
+    #[test]
+    fn another_calls_response_under_the_same_request_id_does_not_tell_this_caller() {
+        // A client sent two calls as request 7 at once; the other one's
+        // response (tool call `b`) came out on this call's (`a`'s) stream.
+        let crossed = ["data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"content\":[],\"_meta\":{\"toolguard/toolCallId\":\"b\"}}}\n\n"];
+        assert!(serve(&crossed, RequestId::Number(7)).is_empty(), "not told");
+        assert!(serve_then(&crossed, RequestId::Number(7), true).is_empty(), "not even when the stream ends after it");
+        let own = ["data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"content\":[],\"_meta\":{\"toolguard/toolCallId\":\"a\"}}}\n\n"];
+        assert_eq!(serve(&own, RequestId::Number(7)), ["a"], "its own response tells it");
     }
 
     #[test]

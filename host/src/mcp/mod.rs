@@ -159,7 +159,7 @@ impl ServerHandler for McpHost {
         };
         // Held until the call is answered (or its request dropped).
         let _counted = match principal.as_deref().map(|p| self.in_flight.enter(p)) {
-            Some(Err(cap)) => return Ok(busy(&request.name, cap).into()),
+            Some(Err(cap)) => return Ok(busy(&request.name, &call_id, cap).into()),
             counted => counted,
         };
         let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json, principal };
@@ -169,6 +169,7 @@ impl ServerHandler for McpHost {
             Err(e) if e.kind == ErrorKind::UnknownTool => return Err(ErrorData::invalid_params(e.message.clone(), None)),
             Err(e) => results::error_result(e),
         };
+        let result = results::naming(result, &call.call_id);
         if *effect == Effect::Irreversible {
             self.deliver(&cx, call, answer);
         }
@@ -177,11 +178,11 @@ impl ServerHandler for McpHost {
 }
 
 /// The answer to a call past its principal's `[mcp] max_calls_per_principal`.
-fn busy(tool: &str, cap: usize) -> CallToolResult {
+fn busy(tool: &str, call_id: &str, cap: usize) -> CallToolResult {
     crate::metrics::tool_call(tool, ErrorKind::Busy.as_str());
     let message = format!(
         "{cap} of your tool calls are already running, the most [mcp] max_calls_per_principal lets one principal have at once; \
          `{tool}` was not run and nothing was recorded"
     );
-    results::error_result(&crate::CallError::new(ErrorKind::Busy, message))
+    results::naming(results::error_result(&crate::CallError::new(ErrorKind::Busy, message)), call_id)
 }

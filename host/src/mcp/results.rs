@@ -50,6 +50,14 @@ pub fn error_result(e: &CallError) -> CallToolResult {
     r
 }
 
+/// `result` naming in `_meta` the tool-call id the guard scoped its call by
+/// (the host's own for a read-only call sent without one): clients see which
+/// call it answers, and delivery tells responses apart by it.
+pub fn naming(mut result: CallToolResult, call_id: &str) -> CallToolResult {
+    result.meta.get_or_insert_default().0.insert(super::ids::CALL_ID_KEY.into(), call_id.into());
+    result
+}
+
 fn meta(replayed: bool) -> MetaObject {
     let mut m = Map::new();
     m.insert("toolguard/replayed".into(), Value::Bool(replayed));
