@@ -283,6 +283,25 @@ async fn e28_ietf_downstreams_get_a_quoted_sf_string() {
     assert_eq!(h.refunds(), 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_taking_its_key_in_the_query_gets_the_same_key_on_every_resend() {
+    let d = Downstream { key: r#"[{ transport = "query", name = "idempotency_key" }]"#, ..Downstream::default() };
+    let h = harness(d).await;
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    let first = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(first.kind, ErrorKind::OutcomeUnknown, "committed, but the answer never came: {first}");
+    let out = h.refund("c1", 500).await.expect("the same key, and the provider's stored answer");
+    let posts = h.posts();
+    assert!(posts.len() >= 2, "re-sent");
+    let key = |query: &str| form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "idempotency_key").map(|(_, v)| v.into_owned());
+    let keys: Vec<Option<String>> = posts.iter().map(|p| key(&p.query)).collect();
+    assert!(keys[0].as_deref().is_some_and(|k| k.starts_with("tg1_")), "{:?}", posts[0].query);
+    assert!(keys.iter().all(|k| *k == keys[0]), "one key on every send: {keys:?}");
+    assert!(posts.iter().all(|p| p.headers.iter().all(|(n, _)| n != "idempotency-key")), "and only in the query");
+    assert_eq!(h.refunds(), 1, "the provider deduplicated by it");
+    assert_eq!(out.value["refund_id"], h.sandbox.refunds()[0].id.as_str());
+}
+
 #[tokio::test]
 async fn refund_status_reads_through_fetch_and_is_not_keyed() {
     let h = harness(Downstream::default()).await;

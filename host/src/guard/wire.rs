@@ -95,6 +95,12 @@ pub fn check(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
                     return Err(format!("the JSON body sets `{name}`, which carries the host's idempotency key; remove it"));
                 }
             }
+            KeyTransport::Query { name } => {
+                let url = url::Url::parse(&request.url).map_err(|e| format!("`{}` is not a URL: {e}", request.url))?;
+                if url.query_pairs().any(|(k, _)| k == name.as_str()) {
+                    return Err(format!("the URL sets query parameter `{name}`, which carries the host's idempotency key; remove it"));
+                }
+            }
             KeyTransport::Header { .. } | KeyTransport::SfString { .. } => {}
         }
     }
@@ -116,7 +122,7 @@ pub fn check_method(method: &str) -> Result<(), String> {
 /// The wire form of a checked request, with `key` attached by every
 /// transport the downstream configures (`None`: an unkeyed fetch) and the
 /// downstream's credential, if it has one.
-pub fn build(request: &StoredRequest, url: url::Url, downstream: &Downstream, key: Option<&str>) -> Wire {
+pub fn build(request: &StoredRequest, mut url: url::Url, downstream: &Downstream, key: Option<&str>) -> Wire {
     let mut headers = request.headers.clone();
     if let (Some(spec), Some(secret)) = (&downstream.credential, &downstream.secret) {
         headers.push((spec.header.clone(), secret.expose().to_string()));
@@ -139,6 +145,9 @@ pub fn build(request: &StoredRequest, url: url::Url, downstream: &Downstream, ke
                         object.insert(name.clone(), key.into());
                         body = serde_json::to_vec(&object).unwrap_or(body);
                     }
+                }
+                KeyTransport::Query { name } => {
+                    url.query_pairs_mut().append_pair(name, key);
                 }
             }
         }
@@ -188,6 +197,10 @@ mod tests {
         let json = downstream(vec![KeyTransport::JsonField { name: "idempotency_key".into() }]);
         assert!(check(&request(&[], r#"{"idempotency_key":"x"}"#), &json).is_err());
         assert!(check(&request(&[], "[1]"), &json).is_err());
+        let query = downstream(vec![KeyTransport::Query { name: "idempotency_key".into() }]);
+        let mine = stored("post", "http://127.0.0.1:1/x?a=1&idempotency_key=mine", vec![], b"");
+        assert!(check(&mine, &query).unwrap_err().contains("query parameter `idempotency_key`"));
+        assert!(check(&stored("post", "http://127.0.0.1:1/x?a=1", vec![], b""), &query).is_ok());
     }
 
     #[test]
@@ -207,5 +220,11 @@ mod tests {
         let req = request(&[], r#"{"amount":5}"#);
         let wire = build(&req, url::Url::parse(&req.url).unwrap(), &json, Some("k"));
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&wire.body).unwrap(), serde_json::json!({"amount":5,"idempotency_key":"k"}));
+        let query = downstream(vec![KeyTransport::Query { name: "idempotency_key".into() }]);
+        let req = stored("post", "http://127.0.0.1:1/x?a=1", vec![], b"amount=5");
+        let wire = build(&req, url::Url::parse(&req.url).unwrap(), &query, Some("tg1 abc"));
+        assert_eq!(wire.url.as_str(), "http://127.0.0.1:1/x?a=1&idempotency_key=tg1+abc");
+        assert_eq!(wire.body, b"amount=5", "the body is the plugin's");
+        assert_eq!(req.url, "http://127.0.0.1:1/x?a=1", "the ledger keeps the plugin's URL, without the key");
     }
 }

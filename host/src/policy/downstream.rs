@@ -55,6 +55,12 @@ pub enum KeyTransport {
         /// The field's name, as written in the form.
         name: String,
     },
+    /// A query parameter appended to the URL (`?idempotency_key=tg1_…`),
+    /// for providers that take the key there.
+    Query {
+        /// The parameter's name.
+        name: String,
+    },
 }
 
 fn default_key_header() -> String {
@@ -229,10 +235,14 @@ impl Downstream {
             None => None,
         };
         for (i, k) in keys.iter().enumerate() {
-            if let KeyTransport::Header { name } | KeyTransport::SfString { name } = k
-                && http::HeaderName::from_bytes(name.as_bytes()).is_err()
-            {
-                return Err((format!("key[{i}].name"), format!("`{name}` is not a valid HTTP header name")));
+            match k {
+                KeyTransport::Header { name } | KeyTransport::SfString { name } if http::HeaderName::from_bytes(name.as_bytes()).is_err() => {
+                    return Err((format!("key[{i}].name"), format!("`{name}` is not a valid HTTP header name")));
+                }
+                KeyTransport::FormField { name } | KeyTransport::JsonField { name } | KeyTransport::Query { name } if name.is_empty() => {
+                    return Err((format!("key[{i}].name"), "must not be empty".into()));
+                }
+                _ => {}
             }
         }
         let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);

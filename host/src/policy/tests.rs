@@ -81,6 +81,12 @@ fn grants_list_real_methods_only_and_header_names_are_checked() {
     };
     assert!(header("Idempotency-Key").is_ok());
     assert_eq!(header("Bad Header\r\n").unwrap_err().0, "key[0].name");
+    let query = |name: &str| {
+        let raw = RawDownstream { url: "http://127.0.0.1:1".into(), key: Some(vec![KeyTransport::Query { name: name.into() }]), ..RawDownstream::default() };
+        Downstream::from_raw("d", raw, Path::new("."))
+    };
+    assert!(query("idempotency_key").is_ok());
+    assert_eq!(query("").unwrap_err(), ("key[0].name".to_string(), "must not be empty".to_string()));
 }
 
 #[test]

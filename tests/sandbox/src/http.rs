@@ -65,7 +65,10 @@ pub(crate) fn observe(shared: &Shared, method: &Method, uri: &Uri, headers: &Hea
         path: uri.path().to_string(),
         query: uri.query().unwrap_or_default().to_string(),
         headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("<binary>").to_string())).collect(),
-        idempotency_key: headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string),
+        idempotency_key: headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string).or_else(|| {
+            // Some providers take the key as a query parameter instead.
+            form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()).find(|(k, _)| k == "idempotency_key").map(|(_, v)| v.into_owned())
+        }),
         body: body.to_string(),
     };
     shared.requests.lock().unwrap().push(observed.clone());

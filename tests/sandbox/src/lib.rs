@@ -41,7 +41,8 @@ pub struct Observed {
     pub query: String,
     /// Every header, lower-case names.
     pub headers: Vec<(String, String)>,
-    /// The raw `Idempotency-Key` header, if sent.
+    /// The raw `Idempotency-Key` header, if sent; else the
+    /// `idempotency_key` query parameter, if sent.
     pub idempotency_key: Option<String>,
     pub body: String,
 }
