@@ -86,14 +86,15 @@ pub fn check(request: &StoredRequest, d: &Downstream) -> Result<(), String> {
                 }
             }
             KeyTransport::JsonField { name } => {
-                let body: serde_json::Value = serde_json::from_slice(&request.body.to_bytes())
+                let mut body: serde_json::Value = serde_json::from_slice(&request.body.to_bytes())
                     .map_err(|e| format!("downstream `{}` takes its key in a JSON body, but the body is not JSON: {e}", d.name))?;
-                let Some(object) = body.as_object() else {
+                if !body.is_object() {
                     return Err(format!("downstream `{}` takes its key in a JSON object body; the body is not an object", d.name));
-                };
-                if object.contains_key(name) {
+                }
+                if field(&body, name).is_some() {
                     return Err(format!("the JSON body sets `{name}`, which carries the host's idempotency key; remove it"));
                 }
+                set_field(&mut body, name, "").map_err(|e| format!("downstream `{}` takes its key at `{name}` of the JSON body, but {e}", d.name))?;
             }
             KeyTransport::Query { name } => {
                 let url = url::Url::parse(&request.url).map_err(|e| format!("`{}` is not a URL: {e}", request.url))?;
@@ -141,8 +142,9 @@ pub fn build(request: &StoredRequest, mut url: url::Url, downstream: &Downstream
                     body.extend_from_slice(pair.as_bytes());
                 }
                 KeyTransport::JsonField { name } => {
-                    if let Ok(serde_json::Value::Object(mut object)) = serde_json::from_slice(&body) {
-                        object.insert(name.clone(), key.into());
+                    if let Ok(mut object @ serde_json::Value::Object(_)) = serde_json::from_slice(&body)
+                        && set_field(&mut object, name, key).is_ok()
+                    {
                         body = serde_json::to_vec(&object).unwrap_or(body);
                     }
                 }
@@ -153,6 +155,33 @@ pub fn build(request: &StoredRequest, mut url: url::Url, downstream: &Downstream
         }
     }
     Wire { method: request.method.to_ascii_uppercase(), url, headers, body }
+}
+
+/// The value at `name` of a JSON body: a top-level field, or with a leading
+/// `/` a JSON Pointer (RFC 6901) to a nested one.
+fn field<'a>(body: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    if name.starts_with('/') { body.pointer(name) } else { body.get(name) }
+}
+
+/// Sets `name` (see [`field`]) of an object body to `key`, making the
+/// objects a pointer passes through where they are missing.
+///
+/// # Errors
+/// The pointer passes through something that is not an object.
+fn set_field(body: &mut serde_json::Value, name: &str, key: &str) -> Result<(), String> {
+    let path: Vec<String> = match name.strip_prefix('/') {
+        Some(pointer) => pointer.split('/').map(|t| t.replace("~1", "/").replace("~0", "~")).collect(),
+        None => vec![name.to_string()],
+    };
+    let (last, parents) = path.split_last().expect("split yields at least one token");
+    let mut at = body;
+    for token in parents {
+        let object = at.as_object_mut().ok_or_else(|| format!("what holds `{token}` is not an object"))?;
+        at = object.entry(token.clone()).or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    }
+    let object = at.as_object_mut().ok_or_else(|| format!("what holds `{last}` is not an object"))?;
+    object.insert(last.clone(), key.into());
+    Ok(())
 }
 
 /// The plugin's request in the ledger's form.
@@ -197,6 +226,11 @@ mod tests {
         let json = downstream(vec![KeyTransport::JsonField { name: "idempotency_key".into() }]);
         assert!(check(&request(&[], r#"{"idempotency_key":"x"}"#), &json).is_err());
         assert!(check(&request(&[], "[1]"), &json).is_err());
+        let nested = downstream(vec![KeyTransport::JsonField { name: "/options/idempotency_key".into() }]);
+        assert!(check(&request(&[], r#"{"options":{"idempotency_key":"mine"}}"#), &nested).is_err(), "set by the plugin");
+        assert!(check(&request(&[], r#"{"options":"flat"}"#), &nested).unwrap_err().contains("not an object"));
+        assert!(check(&request(&[], r#"{"options":{"a":1}}"#), &nested).is_ok());
+        assert!(check(&request(&[], r#"{"amount":1}"#), &nested).is_ok(), "missing objects are made");
         let query = downstream(vec![KeyTransport::Query { name: "idempotency_key".into() }]);
         let mine = stored("post", "http://127.0.0.1:1/x?a=1&idempotency_key=mine", vec![], b"");
         assert!(check(&mine, &query).unwrap_err().contains("query parameter `idempotency_key`"));
@@ -220,6 +254,14 @@ mod tests {
         let req = request(&[], r#"{"amount":5}"#);
         let wire = build(&req, url::Url::parse(&req.url).unwrap(), &json, Some("k"));
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&wire.body).unwrap(), serde_json::json!({"amount":5,"idempotency_key":"k"}));
+        let nested = downstream(vec![KeyTransport::JsonField { name: "/options/idem~1key".into() }]);
+        let req = request(&[], r#"{"amount":5,"options":{"a":1}}"#);
+        let wire = build(&req, url::Url::parse(&req.url).unwrap(), &nested, Some("k"));
+        let sent: serde_json::Value = serde_json::from_slice(&wire.body).unwrap();
+        assert_eq!(sent, serde_json::json!({"amount":5,"options":{"a":1,"idem/key":"k"}}));
+        let req = request(&[], r#"{"amount":5}"#);
+        let wire = build(&req, url::Url::parse(&req.url).unwrap(), &nested, Some("k"));
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&wire.body).unwrap(), serde_json::json!({"amount":5,"options":{"idem/key":"k"}}));
         let query = downstream(vec![KeyTransport::Query { name: "idempotency_key".into() }]);
         let req = stored("post", "http://127.0.0.1:1/x?a=1", vec![], b"amount=5");
         let wire = build(&req, url::Url::parse(&req.url).unwrap(), &query, Some("tg1 abc"));

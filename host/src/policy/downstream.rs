@@ -45,9 +45,11 @@ pub enum KeyTransport {
         #[serde(default = "default_key_header")]
         name: String,
     },
-    /// A top-level field of a JSON object body (Square: `idempotency_key`).
+    /// A field of a JSON object body: top-level (Square: `idempotency_key`),
+    /// or nested, named by a JSON Pointer (`/options/idempotency_key`; the
+    /// objects on its way are made where missing).
     JsonField {
-        /// The field's name.
+        /// The field's name, or a JSON Pointer starting with `/`.
         name: String,
     },
     /// A field of a form-encoded body (e.g. `metadata[toolguard_key]`).
