@@ -6,7 +6,8 @@
 //! Tables (created and migrated by the host; `toolguard_meta.schema` holds
 //! the version):
 //! - `toolguard_meta (name, value)`: `secret` (the key-derivation secret),
-//!   `schema`.
+//!   `schema`, and one empty `grant-history/<plugin>` row per plugin that
+//!   hosts recording its grants lock in turn.
 //! - `toolguard_calls (session, call_id) → tool, args_digest, completed,
 //!   owner, lease_until, record`: the claim columns beside the record.
 //! - `toolguard_attempts (key) → session, call_id, step, generation, tool,
@@ -444,16 +445,24 @@ impl Backend for Postgres {
     }
 
     fn record_grants(&self, record: &GrantRecord) -> Result<bool, BackendError> {
+        let value = serde_json::to_string(record).map_err(failed)?;
+        let at = i64::try_from(record.recorded_ms).map_err(failed)?;
+        let turn = format!("grant-history/{}", record.plugin);
         off_async(|| {
-            let latest: Option<GrantRecord> =
-                Self::one(&self.query("SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1", &[&record.plugin])?)?;
-            if !checks::grants_changed(latest.as_ref(), record) {
-                return Ok(false);
-            }
-            let value = serde_json::to_string(record).map_err(failed)?;
-            let at = i64::try_from(record.recorded_ms).map_err(failed)?;
-            let sql = "INSERT INTO toolguard_grant_history (plugin, recorded_ms, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
-            Ok(self.execute(sql, &[&record.plugin, &at, &value])? == 1)
+            self.transaction(|tx| {
+                // Hosts starting together take turns on one row per plugin (the
+                // upsert locks it, new or not), so each compares with the entry
+                // the one before it committed: one entry per change, not per host.
+                let sql = "INSERT INTO toolguard_meta (name, value) VALUES ($1, ''::bytea) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value";
+                tx.execute(sql, &[&turn]).map_err(db)?;
+                let sql = "SELECT record FROM toolguard_grant_history WHERE plugin = $1 ORDER BY recorded_ms DESC LIMIT 1";
+                let latest: Option<GrantRecord> = Self::one(&tx.query(sql, &[&record.plugin]).map_err(db)?)?;
+                if !checks::grants_changed(latest.as_ref(), record) {
+                    return Ok(false);
+                }
+                let sql = "INSERT INTO toolguard_grant_history (plugin, recorded_ms, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+                Ok(tx.execute(sql, &[&record.plugin, &at, &value]).map_err(db)? == 1)
+            })
         })
     }
 

@@ -353,6 +353,40 @@ on_both_backends!(
     old_budget_uses_are_forgotten,
 );
 
+/// Hosts starting together with the same plugin record its grants once: each
+/// compares with the entry the one before it committed (before, each saw no
+/// entry and all of them wrote one).
+#[test]
+fn hosts_starting_together_record_unchanged_grants_once() {
+    let store = PostgresStore::new();
+    let hosts: Vec<Ledger> = (0..6).map(|_| store.open()).collect();
+    for round in 0..5u64 {
+        let barrier = std::sync::Barrier::new(hosts.len());
+        let recorded: usize = std::thread::scope(|scope| {
+            let runs: Vec<_> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, ledger)| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        let entry = GrantRecord {
+                            plugin: "payments".into(),
+                            digest: format!("d{round}"),
+                            grants: serde_json::json!([{ "downstream": "payments", "methods": ["POST"] }]),
+                            recorded_ms: 1_000 * round + i as u64,
+                        };
+                        barrier.wait();
+                        ledger.record_grants(&entry).unwrap()
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|r| usize::from(r.join().unwrap())).sum()
+        });
+        assert_eq!(recorded, 1, "round {round}: one host records the change, the others find it");
+    }
+    assert_eq!(hosts[0].grant_history().unwrap().len(), 5, "one entry per change");
+}
+
 /// A host's claim keeps other hosts out until it lapses or is released.
 #[test]
 fn a_live_claim_keeps_other_hosts_out_until_it_lapses() {
