@@ -11,23 +11,27 @@ use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 struct Fleet {
     sandbox: Sandbox,
-    hosts: [Arc<Runtime>; 2],
-    _dirs: [tempfile::TempDir; 2],
+    hosts: Vec<Arc<Runtime>>,
+    _dirs: Vec<tempfile::TempDir>,
 }
 
 /// Two hosts started together over one fresh PostgreSQL ledger.
 async fn fleet(d: Downstream) -> Fleet {
+    fleet_of(2, d).await
+}
+
+/// `n` hosts started together over one fresh PostgreSQL ledger.
+async fn fleet_of(n: usize, d: Downstream) -> Fleet {
     let sandbox = Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION).await.unwrap();
     sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
     let ledger = fresh_postgres_database();
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let dirs: Vec<tempfile::TempDir> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut hosts = Vec::new();
     for dir in &dirs {
         let text = format!("ledger = {ledger:?}\n{}", config_text(&sandbox.url(), &dir.path().join("data"), &d));
         let config = Config::parse(&text, "fleet.toml", dir.path()).unwrap();
         hosts.push(Arc::new(Runtime::from_config(&config).await.unwrap()));
     }
-    let hosts: [Arc<Runtime>; 2] = hosts.try_into().unwrap_or_else(|_| unreachable!());
     Fleet { sandbox, hosts, _dirs: dirs }
 }
 
@@ -187,6 +191,43 @@ async fn identical_calls_under_new_ids_on_two_hosts_at_once_refund_once() {
         assert_eq!((ran.len(), held.len()), (1, 1), "round {round}: one ran, one was held: {answers:?}");
         assert_eq!(held[0].kind, ErrorKind::Held);
         assert_eq!(held[0].detail.as_ref().unwrap()["earlier_outcome"]["result"], ran[0].value, "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_given_one_action_at_once_make_one_refund() {
+    // The provider refunds every request it gets. Each round the model's
+    // action lands on all three hosts at once: under three new tool-call ids
+    // (two are held with the one refund), then under one id (two replay it).
+    let f = fleet_of(3, Downstream { key: NO_KEY, reconcile_ms: 3_000, ..Downstream::default() }).await;
+    for round in 0..5u64 {
+        for same_id in [false, true] {
+            let amount = 600 + 2 * round + u64::from(same_id);
+            f.sandbox.inject(Fault::DelayBeforeCommit { ms: 200 });
+            let runs: Vec<_> = f
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, host)| {
+                    let (host, id) = (host.clone(), if same_id { format!("s{round}") } else { format!("n{round}-{i}") });
+                    tokio::spawn(async move { refund_on(&host, &id, amount).await })
+                })
+                .collect();
+            let mut answers = Vec::new();
+            for run in runs {
+                answers.push(run.await.unwrap());
+            }
+            let refunds: Vec<String> = f.sandbox.refunds().iter().filter(|r| r.amount == amount).map(|r| r.id.clone()).collect();
+            assert_eq!(refunds.len(), 1, "round {round}, same id {same_id}: {answers:?}");
+            for answer in &answers {
+                let refund_id = match answer {
+                    Ok(out) => out.value["refund_id"].clone(),
+                    Err(e) if !same_id && e.kind == ErrorKind::Held => e.detail.as_ref().unwrap()["earlier_outcome"]["result"]["refund_id"].clone(),
+                    Err(e) => panic!("round {round}, same id {same_id}: {e}"),
+                };
+                assert_eq!(refund_id, refunds[0].as_str(), "every host answers with the one refund: {answers:?}");
+            }
+        }
     }
 }
 
