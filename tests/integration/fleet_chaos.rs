@@ -28,12 +28,13 @@ const TRIES: u64 = 40;
 
 /// What the provider does to the requests it gets first, in turn: commits
 /// and fails to say so (the connection dropped, a 500, an answer after the
-/// host's timeout), or refuses before committing (429, a 409 "in flight",
-/// the connection dropped). Not a stored 500 for a request it never
+/// host's timeout, a key left "in flight" for good), or refuses before
+/// committing (429, a 409 "in flight", the connection dropped). Not a stored 500 for a request it never
 /// committed: that key's outcome stays unknown for good (an operator's to
 /// resolve, `recovery_edges`), so no retry of the same id could succeed.
-const PROVIDER_FAULTS: [Fault; 7] = [
+const PROVIDER_FAULTS: [Fault; 8] = [
     Fault::DropAfterCommit,
+    Fault::CommitStuckInFlight,
     Fault::HiddenCommit500,
     Fault::DelayAfterCommit { ms: 1_200 },
     Fault::RateLimit429,

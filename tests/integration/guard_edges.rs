@@ -145,6 +145,29 @@ async fn e06_409_outlasting_the_retry_budget_stays_pending_with_no_new_key() {
     assert_eq!(out.value["amount_cents"], 500);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_refund_its_provider_reports_in_flight_for_good_is_found_not_left_pending() {
+    // The provider commits and fails before its idempotency record is
+    // written: the key stays "executing" there, so every re-send gets 409.
+    // Its listing shows the refund a second later.
+    let h = harness(Downstream { max_retries: 1, reconcile_ms: 200, ..Downstream::default() }).await;
+    h.sandbox.set_list_lag(Duration::from_secs(1));
+    h.sandbox.inject(Fault::CommitStuckInFlight);
+    let first = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(first.kind, ErrorKind::OutcomeUnknown, "not listed yet: {first}");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // The same tool call again: 409 on every try, and the look-up finds the refund.
+    let out = h.refund("c1", 500).await.expect("found: a definitive answer, not `pending`");
+    let refunds = h.sandbox.refunds();
+    assert_eq!(refunds.len(), 1);
+    assert_eq!(out.value["refund_id"], refunds[0].id.as_str());
+    let posts = h.posts();
+    assert_eq!(posts.len(), 3, "the first send, then a re-send and its retry, each answered 409");
+    assert!(posts.iter().all(|p| p.idempotency_key == posts[0].idempotency_key));
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert_eq!((attempt.state, attempt.resolution), (AttemptState::Succeeded, Some(toolguard::ledger::Resolution::ReconciledFound)));
+}
+
 #[tokio::test]
 async fn a_409_then_a_refusal_is_still_in_flight_not_never_sent() {
     // The provider said a request with this key is executing; the next try was

@@ -122,10 +122,11 @@ fn torture(w: World, trials: u64, over: &str) {
                 format!("aborted at failpoint {point}")
             }
             mode => {
-                // A third of these meet a provider that commits, then fails to say so.
+                // Half of these meet a provider that commits, then fails to say so.
                 let fault = match rng.below(6) {
                     0 => Some((Fault::DropAfterCommit, ", the provider dropping the connection after committing")),
                     1 => Some((Fault::HiddenCommit500, ", the provider answering 500 after committing")),
+                    2 => Some((Fault::CommitStuckInFlight, ", the provider committing and then answering 409 to the key for good")),
                     _ => None,
                 };
                 let faulty = fault.as_ref().map_or("", |(_, what)| *what);

@@ -150,7 +150,10 @@ impl Guard {
                 attempt.state = AttemptState::Pending;
                 attempt.response = response;
                 attempt.last_error = Some(reason.clone());
-                (settled_durability(downstream), Driven::Unsettled(Unsettled::of(attempt, &reason)))
+                if let Some(found) = self.reconcile_pending(d).await {
+                    return found;
+                }
+                (settled_durability(downstream), Driven::Unsettled(Unsettled::of(d.attempt, &reason)))
             }
             Outcome::NotSent { reason } if !d.possibly_sent => {
                 // Nothing reached the downstream: settle it as not sent, synced,

@@ -49,9 +49,8 @@ impl Guard {
         let durability = settled_durability(d.downstream);
         match found {
             Reconciled::Found(response) => {
-                let state = if (200..300).contains(&response.status) { AttemptState::Succeeded } else { AttemptState::Failed };
                 tracing::info!(key = %attempt.key, "reconciled: the provider has it");
-                (durability, settle(attempt, state, response, Some(Resolution::ReconciledFound)))
+                (durability, settle_found(attempt, response))
             }
             Reconciled::NotFound if !may_resend => {
                 attempt.resolution = Some(Resolution::ReconciledNotFound);
@@ -68,6 +67,31 @@ impl Guard {
             Reconciled::StillUnknown(why) => (durability, Driven::Unsettled(Unsettled::of(attempt, &format!("{reason}; reconciling: {why}")))),
         }
     }
+}
+
+impl Guard {
+    /// Looks up, once, an attempt its provider still reports in flight (a
+    /// request with its key executing there). Found, it is settled: the
+    /// effect happened, whatever the provider's idempotency record says —
+    /// one stuck "in progress" would otherwise keep it pending until the
+    /// key's retention passes. Anything else leaves it pending (`None`):
+    /// "not found" proves nothing while the request may still be executing.
+    pub(super) async fn reconcile_pending(&self, d: &mut Drive<'_>) -> Option<(Durability, Driven)> {
+        let found = d.reconciler?.reconcile(&d.call.tool, &d.call.args, d.attempt).await;
+        let Reconciled::Found(response) = found else {
+            crate::metrics::reconcile(if found == Reconciled::NotFound { "not-found" } else { "still-unknown" });
+            return None;
+        };
+        crate::metrics::reconcile("found");
+        tracing::info!(key = %d.attempt.key, "reconciled: the provider has what it still reports in flight");
+        Some((settled_durability(d.downstream), settle_found(d.attempt, response)))
+    }
+}
+
+/// Settles `attempt` with the response reconciliation found for it.
+fn settle_found(attempt: &mut AttemptRecord, response: StoredResponse) -> Driven {
+    let state = if (200..300).contains(&response.status) { AttemptState::Succeeded } else { AttemptState::Failed };
+    settle(attempt, state, response, Some(Resolution::ReconciledFound))
 }
 
 /// Asks the plugin until it finds the attempt, cannot tell, or the window

@@ -160,6 +160,10 @@ async fn execute(shared: &Shared, fault: Option<Fault>, key: Option<&str>, param
                 p.create_refund(params);
                 (500, crate::provider::stripe_error("api_error", "internal", "An unknown error occurred"))
             }
+            Some(Fault::CommitStuckInFlight) => {
+                p.create_refund(params);
+                return dropped();
+            }
             _ => p.create_refund(params),
         }
     };

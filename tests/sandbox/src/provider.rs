@@ -51,6 +51,10 @@ pub enum Fault {
     StoreDown503,
     /// Commit, then wait until released (`Sandbox::release`) before answering.
     PauseAfterCommit,
+    /// Commit, then drop the connection with the key still marked executing,
+    /// as a provider that failed between its commit and its idempotency
+    /// record: every later request with the key gets 409, for good.
+    CommitStuckInFlight,
 }
 
 /// A payment intent that refunds draw on.
