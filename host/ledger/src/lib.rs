@@ -28,6 +28,7 @@ mod write;
 pub use checks::sent_nothing;
 pub use claim::Claim;
 pub use error::LedgerError;
+pub use postgres::DEFAULT_POOL_SIZE;
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
 pub use rocks::{DEFAULT_BLOCK_CACHE_MIB, simulate_slow_fsync};
 pub use write::{Charge, EpisodeOp, LedgerWrite, Prior, Superseding};
@@ -140,21 +141,30 @@ impl Ledger {
     /// The server cannot be reached, refuses the login, or holds an
     /// incompatible schema.
     pub fn connect(url: &str) -> Result<Self, LedgerError> {
+        Self::connect_pooled(url, DEFAULT_POOL_SIZE)
+    }
+
+    /// [`Ledger::connect`], keeping at most `pool_size` connections to the server.
+    ///
+    /// # Errors
+    /// As [`Ledger::connect`].
+    pub fn connect_pooled(url: &str, pool_size: u32) -> Result<Self, LedgerError> {
         let location = postgres::redacted(url);
-        let backend = postgres::Postgres::connect(url).map_err(|e| LedgerError::of(&location, e))?;
+        let backend = postgres::Postgres::connect(url, pool_size).map_err(|e| LedgerError::of(&location, e))?;
         Self::init(Arc::new(backend), location, true)
     }
 
     /// Opens the ledger a config names: `postgres://…` or `postgresql://…`
-    /// connects to PostgreSQL; anything else is a RocksDB directory: opened
-    /// writable with a block cache of `cache_mib` MiB, or read-only (a short
-    /// inspection, on RocksDB's default cache).
+    /// connects to PostgreSQL with at most `pool_size` connections; anything
+    /// else is a RocksDB directory: opened writable with a block cache of
+    /// `cache_mib` MiB, or read-only (a short inspection, on RocksDB's
+    /// default cache).
     ///
     /// # Errors
     /// As [`Ledger::open`] or [`Ledger::connect`].
-    pub fn open_at(location: &LedgerLocation, read_only: bool, cache_mib: u64) -> Result<Self, LedgerError> {
+    pub fn open_at(location: &LedgerLocation, read_only: bool, cache_mib: u64, pool_size: u32) -> Result<Self, LedgerError> {
         match location {
-            LedgerLocation::Postgres(url) => Self::connect(url),
+            LedgerLocation::Postgres(url) => Self::connect_pooled(url, pool_size),
             LedgerLocation::Dir(dir) if read_only => Self::open_read_only(dir),
             LedgerLocation::Dir(dir) => Self::open_cached(dir, cache_mib),
         }

@@ -34,6 +34,10 @@ pub struct Config {
     /// MiB of a RocksDB ledger's table files its host keeps in memory
     /// (`ledger_cache_mib`, default [`crate::ledger::DEFAULT_BLOCK_CACHE_MIB`]).
     pub ledger_cache_mib: u64,
+    /// Connections a host keeps to a PostgreSQL ledger at most (`ledger_pool`,
+    /// default [`crate::ledger::DEFAULT_POOL_SIZE`]): a fleet's hosts share
+    /// the server's `max_connections`.
+    pub ledger_pool: u32,
     /// Where precompiled components are cached (default `<data_dir>/compiled`).
     pub compile_cache: PathBuf,
     /// Engine-wide settings.
@@ -135,6 +139,7 @@ struct RawConfig {
     ledger: Option<String>,
     ledger_url_env: Option<String>,
     ledger_cache_mib: Option<u64>,
+    ledger_pool: Option<u32>,
     compile_cache: Option<PathBuf>,
     #[serde(default)]
     engine: EngineConfig,
@@ -200,6 +205,15 @@ fn ledger_cache(mib: Option<u64>, ledger: &LedgerLocation) -> Result<u64, String
     }
 }
 
+fn ledger_pool(size: Option<u32>, ledger: &LedgerLocation) -> Result<u32, String> {
+    match (size, ledger) {
+        (None, _) => Ok(crate::ledger::DEFAULT_POOL_SIZE),
+        (Some(_), LedgerLocation::Dir(_)) => Err("sizes a PostgreSQL ledger's connection pool; a RocksDB ledger has none: remove it".into()),
+        (Some(n), LedgerLocation::Postgres(_)) if (1..=1_000).contains(&n) => Ok(n),
+        (Some(n), LedgerLocation::Postgres(_)) => Err(format!("{n} is out of range: give 1 to 1000 (connections)")),
+    }
+}
+
 fn default_data_dir() -> PathBuf {
     PathBuf::from(".toolguard")
 }
@@ -225,7 +239,7 @@ impl Config {
     /// # Errors
     /// As [`crate::ledger::Ledger::open_at`].
     pub fn open_ledger(&self, read_only: bool) -> Result<crate::ledger::Ledger, crate::ledger::LedgerError> {
-        crate::ledger::Ledger::open_at(&self.ledger, read_only, self.ledger_cache_mib)
+        crate::ledger::Ledger::open_at(&self.ledger, read_only, self.ledger_cache_mib, self.ledger_pool)
     }
 
     /// Parses config `text`, naming it `file` in errors and resolving relative
@@ -242,6 +256,7 @@ impl Config {
         let compile_cache = raw.compile_cache.as_deref().map_or_else(|| data_dir.join("compiled"), resolve);
         let ledger = ledger_location(raw.ledger, raw.ledger_url_env, &data_dir, &resolve).map_err(|(f, m)| err(f, m))?;
         let ledger_cache_mib = ledger_cache(raw.ledger_cache_mib, &ledger).map_err(|m| err("ledger_cache_mib", m))?;
+        let ledger_pool = ledger_pool(raw.ledger_pool, &ledger).map_err(|m| err("ledger_pool", m))?;
         let engine = raw.engine;
         if engine.pool_instances == 0 {
             return Err(err("engine.pool_instances", "must be at least 1".into()));
@@ -340,6 +355,7 @@ impl Config {
             data_dir,
             ledger,
             ledger_cache_mib,
+            ledger_pool,
             compile_cache,
             engine,
             mcp: raw.mcp,

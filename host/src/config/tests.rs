@@ -104,6 +104,19 @@ fn the_ledger_cache_is_sized_for_rocksdb_only_and_within_bounds() {
 }
 
 #[test]
+fn the_ledger_pool_is_sized_for_postgresql_only_and_within_bounds() {
+    let pg = "ledger = \"postgres://db/x\"\n";
+    assert_eq!(parse(pg).unwrap().ledger_pool, crate::ledger::DEFAULT_POOL_SIZE);
+    assert_eq!(parse(&format!("{pg}ledger_pool = 4")).unwrap().ledger_pool, 4);
+    for bad in ["ledger_pool = 0", "ledger_pool = 1001"] {
+        let e = parse(&format!("{pg}{bad}")).unwrap_err();
+        assert_eq!((e.field.as_str(), e.message.contains("1 to 1000")), ("ledger_pool", true), "{e}");
+    }
+    let e = parse("ledger_pool = 4").unwrap_err();
+    assert!(e.field == "ledger_pool" && e.message.contains("RocksDB ledger has none"), "{e}");
+}
+
+#[test]
 fn mcp_counts_are_at_least_one() {
     for field in ["max_sessions", "max_sessions_per_principal", "max_calls_per_principal", "max_connections"] {
         let e = parse(&format!("[mcp]\n{field} = 0\n")).unwrap_err();

@@ -255,8 +255,8 @@ impl Runtime {
     pub async fn from_config(config: &Config) -> Result<Self, StartError> {
         let engine = config.engine.fitted_to(footprint_of(&config.plugins));
         let mut runtime = Self::new(&engine, config.compile_cache.clone())?.with_downstreams(config.downstreams.clone());
-        let (location, cache_mib) = (config.ledger.clone(), config.ledger_cache_mib);
-        let ledger = tokio::task::spawn_blocking(move || Ledger::open_at(&location, false, cache_mib))
+        let (location, cache_mib, pool) = (config.ledger.clone(), config.ledger_cache_mib, config.ledger_pool);
+        let ledger = tokio::task::spawn_blocking(move || Ledger::open_at(&location, false, cache_mib, pool))
             .await
             .map_err(|e| StartError::Guard(e.to_string()))?
             .map_err(|e| if e.is_busy() { StartError::LedgerBusy(e.to_string()) } else { StartError::Guard(e.to_string()) })?;

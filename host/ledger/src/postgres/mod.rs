@@ -128,8 +128,9 @@ CREATE TABLE IF NOT EXISTS toolguard_expired (
 );
 ";
 
-/// Connections one host keeps to the ledger.
-const POOL_SIZE: u32 = 16;
+/// Connections one host keeps to a PostgreSQL ledger unless its config
+/// says otherwise (`ledger_pool`).
+pub const DEFAULT_POOL_SIZE: u32 = 16;
 
 /// A PostgreSQL ledger: a pool of connections to one database.
 pub(crate) struct Postgres {
@@ -162,10 +163,10 @@ pub fn redacted(url: &str) -> String {
 
 impl Postgres {
     /// Connects to `url` and creates or migrates the schema.
-    pub(crate) fn connect(url: &str) -> Result<Self, BackendError> {
+    pub(crate) fn connect(url: &str, pool_size: u32) -> Result<Self, BackendError> {
         let (config, tls) = tls::config(url)?;
         let manager = Manager::new(PostgresConnectionManager::new(config, tls));
-        let pool = Pool::builder().max_size(POOL_SIZE).min_idle(Some(1)).connection_timeout(Duration::from_secs(10)).build(manager).map_err(|e| {
+        let pool = Pool::builder().max_size(pool_size.max(1)).min_idle(Some(1)).connection_timeout(Duration::from_secs(10)).build(manager).map_err(|e| {
             let tls = if url.contains("sslmode=verify") {
                 ", and that `sslrootcert` is the CA that signed the server's certificate (for verify-full, one naming this host)"
             } else {

@@ -387,6 +387,32 @@ fn hosts_starting_together_record_unchanged_grants_once() {
     assert_eq!(hosts[0].grant_history().unwrap().len(), 5, "one entry per change");
 }
 
+/// A host keeps at most its pool's connections to the server, however many
+/// of its threads use the ledger at once (a fleet shares the server's
+/// `max_connections`): more wait their turn, and all of them are served.
+#[test]
+fn a_host_keeps_at_most_its_pools_connections() {
+    let store = PostgresStore::new();
+    let ledger = Ledger::connect_pooled(&store.0, 2).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..12 {
+            let ledger = &ledger;
+            scope.spawn(move || {
+                for i in 0..20 {
+                    ledger.commit(LedgerWrite::new().call(call("s", &format!("c{t}-{i}"))), Durability::Synced).unwrap();
+                    assert!(ledger.call("s", &format!("c{t}-{i}")).unwrap().is_some());
+                }
+            });
+        }
+    });
+    assert_eq!(ledger.calls(Some("s")).unwrap().len(), 240, "every write landed");
+    let database = url::Url::parse(&store.0).unwrap().path().trim_start_matches('/').to_string();
+    let admin = std::env::var("TOOLGUARD_TEST_POSTGRES").unwrap();
+    let mut client = r2d2_postgres::postgres::Client::connect(&admin, r2d2_postgres::postgres::NoTls).unwrap();
+    let open: i64 = client.query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = $1", &[&database]).unwrap().get(0);
+    assert!((1..=2).contains(&open), "{open} connections open to the ledger's database");
+}
+
 /// A host's claim keeps other hosts out until it lapses or is released.
 #[test]
 fn a_live_claim_keeps_other_hosts_out_until_it_lapses() {
