@@ -223,6 +223,14 @@ fn in_session(id: &str) -> [(&str, &str); 2] {
     [("Mcp-Session-Id", id), ("MCP-Protocol-Version", "2025-11-25")]
 }
 
+/// A `tools/call` of `refund` (JSON-RPC id `id`) of `amount` cents of
+/// `pi_mcp`, as tool call `call_id` of conversation `conv`.
+fn refund_request(id: u64, call_id: &str, amount: u64) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"refund","arguments":{{"payment_intent":"pi_mcp","amount_cents":{amount},"reason":"duplicate"}},"_meta":{{"toolguard/toolCallId":"{call_id}","toolguard/sessionId":"conv"}}}}}}"#
+    )
+}
+
 /// A new session at the MCP endpoint `url`, initialized: its id.
 fn open_session(url: &str) -> String {
     open_session_with(url, &[])
@@ -345,11 +353,8 @@ fn a_principal_at_its_call_cap_is_told_busy_and_another_principal_is_served() {
     let sessions = [ALICE, MALLORY].map(|token| open_session_with(&server.url, &[("Authorization", &format!("Bearer {token}"))]));
     let refund = |token: &str, call_id: &str, amount: u64| {
         let (auth, session) = (format!("Bearer {token}"), if token == ALICE { &sessions[0] } else { &sessions[1] });
-        let body = format!(
-            r#"{{"jsonrpc":"2.0","id":{amount},"method":"tools/call","params":{{"name":"refund","arguments":{{"payment_intent":"pi_mcp","amount_cents":{amount},"reason":"duplicate"}},"_meta":{{"toolguard/toolCallId":"{call_id}","toolguard/sessionId":"conv"}}}}}}"#
-        );
         // JSON-RPC ids differ within a session (two calls in flight answer on their own streams).
-        send(&server.url, &[&in_session(session)[..], &[("Authorization", auth.as_str())]].concat(), body).2
+        send(&server.url, &[&in_session(session)[..], &[("Authorization", auth.as_str())]].concat(), refund_request(amount, call_id, amount)).2
     };
     let posts = || sandbox.requests().iter().filter(|r| r.method == "POST").count();
     sandbox.inject(Fault::PauseAfterCommit);
@@ -388,12 +393,7 @@ fn a_refund_in_flight_when_its_session_is_closed_is_held_with_its_refund_on_repe
     let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\nmax_sessions = 1\n", shared_cache().display().to_string(), payments.toml());
     let server = serve_http(&write(dir.path(), "one-session.toml", &text), &[]);
     let open = || open_session(&server.url);
-    let refund = |session: &str, call_id: &str| {
-        let body = format!(
-            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"refund","arguments":{{"payment_intent":"pi_mcp","amount_cents":500,"reason":"duplicate"}},"_meta":{{"toolguard/toolCallId":"{call_id}","toolguard/sessionId":"conv"}}}}}}"#
-        );
-        send(&server.url, &in_session(session), body).2
-    };
+    let refund = |session: &str, call_id: &str| send(&server.url, &in_session(session), refund_request(7, call_id, 500)).2;
     let first = open();
     sandbox.inject(Fault::PauseAfterCommit);
     let in_flight = std::thread::scope(|scope| {

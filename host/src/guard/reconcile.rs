@@ -22,6 +22,17 @@ pub enum Reconciled {
     StillUnknown(String),
 }
 
+impl Reconciled {
+    /// Its name in the reconciliation metric.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Found(_) => "found",
+            Self::NotFound => "not-found",
+            Self::StillUnknown(_) => "still-unknown",
+        }
+    }
+}
+
 /// Looks attempts up at their provider: a plugin's `reconcile` export.
 pub trait Reconciler: Send + Sync {
     /// Looks `attempt`, made by `tool` with canonical `args`, up.
@@ -41,11 +52,7 @@ impl Guard {
             Some(r) => reconcile_within(r, d.call, attempt, d.downstream.reconcile_window).await,
             None => Reconciled::StillUnknown("the plugin cannot reconcile".into()),
         };
-        crate::metrics::reconcile(match &found {
-            Reconciled::Found(_) => "found",
-            Reconciled::NotFound => "not-found",
-            Reconciled::StillUnknown(_) => "still-unknown",
-        });
+        crate::metrics::reconcile(found.label());
         let durability = settled_durability(d.downstream);
         match found {
             Reconciled::Found(response) => {
@@ -67,9 +74,7 @@ impl Guard {
             Reconciled::StillUnknown(why) => (durability, Driven::Unsettled(Unsettled::of(attempt, &format!("{reason}; reconciling: {why}")))),
         }
     }
-}
 
-impl Guard {
     /// Looks up, once, an attempt its provider still reports in flight (a
     /// request with its key executing there). Found, it is settled: the
     /// effect happened, whatever the provider's idempotency record says —
@@ -78,11 +83,8 @@ impl Guard {
     /// "not found" proves nothing while the request may still be executing.
     pub(super) async fn reconcile_pending(&self, d: &mut Drive<'_>) -> Option<(Durability, Driven)> {
         let found = d.reconciler?.reconcile(&d.call.tool, &d.call.args, d.attempt).await;
-        let Reconciled::Found(response) = found else {
-            crate::metrics::reconcile(if found == Reconciled::NotFound { "not-found" } else { "still-unknown" });
-            return None;
-        };
-        crate::metrics::reconcile("found");
+        crate::metrics::reconcile(found.label());
+        let Reconciled::Found(response) = found else { return None };
         tracing::info!(key = %d.attempt.key, "reconciled: the provider has what it still reports in flight");
         Some((settled_durability(d.downstream), settle_found(d.attempt, response)))
     }

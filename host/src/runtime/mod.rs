@@ -30,7 +30,6 @@ pub use plugin::{Effect, ToolInfo};
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
 use crate::error::{CallError, ErrorKind, LoadError};
 use crate::guard::{Guard, Pace, Reconciler, RecoveryReport, ToolRules};
-use crate::ledger::Ledger;
 use crate::policy::{Downstreams, EffectivePolicy};
 use bindings::{Plugin, PluginPre};
 use context::PluginContext;
@@ -255,8 +254,8 @@ impl Runtime {
     pub async fn from_config(config: &Config) -> Result<Self, StartError> {
         let engine = config.engine.fitted_to(footprint_of(&config.plugins));
         let mut runtime = Self::new(&engine, config.compile_cache.clone())?.with_downstreams(config.downstreams.clone());
-        let (location, cache_mib, pool) = (config.ledger.clone(), config.ledger_cache_mib, config.ledger_pool);
-        let ledger = tokio::task::spawn_blocking(move || Ledger::open_at(&location, false, cache_mib, pool))
+        let owned = config.clone();
+        let ledger = tokio::task::spawn_blocking(move || owned.open_ledger(false))
             .await
             .map_err(|e| StartError::Guard(e.to_string()))?
             .map_err(|e| if e.is_busy() { StartError::LedgerBusy(e.to_string()) } else { StartError::Guard(e.to_string()) })?;
