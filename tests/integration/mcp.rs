@@ -209,9 +209,13 @@ fn send(url: &str, headers: &[(&str, &str)], body: String) -> (u16, reqwest::hea
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let response = req.send().await.unwrap();
-        let (status, headers) = (response.status().as_u16(), response.headers().clone());
-        (status, headers, response.text().await.unwrap())
+        // A response that never comes fails the test instead of hanging it.
+        let answered = async {
+            let response = req.send().await.unwrap();
+            let (status, headers) = (response.status().as_u16(), response.headers().clone());
+            (status, headers, response.text().await.unwrap())
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(120), answered).await.expect("no whole answer in 120 s")
     })
 }
 
@@ -642,4 +646,39 @@ fn on_one_worker_a_spinning_plugin_does_not_hold_up_another_call() {
     assert_eq!(answered, [(11, Some(false)), (10, Some(true))], "the spin held up the text call");
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
+}
+
+/// A client that sends a second request under a JSON-RPC id still in
+/// flight in its session (the protocol forbids it) is refused at once with
+/// a clear error, and its first request is answered as if the second had
+/// never come: one refund, on the first request's own stream. Once that is
+/// answered, the id may be used again.
+#[test]
+fn a_request_reusing_an_id_still_in_flight_is_refused_and_the_first_is_answered() {
+    use toolguard_sandbox::Fault;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, _) = refund_world(dir.path());
+    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
+    let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}", shared_cache().display().to_string(), payments.toml());
+    let server = serve_http(&write(dir.path(), "ids.toml", &text), &[]);
+    let session = open_session(&server.url);
+    let refund = |call_id: &str, amount: u64| send(&server.url, &in_session(&session), refund_request(7, call_id, amount));
+    sandbox.inject(Fault::PauseAfterCommit);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| refund("a1", 301));
+        assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the first refund reached the provider");
+        let (status, _, body) = refund("b1", 302);
+        assert_eq!(status, 409, "the second request under id 7 is refused: {body}");
+        assert!(body.contains("request id 7 is already in flight") && body.contains("\"id\":null"), "with a JSON-RPC error naming the id: {body}");
+        assert_eq!(sandbox.requests().iter().filter(|r| r.method == "POST").count(), 1, "and it never reached the provider");
+        sandbox.release();
+        let (status, _, answered) = first.join().unwrap();
+        assert_eq!(status, 200);
+        assert!(answered.contains("refund_id") && answered.contains(r#""toolguard/toolCallId":"a1""#), "the first is answered on its own stream: {answered}");
+    });
+    let (_, _, again) = refund("b1", 302);
+    assert!(again.contains("refund_id"), "id 7, free again, serves the refused call: {again}");
+    let mut amounts: Vec<u64> = sandbox.refunds().iter().map(|r| r.amount).collect();
+    amounts.sort_unstable();
+    assert_eq!(amounts, [301, 302], "one refund per tool call");
 }

@@ -2,7 +2,8 @@
 //! required when binding anywhere else (several tokens, each its own
 //! principal); Host validation against DNS rebinding always on (loopback
 //! plus the configured `allowed_hosts`), `/metrics` included; request
-//! bodies capped; connections capped and given a header timeout (`super::listen`).
+//! bodies capped; connections capped and given a header timeout (`super::listen`);
+//! a request id reused while in flight refused (`super::request_ids`).
 
 use super::McpHost;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -68,8 +69,12 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let sessions = Arc::new(super::sessions::CappedSessions::new(config.max_sessions, config.max_sessions_per_principal));
     let service = StreamableHttpService::new(move || Ok(host.clone()), sessions, mcp_config);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
-    let mcp =
-        axum::Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)));
+    // A request reusing an id still in flight in its session is refused first (request_ids.rs).
+    let (open_ids, max_bytes) = (Arc::new(super::request_ids::OpenIds::default()), config.max_request_bytes);
+    let mcp = axum::Router::new()
+        .nest_service(PATH, service)
+        .layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)))
+        .layer(axum::middleware::from_fn(move |req, next| super::request_ids::claim(open_ids.clone(), max_bytes, req, next)));
     let hosts = Arc::new(hosts);
     let metrics_route = axum::routing::get(move |req: axum::extract::Request| {
         let (ledger, hosts) = (ledger.clone(), hosts.clone());

@@ -12,6 +12,7 @@ pub mod http;
 pub mod ids;
 pub mod listen;
 pub mod principals;
+mod request_ids;
 pub mod results;
 pub mod sessions;
 
