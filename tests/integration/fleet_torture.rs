@@ -13,7 +13,8 @@
 //! - *both*: the same tool call sent to both hosts at once (a retry through
 //!   a load balancer), one of the two killed at a random moment;
 //! - *faulty provider*: the provider commits the refund, then drops the
-//!   connection, answers 500, or answers after the host's timeout; half the
+//!   connection, answers 500, answers 409 "in flight" to its key for good,
+//!   or answers after the host's timeout; half the
 //!   time the host is killed at a random moment while it finds out;
 //! - *one id, two amounts*: the same tool-call id with different arguments
 //!   sent to both hosts at once, one killed: one refund, each caller told
@@ -234,9 +235,10 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
             }
             3 => {
                 // The provider commits, then fails to say so; the host may die while it finds out.
-                let (fault, what) = match rng.below(3) {
+                let (fault, what) = match rng.below(4) {
                     0 => (Fault::DropAfterCommit, "faulty provider (drops the connection after committing)"),
                     1 => (Fault::HiddenCommit500, "faulty provider (a 500 after committing)"),
+                    2 => (Fault::CommitStuckInFlight, "faulty provider (commits, then answers 409 in-flight to the key for good)"),
                     _ => (Fault::DelayAfterCommit { ms: 1_500 }, "faulty provider (answers after the host's timeout)"),
                 };
                 f.sandbox.inject(fault);
