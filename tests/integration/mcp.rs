@@ -454,6 +454,35 @@ fn http_connections_are_capped_and_slow_headers_time_out() {
     assert!(slow.iter().filter(|tcp| closed(tcp)).count() >= 1, "it was served once a slow client was cut off, not before");
 }
 
+/// Clients that send a request's headers whole and then trickle its body
+/// cannot hold the server either: each has ten seconds to send the body,
+/// is then answered 408 and cut off, and the waiting client is served.
+#[test]
+fn http_slow_bodies_time_out() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_conformance_with(dir.path(), "max_connections = 2\n");
+    let addr = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
+    // Two connections that promise a body of 1,000 bytes and send ten.
+    let slow: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+            let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                        Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n{\"jsonrpc\"";
+            tcp.write_all(head.as_bytes()).unwrap();
+            tcp
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(post(&server.url, &[], INITIALIZE.into()), 200, "the waiting client is served");
+    for mut tcp in slow {
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let mut answer = String::new();
+        let _ = tcp.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "a slow body is answered 408 and its connection closed: {answer:?}");
+    }
+}
+
 /// A host allowed few open files serves at most half as many connections
 /// (the ledger needs the rest): a crowd of idle connections waits to be
 /// accepted instead of running the process out of descriptors.

@@ -2,7 +2,8 @@
 //! required when binding anywhere else (several tokens, each its own
 //! principal); Host validation against DNS rebinding always on (loopback
 //! plus the configured `allowed_hosts`), `/metrics` included; request
-//! bodies capped; connections capped and given a header timeout (`super::listen`);
+//! bodies capped and read whole within a timeout; connections capped and
+//! given a header timeout (`super::listen`);
 //! a request id reused while in flight refused (`super::request_ids`).
 
 use super::McpHost;
@@ -88,6 +89,8 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     });
     let router = mcp.route(METRICS_PATH, metrics_route);
     let tokens = Arc::new(tokens);
+    let max_bytes = config.max_request_bytes;
+    let router = router.layer(axum::middleware::from_fn(move |req, next| super::listen::whole_body(max_bytes, req, next)));
     Ok(router.layer(axum::middleware::from_fn(move |req, next| {
         let tokens = tokens.clone();
         async move { bearer(&tokens, req, next).await }

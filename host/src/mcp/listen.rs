@@ -4,7 +4,9 @@
 //! opens connections and trickles its headers (slowloris) neither holds them
 //! for ever nor takes the file descriptors RocksDB and the ledger need —
 //! and Nagle's algorithm off (an SSE event goes out at once, not after a
-//! delayed ACK). axum's own `serve` sets none of these. HTTP/1.1 only, as
+//! delayed ACK). A request's body must then arrive whole within
+//! [`BODY_TIMEOUT`] ([`whole_body`]), so a client that trickles bodies holds
+//! no connection for ever either. axum's own `serve` sets none of these. HTTP/1.1 only, as
 //! before (MCP's Streamable HTTP needs nothing more).
 
 use axum::body::Body;
@@ -18,6 +20,29 @@ use tower::ServiceExt as _;
 /// How long a client has to send a request's headers once it has started
 /// one (or, on a kept-alive connection, once the previous answer ended).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a client has to send a request's body once its headers are in.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Middleware: reads the request's body whole — at most `max_bytes` (413
+/// beyond), within [`BODY_TIMEOUT`] (408 and the connection closed after)
+/// — before anything else handles the request.
+pub async fn whole_body(max_bytes: usize, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let (parts, body) = req.into_parts();
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, max_bytes)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            let why = format!("the request body is over {max_bytes} bytes ([mcp] max_request_bytes), or was cut off\n");
+            return (axum::http::StatusCode::PAYLOAD_TOO_LARGE, [(axum::http::header::CONNECTION, "close")], why).into_response();
+        }
+        Err(_) => {
+            let why = format!("the request body did not arrive within {} s; send it whole\n", BODY_TIMEOUT.as_secs());
+            return (axum::http::StatusCode::REQUEST_TIMEOUT, [(axum::http::header::CONNECTION, "close")], why).into_response();
+        }
+    };
+    next.run(axum::extract::Request::from_parts(parts, Body::from(bytes))).await
+}
 
 /// Serves `app` on `listener` until the process ends, with at most
 /// `max_connections` connections open at once — and never more than half

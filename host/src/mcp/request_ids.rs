@@ -77,8 +77,9 @@ fn request_ids(body: &[u8]) -> Vec<RequestId> {
 }
 
 /// Middleware: refuses a POST that reuses a request id still in flight in
-/// its session; otherwise holds its ids until its response is done. Bodies
-/// over `max_bytes` are refused with 413, as rmcp would.
+/// its session; otherwise holds its ids until its response is done. (The
+/// body is already whole: `super::listen::whole_body` read it, capped at
+/// `max_bytes`.)
 pub(crate) async fn claim(open: Arc<OpenIds>, max_bytes: usize, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
     use axum::response::IntoResponse as _;
     let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
