@@ -55,23 +55,17 @@ impl Drop for Held {
 }
 
 /// The ids of the JSON-RPC requests (messages with a `method` and an `id`)
-/// in a POST body: one message, or a batch.
+/// in a POST body: one message, or a batch. Everything else in the body is
+/// skipped, not built (`IgnoredAny`), so a large body costs no memory here.
 fn request_ids(body: &[u8]) -> Vec<RequestId> {
     #[derive(serde::Deserialize)]
     struct Message {
         id: Option<RequestId>,
         method: Option<serde::de::IgnoredAny>,
     }
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Body {
-        One(Message),
-        Batch(Vec<Message>),
-    }
-    let messages = match serde_json::from_slice::<Body>(body) {
-        Ok(Body::One(m)) => vec![m],
-        Ok(Body::Batch(ms)) => ms,
-        Err(_) => return Vec::new(),
+    let messages = match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => serde_json::from_slice::<Vec<Message>>(body).unwrap_or_default(),
+        _ => serde_json::from_slice::<Message>(body).map(|m| vec![m]).unwrap_or_default(),
     };
     messages.into_iter().filter(|m| m.method.is_some()).filter_map(|m| m.id).collect()
 }
