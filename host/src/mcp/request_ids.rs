@@ -15,6 +15,9 @@ use std::sync::{Arc, Mutex};
 /// The header that names a request's MCP session.
 const SESSION_HEADER: &str = "mcp-session-id";
 
+/// The longest session id held (rmcp's are 36-character UUIDs).
+const MAX_SESSION_ID: usize = 128;
+
 /// The (session, request id) pairs whose response has not been sent yet.
 #[derive(Default)]
 pub(crate) struct OpenIds(Mutex<HashSet<(String, RequestId)>>);
@@ -76,7 +79,8 @@ fn request_ids(body: &[u8]) -> Vec<RequestId> {
 /// `max_bytes`.)
 pub(crate) async fn claim(open: Arc<OpenIds>, max_bytes: usize, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
     use axum::response::IntoResponse as _;
-    let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+    // rmcp's session ids are UUIDs; a longer one names no session (rmcp answers 404) and is not held.
+    let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).filter(|s| s.len() <= MAX_SESSION_ID).map(str::to_string);
     let Some(session) = session.filter(|_| req.method() == axum::http::Method::POST) else { return next.run(req).await };
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, max_bytes).await else {
