@@ -127,6 +127,16 @@ fn refund_world(dir: &Path) -> (tokio::runtime::Runtime, Sandbox, PathBuf) {
     (rt, sandbox, config)
 }
 
+/// `serve --http` of refunds to a sandbox that waits up to 20 s for a held
+/// answer, with `[mcp]` settings `mcp` (TOML lines) and environment `env`.
+fn serve_patient_refunds(dir: &Path, mcp: &str, env: &[(&str, &str)]) -> (tokio::runtime::Runtime, Sandbox, crate::common::Server) {
+    let (rt, sandbox, _) = refund_world(dir);
+    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
+    let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\n{mcp}\n", shared_cache().display().to_string(), payments.toml());
+    let server = serve_http(&write(dir, "patient.toml", &text), env);
+    (rt, sandbox, server)
+}
+
 /// Runs the Python client; its steps by name.
 fn python_client(args: &[&str]) -> std::collections::BTreeMap<String, Value> {
     let out = Command::new(tool("TOOLGUARD_PYTHON")).arg(repo("tests/mcp/client.py")).args(args).output().unwrap();
@@ -345,15 +355,9 @@ fn a_principal_at_its_call_cap_is_told_busy_and_another_principal_is_served() {
     const ALICE: &str = "alice-token-long-enough";
     const MALLORY: &str = "mallory-token-long-enough";
     let dir = tempfile::tempdir().unwrap();
-    let (_rt, sandbox, _) = refund_world(dir.path());
-    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
     let tokens = r#"tokens = [{ principal = "alice", token_env = "TG_ALICE" }, { principal = "mallory", token_env = "TG_MALLORY" }]"#;
-    let text = format!(
-        "data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\nmax_calls_per_principal = 2\n{tokens}\n",
-        shared_cache().display().to_string(),
-        payments.toml()
-    );
-    let server = serve_http(&write(dir.path(), "fair.toml", &text), &[("TG_ALICE", ALICE), ("TG_MALLORY", MALLORY)]);
+    let mcp = format!("max_calls_per_principal = 2\n{tokens}");
+    let (_rt, sandbox, server) = serve_patient_refunds(dir.path(), &mcp, &[("TG_ALICE", ALICE), ("TG_MALLORY", MALLORY)]);
     let sessions = [ALICE, MALLORY].map(|token| open_session_with(&server.url, &[("Authorization", &format!("Bearer {token}"))]));
     let refund = |token: &str, call_id: &str, amount: u64| {
         let (auth, session) = (format!("Bearer {token}"), if token == ALICE { &sessions[0] } else { &sessions[1] });
@@ -392,10 +396,7 @@ fn a_principal_at_its_call_cap_is_told_busy_and_another_principal_is_served() {
 fn a_refund_in_flight_when_its_session_is_closed_is_held_with_its_refund_on_repeat() {
     use toolguard_sandbox::Fault;
     let dir = tempfile::tempdir().unwrap();
-    let (_rt, sandbox, _) = refund_world(dir.path());
-    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
-    let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\nmax_sessions = 1\n", shared_cache().display().to_string(), payments.toml());
-    let server = serve_http(&write(dir.path(), "one-session.toml", &text), &[]);
+    let (_rt, sandbox, server) = serve_patient_refunds(dir.path(), "max_sessions = 1", &[]);
     let open = || open_session(&server.url);
     let refund = |session: &str, call_id: &str| send(&server.url, &in_session(session), refund_request(7, call_id, 500)).2;
     let first = open();
@@ -416,26 +417,35 @@ fn a_refund_in_flight_when_its_session_is_closed_is_held_with_its_refund_on_repe
     assert_eq!(sandbox.refunds().len(), 1, "nothing new was refunded");
 }
 
+/// A server of two connections at most, two clients that each send it
+/// `sent` and then nothing, and a third client's `initialize`, which must
+/// be served (once the server has cut a slow client off); the server and
+/// the slow clients' connections.
+fn served_after_two_slow_clients(dir: &Path, sent: &str) -> (crate::common::Server, Vec<std::net::TcpStream>) {
+    use std::io::Write;
+    let server = serve_conformance_with(dir, "max_connections = 2\n");
+    let addr = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
+    let slow: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+            tcp.write_all(sent.as_bytes()).unwrap();
+            tcp
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(post(&server.url, &[], INITIALIZE.into()), 200, "the waiting client is served");
+    (server, slow)
+}
+
 /// Slow clients cannot hold the server: at `[mcp] max_connections` (2
 /// here) a new connection waits, a client that trickles its headers is cut
 /// off after the header timeout, and the waiting client is then served.
 #[test]
 fn http_connections_are_capped_and_slow_headers_time_out() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
-    let server = serve_conformance_with(dir.path(), "max_connections = 2\n");
-    let addr = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
     // Two connections that send half a request's headers and then nothing.
-    let slow: Vec<std::net::TcpStream> = (0..2)
-        .map(|_| {
-            let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
-            tcp.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
-            tcp
-        })
-        .collect();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let status = post(&server.url, &[], INITIALIZE.into());
-    assert_eq!(status, 200, "the waiting client is served");
+    let (_server, slow) = served_after_two_slow_clients(dir.path(), "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n");
     // The server closes a slow connection before it takes the waiting one,
     // and on loopback the close reaches the client at once: by the time the
     // answer is here, a slow client's socket already reads its end. (Read
@@ -459,22 +469,12 @@ fn http_connections_are_capped_and_slow_headers_time_out() {
 /// is then answered 408 and cut off, and the waiting client is served.
 #[test]
 fn http_slow_bodies_time_out() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
-    let server = serve_conformance_with(dir.path(), "max_connections = 2\n");
-    let addr = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
     // Two connections that promise a body of 1,000 bytes and send ten.
-    let slow: Vec<std::net::TcpStream> = (0..2)
-        .map(|_| {
-            let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
-            let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-                        Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n{\"jsonrpc\"";
-            tcp.write_all(head.as_bytes()).unwrap();
-            tcp
-        })
-        .collect();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert_eq!(post(&server.url, &[], INITIALIZE.into()), 200, "the waiting client is served");
+    let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n{\"jsonrpc\"";
+    let (_server, slow) = served_after_two_slow_clients(dir.path(), head);
     for mut tcp in slow {
         tcp.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
         let mut answer = String::new();
@@ -686,10 +686,7 @@ fn on_one_worker_a_spinning_plugin_does_not_hold_up_another_call() {
 fn a_request_reusing_an_id_still_in_flight_is_refused_and_the_first_is_answered() {
     use toolguard_sandbox::Fault;
     let dir = tempfile::tempdir().unwrap();
-    let (_rt, sandbox, _) = refund_world(dir.path());
-    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
-    let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}", shared_cache().display().to_string(), payments.toml());
-    let server = serve_http(&write(dir.path(), "ids.toml", &text), &[]);
+    let (_rt, sandbox, server) = serve_patient_refunds(dir.path(), "", &[]);
     let session = open_session(&server.url);
     let refund = |call_id: &str, amount: u64| send(&server.url, &in_session(&session), refund_request(7, call_id, amount));
     sandbox.inject(Fault::PauseAfterCommit);
