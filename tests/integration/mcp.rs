@@ -708,3 +708,64 @@ fn a_request_reusing_an_id_still_in_flight_is_refused_and_the_first_is_answered(
     amounts.sort_unstable();
     assert_eq!(amounts, [301, 302], "one refund per tool call");
 }
+
+/// A client that cancels a refund in flight (`notifications/cancelled`, as
+/// the SDKs send when their request times out) cannot make it happen twice
+/// nor be told of it wrongly: the call runs to its end (stopping a send on
+/// the wire would leave its outcome unknown), once; its response is not
+/// sent, so it counts as not told — a blind repeat under a new tool-call id
+/// is held and carries its refund, and a retry of the cancelled tool-call
+/// id replays it.
+#[test]
+fn a_cancelled_refund_runs_once_untold_and_its_repeat_is_held_with_its_refund() {
+    use std::io::{BufRead, Write};
+    use toolguard_sandbox::Fault;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, _) = refund_world(dir.path());
+    let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
+    let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}", shared_cache().display().to_string(), payments.toml());
+    let mut child = serve_piped(&write(dir.path(), "cancel.toml", &text), dir.path());
+    let mut stdin = child.stdin.take().unwrap();
+    let (handshake, _) = LIST_TOOLS.split_at(LIST_TOOLS.find(r#"{"jsonrpc":"2.0","id":2"#).unwrap());
+    stdin.write_all(handshake.as_bytes()).unwrap();
+    let (tx, answers) = std::sync::mpsc::channel::<Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&line).unwrap());
+        }
+    });
+    // The answer to request `id`, and every other message that came before it.
+    let answer_to = |id: u64| {
+        let mut before = Vec::new();
+        loop {
+            let message = answers.recv_timeout(std::time::Duration::from_secs(60)).expect("an answer within 60 s");
+            if message["id"] == id {
+                return (message, before);
+            }
+            before.push(message);
+        }
+    };
+    answer_to(1);
+    sandbox.inject(Fault::PauseAfterCommit);
+    writeln!(stdin, "{}", refund_request(5, "c1", 401)).unwrap();
+    assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":5,"reason":"timed out"}}}}"#).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    sandbox.release();
+    assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.refunds().len() == 1), "the cancelled call ran to its end");
+    let made = sandbox.refunds()[0].id.clone();
+
+    writeln!(stdin, "{}", refund_request(6, "c2", 401)).unwrap();
+    let (repeat, before) = answer_to(6);
+    let repeat = repeat.to_string();
+    assert!(repeat.contains(r#""kind":"held""#), "the blind repeat is held: {repeat}");
+    assert!(repeat.contains(&made), "and carries the cancelled call's refund: {repeat}");
+    writeln!(stdin, "{}", refund_request(7, "c1", 401)).unwrap();
+    let (retry, more) = answer_to(7);
+    assert!(retry.to_string().contains(&made), "a retry of the cancelled tool call replays its refund: {retry}");
+    assert!(before.iter().chain(&more).all(|m| m["id"] != 5), "the cancelled request got no answer: {before:?} {more:?}");
+    assert_eq!(sandbox.refunds().len(), 1, "one refund in all");
+    drop(stdin);
+    let _ = child.wait();
+}

@@ -20,6 +20,7 @@ use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// An answer waiting to leave the host.
 pub(crate) struct Answer {
@@ -35,26 +36,41 @@ impl Answer {
     }
 }
 
-/// Answers of a stdio session waiting to be written, by JSON-RPC request id.
-/// `None` marks an id a client used for two requests in flight at once
-/// (JSON-RPC forbids it): a response with that id cannot tell which answer
-/// it carried, so neither is recorded as told — the safe side.
+/// Answers of a stdio session waiting to be written, by JSON-RPC request id,
+/// each with when it came. `None` marks an id a client used for two
+/// requests in flight at once (JSON-RPC forbids it): a response with that id
+/// cannot tell which answer it carried, so neither is recorded as told — the
+/// safe side. An answer whose response rmcp never writes (the client
+/// cancelled its request: rmcp drops the response) would stay for good, so
+/// answers older than [`STALE`] are let go once many wait — unrecorded,
+/// which is again the safe side.
 #[derive(Default)]
-pub(crate) struct Pending(Mutex<HashMap<RequestId, Option<Answer>>>);
+pub(crate) struct Pending(Mutex<HashMap<RequestId, (Instant, Option<Answer>)>>);
+
+/// How long an answer waits for its response to be written before it may
+/// be let go (a response is written in microseconds unless the client stops
+/// reading).
+const STALE: Duration = Duration::from_secs(60);
+
+/// How many answers may wait before the stale ones are let go.
+const SWEEP_AT: usize = 256;
 
 impl Pending {
     pub(crate) fn insert(&self, id: RequestId, answer: Answer) {
         let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= SWEEP_AT {
+            map.retain(|_, (since, _)| since.elapsed() < STALE);
+        }
         match map.entry(id) {
-            std::collections::hash_map::Entry::Occupied(mut taken) => *taken.get_mut() = None,
+            std::collections::hash_map::Entry::Occupied(mut taken) => taken.get_mut().1 = None,
             std::collections::hash_map::Entry::Vacant(free) => {
-                free.insert(Some(answer));
+                free.insert((Instant::now(), Some(answer)));
             }
         }
     }
 
     fn take(&self, id: &RequestId) -> Option<Answer> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id).flatten()
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id).and_then(|(_, answer)| answer)
     }
 }
 
@@ -273,6 +289,25 @@ mod tests {
         pending.insert(RequestId::Number(7), answer("b"));
         assert!(pending.take(&RequestId::Number(7)).is_none(), "the first response cannot tell whose answer it carried");
         assert!(pending.take(&RequestId::Number(7)).is_none());
+    }
+
+    #[test]
+    fn answers_never_written_are_let_go_once_stale_and_many() {
+        let pending = Pending::default();
+        pending.insert(RequestId::Number(0), answer("cancelled"));
+        {
+            let mut map = pending.0.lock().unwrap();
+            let since = &mut map.get_mut(&RequestId::Number(0)).unwrap().0;
+            *since = since.checked_sub(STALE).expect("the machine has been up a minute");
+        }
+        for n in 1..SWEEP_AT as i64 {
+            pending.insert(RequestId::Number(n), answer("waiting"));
+        }
+        assert_eq!(pending.0.lock().unwrap().len(), SWEEP_AT, "nothing is let go below the mark");
+        pending.insert(RequestId::Number(1_000), answer("new"));
+        assert!(pending.take(&RequestId::Number(0)).is_none(), "the stale answer was let go");
+        assert_eq!(pending.0.lock().unwrap().len(), SWEEP_AT, "the fresh ones stay");
+        assert!(pending.take(&RequestId::Number(1)).is_some());
     }
 
     /// A body that yields its frames, then ends if told to, else stays
