@@ -769,3 +769,27 @@ fn a_cancelled_refund_runs_once_untold_and_its_repeat_is_held_with_its_refund() 
     drop(stdin);
     let _ = child.wait();
 }
+
+/// The same over HTTP: the cancelled request's stream ends at once without
+/// an answer, the call runs once, and a blind repeat is held with its refund.
+#[test]
+fn a_refund_cancelled_over_http_runs_once_and_its_repeat_is_held_with_its_refund() {
+    use toolguard_sandbox::Fault;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, server) = serve_patient_refunds(dir.path(), "", &[]);
+    let session = open_session(&server.url);
+    sandbox.inject(Fault::PauseAfterCommit);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| send(&server.url, &in_session(&session), refund_request(5, "h1", 402)));
+        assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
+        let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5,"reason":"timed out"}}"#;
+        assert_eq!(post(&server.url, &in_session(&session), cancel.into()), 202);
+        let (_, _, told) = first.join().unwrap();
+        assert!(!told.contains("\"result\""), "the cancelled request's stream ended without an answer: {told}");
+        sandbox.release();
+    });
+    assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.refunds().len() == 1), "the cancelled call ran to its end");
+    let repeat = send(&server.url, &in_session(&session), refund_request(6, "h2", 402)).2;
+    assert!(repeat.contains(r#""kind":"held""#) && repeat.contains(&sandbox.refunds()[0].id), "held, with the refund: {repeat}");
+    assert_eq!(sandbox.refunds().len(), 1, "one refund in all");
+}

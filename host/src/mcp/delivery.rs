@@ -144,10 +144,6 @@ impl Slot {
         }
         told
     }
-
-    fn take(&self) -> Vec<Answer> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)).into_iter().map(|(_, a)| a).collect()
-    }
 }
 
 /// The ids of the JSON-RPC responses (results or errors) in one frame of a
@@ -197,23 +193,19 @@ pub(crate) async fn track(runtime: Arc<Runtime>, mut req: axum::extract::Request
 /// carrying their JSON-RPC response has been handed to the HTTP server to
 /// write — the counterpart of a flushed write on stdio. Clients commonly
 /// close an event stream as soon as they have read the response, before the
-/// server has polled the stream's end, so its end is not what counts. A body
-/// taken whole (its end polled, or every byte of a known length) records
-/// what it still holds; a body dropped before its answer's frame left (the
-/// client went away) records nothing.
+/// server has polled the stream's end, so its end is not what counts; nor
+/// does a body that ended or was dropped without that frame tell anything,
+/// whatever its slot holds (a cancelled request's stream ends without its
+/// response, which rmcp drops, possibly just after the answer came).
 struct Delivered<B> {
     inner: B,
     slot: Slot,
     record: Record,
-    expected: Option<u64>,
-    sent: u64,
-    ended: bool,
 }
 
 impl<B: http_body::Body> Delivered<B> {
     fn new(inner: B, slot: Slot, record: Record) -> Self {
-        let expected = inner.size_hint().exact();
-        Self { inner, slot, record, expected, sent: 0, ended: false }
+        Self { inner, slot, record }
     }
 }
 
@@ -226,20 +218,14 @@ impl<B: http_body::Body<Data = axum::body::Bytes> + Unpin> http_body::Body for D
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            std::task::Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.sent += data.len() as u64;
-                    if !self.slot.is_empty() {
-                        let told = self.slot.answered_by(data);
-                        if !told.is_empty() {
-                            (self.record)(told, crate::ledger::records::now_ms());
-                        }
-                    }
-                }
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+            && !self.slot.is_empty()
+        {
+            let told = self.slot.answered_by(data);
+            if !told.is_empty() {
+                (self.record)(told, crate::ledger::records::now_ms());
             }
-            std::task::Poll::Ready(None) => self.ended = true,
-            _ => {}
         }
         polled
     }
@@ -250,16 +236,6 @@ impl<B: http_body::Body<Data = axum::body::Bytes> + Unpin> http_body::Body for D
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
-    }
-}
-
-impl<B> Drop for Delivered<B> {
-    fn drop(&mut self) {
-        let whole = self.ended || self.expected.is_some_and(|n| n == self.sent);
-        let answers = self.slot.take();
-        if whole && !answers.is_empty() {
-            (self.record)(answers, crate::ledger::records::now_ms());
-        }
     }
 }
 
@@ -371,6 +347,24 @@ mod tests {
         assert!(serve_then(&crossed, RequestId::Number(7), true).is_empty(), "not even when the stream ends after it");
         let own = ["data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"content\":[],\"_meta\":{\"toolguard/toolCallId\":\"a\"}}}\n\n"];
         assert_eq!(serve(&own, RequestId::Number(7)), ["a"], "its own response tells it");
+    }
+
+    #[test]
+    fn a_stream_that_ended_without_its_response_records_nothing() {
+        // The client cancelled: rmcp ends the request's stream and drops the
+        // response. The call finished just before the stream's end was
+        // polled, so its answer is in the slot; it was never written.
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let sink = told.clone();
+        let record: Record = Arc::new(move |answers, _| sink.lock().unwrap().extend(answers.into_iter().map(|a| a.request.call_id)));
+        let slot = Slot::default();
+        let mut body = Delivered::new(Frames(["id: 0\nretry: 3000\ndata:\n\n"].into_iter().collect(), true), slot.clone(), record);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(matches!(http_body::Body::poll_frame(std::pin::Pin::new(&mut body), &mut cx), std::task::Poll::Ready(Some(_))));
+        slot.push(RequestId::Number(5), answer("a"));
+        assert!(matches!(http_body::Body::poll_frame(std::pin::Pin::new(&mut body), &mut cx), std::task::Poll::Ready(None)), "the stream ended");
+        drop(body);
+        assert!(told.lock().unwrap().is_empty(), "not told: its response never went out");
     }
 
     #[test]
