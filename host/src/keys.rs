@@ -76,10 +76,29 @@ pub struct KeyInput<'a> {
     pub generation: u32,
 }
 
+/// How a key is written, as the downstream accepts it (`key_format` in the
+/// policy): the same 128 bits either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyFormat {
+    /// `tg1_` and 32 hex digits (the default).
+    #[default]
+    Toolguard,
+    /// A UUID (RFC 9562, laid out as version 4: 122 of the bits, the version
+    /// and variant fixed), for providers that take nothing else.
+    Uuid,
+}
+
 /// The idempotency key for one guarded send: `tg1_` and 32 hex digits of an
 /// HMAC-SHA256 (keyed by the ledger's secret) over the length-prefixed
 /// fields. Stable for the same input; opaque ASCII of 36 characters.
 pub fn mint(secret: &KeySecret, input: KeyInput<'_>) -> String {
+    mint_as(secret, input, KeyFormat::Toolguard)
+}
+
+/// [`mint`], written in `format`: with [`KeyFormat::Uuid`], the same HMAC's
+/// first 16 bytes as a lower-case UUID (`8-4-4-4-12` hex digits, 36 characters).
+pub fn mint_as(secret: &KeySecret, input: KeyInput<'_>, format: KeyFormat) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(&secret.0).expect("HMAC takes any key length");
     mac.update(b"toolguard-key/v1");
     for field in [input.session, input.call_id, input.tool, input.args_digest] {
@@ -93,7 +112,16 @@ pub fn mint(secret: &KeySecret, input: KeyInput<'_>) -> String {
         mac.update(&input.generation.to_be_bytes());
     }
     let tag = mac.finalize().into_bytes();
-    format!("{KEY_PREFIX}{}", hex::encode(&tag[..16]))
+    let mut bits: [u8; 16] = tag[..16].try_into().expect("HMAC-SHA256 gives 32 bytes");
+    match format {
+        KeyFormat::Toolguard => format!("{KEY_PREFIX}{}", hex::encode(bits)),
+        KeyFormat::Uuid => {
+            bits[6] = (bits[6] & 0x0f) | 0x40; // version 4
+            bits[8] = (bits[8] & 0x3f) | 0x80; // the RFC's variant
+            let h = hex::encode(bits);
+            format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+        }
+    }
 }
 
 /// Lower-case hex sha256 over a request as the plugin built it (before the
@@ -182,6 +210,24 @@ mod tests {
         }
         let named = mint(&secret, input("session-alpha", "call-beta", "d", 0));
         assert!(named[KEY_PREFIX.len()..].chars().all(|c| c.is_ascii_hexdigit()), "nothing but hex after the prefix");
+    }
+
+    #[test]
+    fn a_uuid_key_is_the_same_bits_laid_out_as_a_version_4_uuid() {
+        let secret = KeySecret([7; 32]);
+        let id = input("s", "c", "d", 0);
+        let (plain, uuid) = (mint(&secret, id), mint_as(&secret, id, KeyFormat::Uuid));
+        assert_eq!(uuid, mint_as(&secret, id, KeyFormat::Uuid), "stable");
+        let groups: Vec<&str> = uuid.split('-').collect();
+        assert_eq!(groups.iter().map(|g| g.len()).collect::<Vec<_>>(), [8, 4, 4, 4, 12], "{uuid}");
+        assert!(uuid.chars().all(|c| c == '-' || matches!(c, '0'..='9' | 'a'..='f')), "{uuid}");
+        assert!(groups[2].starts_with('4') && matches!(groups[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'), "version 4, RFC variant: {uuid}");
+        // The other 122 bits are the plain key's.
+        let (p, u) = (&plain.as_bytes()[KEY_PREFIX.len()..], uuid.replace('-', "").into_bytes());
+        for i in (0..32).filter(|i| *i != 12 && *i != 16) {
+            assert_eq!(p[i], u[i], "digit {i}: {plain} {uuid}");
+        }
+        assert_ne!(uuid, mint_as(&secret, input("s", "c", "d", 1), KeyFormat::Uuid), "another step, another key");
     }
 
     #[test]

@@ -325,6 +325,46 @@ async fn a_provider_taking_its_key_in_the_query_gets_the_same_key_on_every_resen
     assert_eq!(out.value["refund_id"], h.sandbox.refunds()[0].id.as_str());
 }
 
+/// A provider that takes only UUID keys (`key_format = "uuid"`): every send
+/// of a step carries one UUID, in the header and the refund's metadata, so
+/// the provider deduplicates a re-send by it and the plugin's
+/// reconciliation finds the refund by it. The default `tg1_…` key is
+/// refused by such a provider, before anything happens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_taking_only_uuid_keys_gets_one_uuid_per_send_and_is_reconciled_by_it() {
+    let is_uuid = |k: &str| k.len() == 36 && k.split('-').map(str::len).eq([8, 4, 4, 4, 12]);
+    // Reconciled: the key in the refund's metadata is the UUID the host sent.
+    let h = harness(Downstream { extra: r#"key_format = "uuid""#, ..Downstream::default() }).await;
+    h.sandbox.require_uuid_keys(true);
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    let out = h.refund("c1", 500).await.expect("committed, answered late, and found by its key");
+    let refund = &h.sandbox.refunds()[0];
+    assert_eq!(out.value["refund_id"], refund.id.as_str());
+    let key = h.posts()[0].idempotency_key.clone().unwrap();
+    assert!(is_uuid(&key), "{key}");
+    assert_eq!(refund.metadata.get("toolguard_key"), Some(&key), "the same UUID in the body");
+    assert_eq!(h.ledger().attempts_of_call("s1", "c1").unwrap()[0].key, key, "and in the ledger");
+    h.refund("c1", 500).await.expect("a replay");
+    assert_eq!((h.refunds(), h.posts().len()), (1, 1), "sends nothing");
+
+    // Re-sent: the header only, so nothing to reconcile by; the same UUID again.
+    let h = harness(Downstream { key: HEADER_ONLY, extra: r#"key_format = "uuid""#, ..Downstream::default() }).await;
+    h.sandbox.require_uuid_keys(true);
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    assert_eq!(h.refund("c1", 500).await.unwrap_err().kind, ErrorKind::OutcomeUnknown);
+    h.refund("c1", 500).await.expect("re-sent under its key, the provider's stored answer");
+    let keys: Vec<String> = h.posts().iter().map(|p| p.idempotency_key.clone().unwrap()).collect();
+    assert!(keys.len() >= 2 && keys.iter().all(|k| *k == keys[0] && is_uuid(k)), "{keys:?}");
+    assert_eq!(h.refunds(), 1, "deduplicated by it");
+
+    // The default format: refused by this provider, nothing refunded.
+    let h = harness(Downstream::default()).await;
+    h.sandbox.require_uuid_keys(true);
+    let refused = h.refund("c1", 500).await.unwrap_err();
+    assert!(refused.to_string().contains("must be a UUID"), "{refused}");
+    assert_eq!(h.refunds(), 0);
+}
+
 #[tokio::test]
 async fn refund_status_reads_through_fetch_and_is_not_keyed() {
     let h = harness(Downstream::default()).await;

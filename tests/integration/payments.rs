@@ -27,6 +27,8 @@ pub struct Downstream {
     pub refunds_per_session_hour: u32,
     /// TOML array of key transports.
     pub key: &'static str,
+    /// Further lines of the downstream's table (TOML), e.g. `key_format`.
+    pub extra: &'static str,
 }
 
 /// The key as a header only: the provider stores nothing the plugin could
@@ -45,6 +47,7 @@ impl Default for Downstream {
             wall_ms: 30_000,
             refunds_per_session_hour: 1_000,
             key: r#"[{ transport = "header", name = "Idempotency-Key" }, { transport = "form-field", name = "metadata[toolguard_key]" }]"#,
+            extra: "",
         }
     }
 }
@@ -66,6 +69,7 @@ pub fn config_text(url: &str, data_dir: &std::path::Path, d: &Downstream) -> Str
         retention_hours: Some(d.retention_hours),
         key: d.key.into(),
         refunds_per_session_hour: Some(d.refunds_per_session_hour),
+        downstream_extra: d.extra.into(),
         ..PaymentsConfig::new(url, wasm("payments").display().to_string())
     };
     format!(

@@ -47,7 +47,7 @@ pub enum LedgerCommand {
     },
     /// One attempt (by idempotency key) or tool call (by call id), in full.
     Show {
-        /// An idempotency key (`tg1_…`) or a tool-call id.
+        /// An idempotency key (`tg1_…`, or a UUID for a downstream with `key_format = "uuid"`) or a tool-call id.
         key_or_call_id: String,
         /// The tool call's session: a direct look-up. Without it a call id is
         /// searched for in every session (a scan of the whole ledger).

@@ -122,8 +122,9 @@ impl CallGuard {
         }
         let step = self.next_step;
         self.next_step += 1;
-        let mut attempt = self.fresh_attempt(PlannedSend { step, generation: 0, fingerprint, downstream: downstream.name.clone(), request });
-        let recorded = self.record_step(&mut attempt).await?;
+        let format = downstream.key_format;
+        let mut attempt = self.fresh_attempt(PlannedSend { step, generation: 0, fingerprint, downstream: downstream.name.clone(), request }, format);
+        let recorded = self.record_step(&mut attempt, format).await?;
         if let Some(response) = recorded.replay {
             return Ok(response);
         }
@@ -133,7 +134,8 @@ impl CallGuard {
     /// Looks step `fresh.step` up and, if it is new, writes `fresh` (and the
     /// call, the first time) synced before anything leaves; otherwise
     /// replaces `fresh` with what the ledger holds and says what to do with it.
-    async fn record_step(&mut self, fresh: &mut AttemptRecord) -> Result<Recorded, SendError> {
+    /// A key minted here (an operator's next generation) is written in `format`.
+    async fn record_step(&mut self, fresh: &mut AttemptRecord, format: keys::KeyFormat) -> Result<Recorded, SendError> {
         let (session, call_id, step) = (self.record.session.clone(), self.record.call_id.clone(), fresh.step);
         let current = self.guard.ledger.read(move |ledger| ledger.attempt_at(&session, &call_id, step)).await.map_err(ledger_down)?;
         let Some(a) = current else {
@@ -155,13 +157,16 @@ impl CallGuard {
         match a.resolution {
             Some(Resolution::HostFault) => Err(self.left_for_operator(&a)),
             Some(Resolution::OperatorNotSent) => {
-                let next = self.fresh_attempt(PlannedSend {
-                    step,
-                    generation: a.generation + 1,
-                    fingerprint: fresh.fingerprint.clone(),
-                    downstream: fresh.downstream.clone(),
-                    request: fresh.request.clone(),
-                });
+                let next = self.fresh_attempt(
+                    PlannedSend {
+                        step,
+                        generation: a.generation + 1,
+                        fingerprint: fresh.fingerprint.clone(),
+                        downstream: fresh.downstream.clone(),
+                        request: fresh.request.clone(),
+                    },
+                    format,
+                );
                 *fresh = self.write_pending(next, Prior::Absent).await?;
                 Ok(Recorded::to_send())
             }
@@ -227,11 +232,11 @@ impl CallGuard {
     }
 
     /// A new attempt for `send`: its key minted from the call's identity,
-    /// the step and the key generation (`docs/keys.md`).
-    fn fresh_attempt(&self, send: PlannedSend) -> AttemptRecord {
+    /// the step and the key generation (`docs/keys.md`), written in `format`.
+    fn fresh_attempt(&self, send: PlannedSend, format: keys::KeyFormat) -> AttemptRecord {
         let (r, step, generation) = (&self.record, send.step, send.generation);
         let input = keys::KeyInput { session: &r.session, call_id: &r.call_id, tool: &r.tool, args_digest: &r.args_digest, step, generation };
-        AttemptRecord::pending(r, keys::mint(self.guard.ledger.secret(), input), send)
+        AttemptRecord::pending(r, keys::mint_as(self.guard.ledger.secret(), input, format), send)
     }
 
     /// Makes `attempt` durable as pending (with the call, the first time) before anything is sent.

@@ -89,6 +89,9 @@ pub struct RawDownstream {
     pub reconcile_ms: Option<u64>,
     /// How the key travels; default a bare `Idempotency-Key` header.
     pub key: Option<Vec<KeyTransport>>,
+    /// How the key is written (default `toolguard`: `tg1_…`; `uuid` for
+    /// providers that take only UUIDs).
+    pub key_format: Option<crate::keys::KeyFormat>,
     /// A credential the host adds to every request to this downstream.
     pub credential: Option<CredentialSpec>,
     /// Largest request body a plugin may send here (default 1 MiB).
@@ -188,6 +191,8 @@ pub struct Downstream {
     pub reconcile_window: Duration,
     /// Every way the key is attached to a request (at least one).
     pub keys: Vec<KeyTransport>,
+    /// How the keys of its attempts are written.
+    pub key_format: crate::keys::KeyFormat,
     /// The credential the host injects, if any.
     pub credential: Option<CredentialSpec>,
     /// Its value, once the host has read it (`Guard::new`).
@@ -261,6 +266,7 @@ impl Downstream {
             retention: Duration::from_secs(3600 * raw.retention_hours.unwrap_or(DEFAULT_RETENTION_HOURS)),
             reconcile_window: Duration::from_millis(raw.reconcile_ms.unwrap_or(DEFAULT_RECONCILE_MS)),
             keys,
+            key_format: raw.key_format.unwrap_or_default(),
             credential,
             secret: None,
             max_request_bytes: raw.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),

@@ -211,6 +211,12 @@ impl Sandbox {
         self.shared.provider.lock().unwrap().list_ignores_cursor = ignores;
     }
 
+    /// Refuses every idempotency key that is not a UUID (400
+    /// `idempotency_key_invalid`), as some providers do.
+    pub fn require_uuid_keys(&self, required: bool) {
+        self.shared.provider.lock().unwrap().uuid_keys_only = required;
+    }
+
     /// Keeps refunds (and tickets) out of listings until `lag` after their creation (an
     /// eventually consistent index; applies to existing refunds too);
     /// `GET /v1/refunds/{id}` and [`Sandbox::refunds`] see them at once.

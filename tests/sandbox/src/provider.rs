@@ -126,9 +126,17 @@ pub(crate) struct Provider {
     pub list_lag: Duration,
     /// A faulty listing: `starting_after` is ignored, every page is the first.
     pub list_ignores_cursor: bool,
+    /// Keys must be UUIDs (`8-4-4-4-12` hex digits), as some providers require.
+    pub uuid_keys_only: bool,
     /// The ticket desk's tickets (`crate::tickets`), in creation order.
     pub tickets: Vec<crate::tickets::Ticket>,
     next_id: u64,
+}
+
+/// Whether `key` is written as a UUID: `8-4-4-4-12` hex digits.
+fn is_uuid(key: &str) -> bool {
+    let groups: Vec<&str> = key.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]) && groups.iter().all(|g| g.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 /// Longest key each mode accepts.
@@ -152,6 +160,7 @@ impl Provider {
             clock_offset: 0,
             list_lag: Duration::ZERO,
             list_ignores_cursor: false,
+            uuid_keys_only: false,
             tickets: Vec::new(),
             next_id: 0,
         }
@@ -184,6 +193,9 @@ impl Provider {
         if key.is_empty() || key.len() > max_key_len(self.mode) {
             let message = format!("idempotency key must be 1 to {} characters", max_key_len(self.mode));
             return Err((400, stripe_error("invalid_request_error", "idempotency_key_invalid", &message)));
+        }
+        if self.uuid_keys_only && !is_uuid(&key) {
+            return Err((400, stripe_error("invalid_request_error", "idempotency_key_invalid", "idempotency key must be a UUID")));
         }
         Ok(Some(key))
     }
