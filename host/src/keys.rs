@@ -87,6 +87,9 @@ pub enum KeyFormat {
     /// A UUID (RFC 9562, laid out as version 4: 122 of the bits, the version
     /// and variant fixed), for providers that take nothing else.
     Uuid,
+    /// The 32 hex digits alone, for providers that take only letters and
+    /// digits, or at most 32 characters.
+    Hex,
 }
 
 /// The idempotency key for one guarded send: `tg1_` and 32 hex digits of an
@@ -97,7 +100,8 @@ pub fn mint(secret: &KeySecret, input: KeyInput<'_>) -> String {
 }
 
 /// [`mint`], written in `format`: with [`KeyFormat::Uuid`], the same HMAC's
-/// first 16 bytes as a lower-case UUID (`8-4-4-4-12` hex digits, 36 characters).
+/// first 16 bytes as a lower-case UUID (`8-4-4-4-12` hex digits, 36
+/// characters); with [`KeyFormat::Hex`], as 32 hex digits.
 pub fn mint_as(secret: &KeySecret, input: KeyInput<'_>, format: KeyFormat) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(&secret.0).expect("HMAC takes any key length");
     mac.update(b"toolguard-key/v1");
@@ -115,6 +119,7 @@ pub fn mint_as(secret: &KeySecret, input: KeyInput<'_>, format: KeyFormat) -> St
     let mut bits: [u8; 16] = tag[..16].try_into().expect("HMAC-SHA256 gives 32 bytes");
     match format {
         KeyFormat::Toolguard => format!("{KEY_PREFIX}{}", hex::encode(bits)),
+        KeyFormat::Hex => hex::encode(bits),
         KeyFormat::Uuid => {
             bits[6] = (bits[6] & 0x0f) | 0x40; // version 4
             bits[8] = (bits[8] & 0x3f) | 0x80; // the RFC's variant
@@ -228,6 +233,7 @@ mod tests {
             assert_eq!(p[i], u[i], "digit {i}: {plain} {uuid}");
         }
         assert_ne!(uuid, mint_as(&secret, input("s", "c", "d", 1), KeyFormat::Uuid), "another step, another key");
+        assert_eq!(mint_as(&secret, id, KeyFormat::Hex), plain[KEY_PREFIX.len()..], "hex: the plain key's digits alone");
     }
 
     #[test]

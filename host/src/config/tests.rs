@@ -34,6 +34,10 @@ fn names_file_field_and_problem() {
     let e = parse("[plugins.a]\ncomponent = \"a.wasm\"\n[policy.plugins.a]\nsha256 = \"abc\"\n").unwrap_err();
     assert_eq!(e.field, "policy.plugins.a.sha256");
 
+    let e = parse("[policy.downstreams.d]\nurl = \"https://d.example\"\nkey_format = \"base64\"\n").unwrap_err();
+    assert_eq!(e.field, "policy.downstreams.d.key_format");
+    assert!(e.message.contains("`toolguard`, `uuid`") && e.message.contains("`hex`"), "the formats there are: {e}");
+
     let e = parse("[plugins.a]\ncomponent = \"builtin:nope\"\n").unwrap_err();
     assert!(e.message.contains("builtins are"), "{e}");
 

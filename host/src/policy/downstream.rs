@@ -90,7 +90,7 @@ pub struct RawDownstream {
     /// How the key travels; default a bare `Idempotency-Key` header.
     pub key: Option<Vec<KeyTransport>>,
     /// How the key is written (default `toolguard`: `tg1_…`; `uuid` for
-    /// providers that take only UUIDs).
+    /// providers that take only UUIDs; `hex`, the 32 digits alone).
     pub key_format: Option<crate::keys::KeyFormat>,
     /// A credential the host adds to every request to this downstream.
     pub credential: Option<CredentialSpec>,
