@@ -157,16 +157,8 @@ impl CallGuard {
         match a.resolution {
             Some(Resolution::HostFault) => Err(self.left_for_operator(&a)),
             Some(Resolution::OperatorNotSent) => {
-                let next = self.fresh_attempt(
-                    PlannedSend {
-                        step,
-                        generation: a.generation + 1,
-                        fingerprint: fresh.fingerprint.clone(),
-                        downstream: fresh.downstream.clone(),
-                        request: fresh.request.clone(),
-                    },
-                    format,
-                );
+                let (fingerprint, downstream, request) = (fresh.fingerprint.clone(), fresh.downstream.clone(), fresh.request.clone());
+                let next = self.fresh_attempt(PlannedSend { step, generation: a.generation + 1, fingerprint, downstream, request }, format);
                 *fresh = self.write_pending(next, Prior::Absent).await?;
                 Ok(Recorded::to_send())
             }
