@@ -96,6 +96,8 @@ pub struct ComponentReport {
     pub grants: Vec<EffectiveGrant>,
     /// Credentials the host injects for it (never seen by the plugin).
     pub credentials: Vec<CredentialReport>,
+    /// Where the host puts the idempotency key on guarded sends, per granted downstream.
+    pub keys: Vec<KeyReport>,
     /// Its send and irreversible-call budgets.
     pub budgets: Budgets,
     /// PASS or FAIL for this component.
@@ -156,6 +158,18 @@ pub struct CredentialReport {
     pub source: String,
     /// Whether it can be read right now.
     pub available: bool,
+}
+
+/// How the host attaches its idempotency key to a granted downstream's sends.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyReport {
+    /// The downstream.
+    pub downstream: String,
+    /// Each place the key goes: `header NAME`, `sf-string NAME`,
+    /// `form-field NAME`, `json-field NAME` or `query NAME`.
+    pub transports: Vec<String>,
+    /// How it is written: `toolguard`, `uuid` or `hex`.
+    pub format: &'static str,
 }
 
 /// Audits every plugin of `config`, then each extra component file.
@@ -271,6 +285,7 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
     }
     let grants = effective.grants.clone();
     let credentials = credential_reports(&effective, downstreams);
+    let keys = key_reports(&grants, downstreams);
     for c in credentials.iter().filter(|c| !c.available) {
         notes.push(format!("the credential for `{}` ({}) is not available here; the host will not start without it", c.downstream, c.source));
     }
@@ -289,6 +304,7 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
         tools,
         grants,
         credentials,
+        keys,
         budgets: effective.budgets,
         verdict,
         reasons,
@@ -312,6 +328,36 @@ fn credential_reports(effective: &EffectivePolicy, downstreams: &Downstreams) ->
             available: downstreams.get(&c.downstream).and_then(|d| d.credential.as_ref()).is_some_and(|spec| spec.resolve().is_ok()),
         })
         .collect()
+}
+
+/// Where the key goes on each downstream the grants reach, once each.
+fn key_reports(grants: &[EffectiveGrant], downstreams: &Downstreams) -> Vec<KeyReport> {
+    use crate::keys::KeyFormat;
+    use crate::policy::KeyTransport;
+    let mut names: Vec<&str> = grants.iter().map(|g| g.downstream.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let report = |name: &str| {
+        let d = downstreams.get(name)?;
+        let transports = d
+            .keys
+            .iter()
+            .map(|k| match k {
+                KeyTransport::Header { name } => format!("header {name}"),
+                KeyTransport::SfString { name } => format!("sf-string {name}"),
+                KeyTransport::FormField { name } => format!("form-field {name}"),
+                KeyTransport::JsonField { name } => format!("json-field {name}"),
+                KeyTransport::Query { name } => format!("query {name}"),
+            })
+            .collect();
+        let format = match d.key_format {
+            KeyFormat::Toolguard => "toolguard",
+            KeyFormat::Uuid => "uuid",
+            KeyFormat::Hex => "hex",
+        };
+        Some(KeyReport { downstream: name.to_string(), transports, format })
+    };
+    names.into_iter().filter_map(report).collect()
 }
 
 /// The component's imports (classified) and exports, with their functions,
@@ -417,6 +463,9 @@ pub fn render(report: &Report) -> String {
         for c in &c.credentials {
             let state = if c.available { "available" } else { "NOT available" };
             let _ = writeln!(out, "  credential   {}: {} from {} ({state})", c.downstream, c.header, c.source);
+        }
+        for k in &c.keys {
+            let _ = writeln!(out, "  keys         {}: {} ({} format)", k.downstream, k.transports.join(", "), k.format);
         }
         let per_hour = |n: Option<u32>| n.map_or("unlimited".to_string(), |n| n.to_string());
         let _ = writeln!(

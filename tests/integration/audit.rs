@@ -54,6 +54,8 @@ fn the_shipped_plugins_pass_under_the_example_config() {
     assert!(text.contains("refund           claimed irreversible  granted irreversible  reviewed, may send"), "{text}");
     assert!(text.contains("credential   payments: Authorization from file:"), "{text}");
     assert!(!text.contains("sk_test_toolguard_sandbox"), "never the credential's value");
+    let keys = "keys         payments: header Idempotency-Key, form-field metadata[toolguard_key] (toolguard format)";
+    assert!(text.contains(keys), "where the host puts its key, for the reviewer:\n{text}");
 
     let report = json(&audit(&config, &["--json"]));
     assert_schema(&report);
@@ -65,6 +67,10 @@ fn the_shipped_plugins_pass_under_the_example_config() {
     let exports: Vec<&str> = payments["exports"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert!(exports.iter().any(|e| e.starts_with("toolguard:plugin/reconciler")), "{exports:?}");
     assert_eq!(payments["credentials"][0]["available"], true);
+    assert_eq!(
+        payments["keys"],
+        serde_json::json!([{ "downstream": "payments", "transports": ["header Idempotency-Key", "form-field metadata[toolguard_key]"], "format": "toolguard" }])
+    );
     assert_eq!(payments["budgets"]["max_sends_per_call"], 2);
     // The limits on what plugins and clients hand the host, for the reviewer.
     assert!(text.contains("limits: plugin requests up to 64 headers"), "{text}");
