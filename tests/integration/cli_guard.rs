@@ -98,27 +98,44 @@ async fn call_then_read_the_ledger_through_the_cli() {
     assert_eq!(lines[1]["record"]["key"], key.as_str());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sandbox_runs_standalone() {
-    let mut child = Command::new(BIN).args(["sandbox", "--addr", "127.0.0.1:0"]).stdout(Stdio::piped()).spawn().unwrap();
+/// `toolguard sandbox` with `extra` arguments: the child and its URL.
+fn standalone_sandbox(extra: &[&str]) -> (std::process::Child, String) {
+    let mut child = Command::new(BIN).args(["sandbox", "--addr", "127.0.0.1:0"]).args(extra).stdout(Stdio::piped()).spawn().unwrap();
     let mut first = String::new();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    stdout.read_line(&mut first).unwrap();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
     let url = first.trim().rsplit(' ').next().unwrap().to_string();
     assert!(url.starts_with("http://127.0.0.1:"), "{first}");
+    (child, url)
+}
+
+/// A refund of 100 cents of `pi_demo` under `key` at the sandbox at `url`: the status and body.
+async fn standalone_refund(url: &str, key: &str) -> (u16, Value) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let created = reqwest::Client::new()
         .post(format!("{url}/v1/refunds"))
-        .header("Idempotency-Key", "k1")
+        .header("Idempotency-Key", key)
         .header("Content-Type", "application/x-www-form-urlencoded")
         .body("payment_intent=pi_demo&amount=100")
         .send()
-        .await;
+        .await
+        .unwrap();
+    (created.status().as_u16(), serde_json::from_slice(&created.bytes().await.unwrap()).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_runs_standalone() {
+    let (mut child, url) = standalone_sandbox(&[]);
+    let (status, body) = standalone_refund(&url, "k1").await;
     child.kill().unwrap();
     let _ = child.wait();
-    drop(stdout);
-    let created = created.unwrap();
-    assert_eq!(created.status(), 200);
-    let body: Value = serde_json::from_slice(&created.bytes().await.unwrap()).unwrap();
+    assert_eq!(status, 200);
     assert_eq!(body["amount"], 100);
+    // As a provider that takes only UUID keys.
+    let (mut child, url) = standalone_sandbox(&["--uuid-keys"]);
+    let refused = standalone_refund(&url, "k1").await;
+    let taken = standalone_refund(&url, "5f0c3e2a-9b1d-4c8e-a7f6-0123456789ab").await;
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert_eq!(refused.0, 400, "{}", refused.1);
+    assert_eq!(taken.0, 200, "{}", taken.1);
 }

@@ -151,6 +151,10 @@ enum Command {
         /// Require `Authorization: Bearer <KEY>` on every /v1 request.
         #[arg(long)]
         api_key: Option<String>,
+        /// Refuse idempotency keys that are not UUIDs, as some providers do
+        /// (a downstream with `key_format = "uuid"` passes).
+        #[arg(long)]
+        uuid_keys: bool,
     },
 }
 
@@ -210,13 +214,13 @@ pub fn main() -> ExitCode {
             }
             Command::Seal { input, output } => seal::run(&input, &output),
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
-            Command::Sandbox { addr, mode, api_key } => {
+            Command::Sandbox { addr, mode, api_key, uuid_keys } => {
                 let mode = match mode {
                     SandboxMode::Stripe => toolguard_sandbox::Mode::Stripe,
                     SandboxMode::Ietf => toolguard_sandbox::Mode::Ietf,
                     SandboxMode::Adyen => toolguard_sandbox::Mode::Adyen,
                 };
-                sandbox::run(&addr, mode, api_key.as_deref()).await
+                sandbox::run(&addr, mode, api_key.as_deref(), uuid_keys).await
             }
         }
     });

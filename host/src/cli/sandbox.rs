@@ -6,8 +6,9 @@ use toolguard_sandbox::{Mode, Sandbox};
 /// Payment intents the standalone sandbox starts with: (id, amount in cents).
 pub const DEFAULT_INTENTS: &[(&str, u64)] = &[("pi_demo", 5_000), ("pi_1001", 10_000), ("pi_1002", 25_000)];
 
-/// Serves the sandbox on `addr`; returns the exit status.
-pub async fn run(addr: &str, mode: Mode, api_key: Option<&str>) -> u8 {
+/// Serves the sandbox on `addr`, refusing keys that are not UUIDs if
+/// `uuid_keys`; returns the exit status.
+pub async fn run(addr: &str, mode: Mode, api_key: Option<&str>, uuid_keys: bool) -> u8 {
     let sandbox = match Sandbox::start(addr, mode, toolguard_sandbox::DEFAULT_RETENTION).await {
         Ok(s) => s,
         Err(e) => {
@@ -16,6 +17,7 @@ pub async fn run(addr: &str, mode: Mode, api_key: Option<&str>) -> u8 {
         }
     };
     sandbox.require_api_key(api_key);
+    sandbox.require_uuid_keys(uuid_keys);
     for (id, amount) in DEFAULT_INTENTS {
         sandbox.add_payment_intent(id, *amount);
     }
