@@ -66,7 +66,12 @@ pub fn fresh_postgres_database() -> String {
     use r2d2_postgres::postgres::{Client, NoTls};
     let admin = std::env::var("TOOLGUARD_TEST_POSTGRES")
         .expect("TOOLGUARD_TEST_POSTGRES is not set: run the tests with ./dev.sh test, which starts a throwaway PostgreSQL");
-    let name = format!("tg_it_{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+    // Unique among the tests running at once: the clock alone is not (two
+    // tests read the same nanosecond on a coarse clock), a counter is.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let name = format!("tg_it_{now:x}_{}_{n}", std::process::id());
     // rust-postgres's blocking client runs its own runtime: not on this one's threads.
     let create = format!("CREATE DATABASE {name}");
     let admin_url = admin.clone();
