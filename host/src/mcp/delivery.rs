@@ -170,11 +170,27 @@ fn responses_in(frame: &[u8]) -> Vec<(RequestId, Option<String>)> {
 /// Records answers as told at `at_ms`.
 type Record = Arc<dyn Fn(Vec<Answer>, u64) + Send + Sync>;
 
+/// What a request keeps until its response body is done (sent or dropped),
+/// such as the JSON-RPC ids it holds (`super::request_ids`): put in the
+/// request's extensions by an outer layer, kept by [`Delivered`].
+#[derive(Clone)]
+pub(crate) struct KeptUntilAnswered {
+    _value: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl KeptUntilAnswered {
+    /// Keeps `value` until the response body of the request it rides in is done.
+    pub(crate) fn new(value: impl std::any::Any + Send + Sync) -> Self {
+        Self { _value: Arc::new(value) }
+    }
+}
+
 /// Middleware: gives the request a [`Slot`], and records its answer once
 /// the response carrying it has left.
 pub(crate) async fn track(runtime: Arc<Runtime>, mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
     let slot = Slot::default();
     req.extensions_mut().insert(slot.clone());
+    let kept = req.extensions_mut().remove::<KeptUntilAnswered>();
     let response = next.run(req).await;
     let record: Record = Arc::new(move |answers, at_ms| {
         let runtime = runtime.clone();
@@ -186,7 +202,7 @@ pub(crate) async fn track(runtime: Arc<Runtime>, mut req: axum::extract::Request
             });
         }
     });
-    response.map(|inner| axum::body::Body::new(Delivered::new(inner, slot, record)))
+    response.map(|inner| axum::body::Body::new(Delivered { inner, slot, record, _kept: kept }))
 }
 
 /// A response body that records its slot's answers as told once the frame
@@ -196,17 +212,13 @@ pub(crate) async fn track(runtime: Arc<Runtime>, mut req: axum::extract::Request
 /// server has polled the stream's end, so its end is not what counts; nor
 /// does a body that ended or was dropped without that frame tell anything,
 /// whatever its slot holds (a cancelled request's stream ends without its
-/// response, which rmcp drops, possibly just after the answer came).
+/// response, which rmcp drops, possibly just after the answer came). It
+/// keeps what its request asked to be kept until it is done.
 struct Delivered<B> {
     inner: B,
     slot: Slot,
     record: Record,
-}
-
-impl<B: http_body::Body> Delivered<B> {
-    fn new(inner: B, slot: Slot, record: Record) -> Self {
-        Self { inner, slot, record }
-    }
+    _kept: Option<KeptUntilAnswered>,
 }
 
 impl<B: http_body::Body<Data = axum::body::Bytes> + Unpin> http_body::Body for Delivered<B> {
@@ -318,7 +330,7 @@ mod tests {
         let record: Record = Arc::new(move |answers, _| sink.lock().unwrap().extend(answers.into_iter().map(|a| a.request.call_id)));
         let slot = Slot::default();
         slot.push(id, answer("a"));
-        let mut body = Delivered::new(Frames(frames.iter().copied().collect(), ends), slot, record);
+        let mut body = Delivered { inner: Frames(frames.iter().copied().collect(), ends), slot, record, _kept: None };
         let waker = std::task::Waker::noop();
         let mut cx = std::task::Context::from_waker(waker);
         while let std::task::Poll::Ready(Some(_)) = http_body::Body::poll_frame(std::pin::Pin::new(&mut body), &mut cx) {}
@@ -358,7 +370,7 @@ mod tests {
         let sink = told.clone();
         let record: Record = Arc::new(move |answers, _| sink.lock().unwrap().extend(answers.into_iter().map(|a| a.request.call_id)));
         let slot = Slot::default();
-        let mut body = Delivered::new(Frames(["id: 0\nretry: 3000\ndata:\n\n"].into_iter().collect(), true), slot.clone(), record);
+        let mut body = Delivered { inner: Frames(["id: 0\nretry: 3000\ndata:\n\n"].into_iter().collect(), true), slot: slot.clone(), record, _kept: None };
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         assert!(matches!(http_body::Body::poll_frame(std::pin::Pin::new(&mut body), &mut cx), std::task::Poll::Ready(Some(_))));
         slot.push(RequestId::Number(5), answer("a"));

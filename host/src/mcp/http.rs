@@ -71,11 +71,11 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let service = StreamableHttpService::new(move || Ok(host.clone()), sessions, mcp_config);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
     // A request reusing an id still in flight in its session is refused first (request_ids.rs).
-    let (open_ids, max_bytes) = (Arc::new(super::request_ids::OpenIds::default()), config.max_request_bytes);
+    let open_ids = Arc::new(super::request_ids::OpenIds::default());
     let mcp = axum::Router::new()
         .nest_service(PATH, service)
         .layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)))
-        .layer(axum::middleware::from_fn(move |req, next| super::request_ids::claim(open_ids.clone(), max_bytes, req, next)));
+        .layer(axum::middleware::from_fn(move |req, next| super::request_ids::claim(open_ids.clone(), req, next)));
     let hosts = Arc::new(hosts);
     let metrics_route = axum::routing::get(move |req: axum::extract::Request| {
         let (ledger, hosts) = (ledger.clone(), hosts.clone());

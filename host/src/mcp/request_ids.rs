@@ -8,6 +8,7 @@
 //! sent or dropped, so a client that reuses ids one request at a time is
 //! served as before.
 
+use super::delivery::KeptUntilAnswered;
 use rmcp::model::RequestId;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -74,24 +75,25 @@ fn request_ids(body: &[u8]) -> Vec<RequestId> {
 }
 
 /// Middleware: refuses a POST that reuses a request id still in flight in
-/// its session; otherwise holds its ids until its response is done. (The
-/// body is already whole: `super::listen::whole_body` read it, capped at
-/// `max_bytes`.)
-pub(crate) async fn claim(open: Arc<OpenIds>, max_bytes: usize, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
-    use axum::response::IntoResponse as _;
+/// its session; otherwise holds its ids until its response is done (the
+/// response body keeps them: `super::delivery::KeptUntilAnswered`). The body
+/// is already whole and within `[mcp] max_request_bytes` here
+/// (`super::listen::whole_body`).
+pub(crate) async fn claim(open: Arc<OpenIds>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
     // rmcp's session ids are UUIDs; a longer one names no session (rmcp answers 404) and is not held.
     let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).filter(|s| s.len() <= MAX_SESSION_ID).map(str::to_string);
     let Some(session) = session.filter(|_| req.method() == axum::http::Method::POST) else { return next.run(req).await };
-    let (parts, body) = req.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, max_bytes).await else {
-        return (axum::http::StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {max_bytes} bytes ([mcp] max_request_bytes)\n")).into_response();
+    let (mut parts, body) = req.into_parts();
+    // Whole already: this takes its bytes, it does not wait for them.
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        use axum::response::IntoResponse as _;
+        return (axum::http::StatusCode::BAD_REQUEST, "the request body could not be read\n").into_response();
     };
-    let held = match open.hold(&session, request_ids(&bytes)) {
-        Ok(held) => held,
+    match open.hold(&session, request_ids(&bytes)) {
+        Ok(held) => parts.extensions.insert(KeptUntilAnswered::new(held)),
         Err(id) => return refusal(&id),
     };
-    let response = next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await;
-    response.map(|inner| axum::body::Body::new(Holding { inner, _held: held }))
+    next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await
 }
 
 /// 409 with a JSON-RPC error. Its `id` is null, not the reused one: a client
@@ -105,32 +107,6 @@ fn refusal(id: &RequestId) -> axum::response::Response {
     );
     let error = serde_json::json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32600, "message": message } });
     (axum::http::StatusCode::CONFLICT, axum::Json(error)).into_response()
-}
-
-/// A response body that holds its request's ids until it is done.
-struct Holding<B> {
-    inner: B,
-    _held: Held,
-}
-
-impl<B: http_body::Body + Unpin> http_body::Body for Holding<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 #[cfg(test)]
