@@ -332,32 +332,18 @@ fn credential_reports(effective: &EffectivePolicy, downstreams: &Downstreams) ->
 
 /// Where the key goes on each downstream the grants reach, once each.
 fn key_reports(grants: &[EffectiveGrant], downstreams: &Downstreams) -> Vec<KeyReport> {
-    use crate::keys::KeyFormat;
-    use crate::policy::KeyTransport;
     let mut names: Vec<&str> = grants.iter().map(|g| g.downstream.as_str()).collect();
     names.sort_unstable();
     names.dedup();
-    let report = |name: &str| {
-        let d = downstreams.get(name)?;
-        let transports = d
-            .keys
-            .iter()
-            .map(|k| match k {
-                KeyTransport::Header { name } => format!("header {name}"),
-                KeyTransport::SfString { name } => format!("sf-string {name}"),
-                KeyTransport::FormField { name } => format!("form-field {name}"),
-                KeyTransport::JsonField { name } => format!("json-field {name}"),
-                KeyTransport::Query { name } => format!("query {name}"),
-            })
-            .collect();
-        let format = match d.key_format {
-            KeyFormat::Toolguard => "toolguard",
-            KeyFormat::Uuid => "uuid",
-            KeyFormat::Hex => "hex",
-        };
-        Some(KeyReport { downstream: name.to_string(), transports, format })
-    };
-    names.into_iter().filter_map(report).collect()
+    names
+        .into_iter()
+        .filter_map(|name| downstreams.get(name).map(|d| (name, d)))
+        .map(|(name, d)| KeyReport {
+            downstream: name.to_string(),
+            transports: d.keys.iter().map(crate::policy::KeyTransport::describe).collect(),
+            format: d.key_format.as_str(),
+        })
+        .collect()
 }
 
 /// The component's imports (classified) and exports, with their functions,

@@ -92,6 +92,17 @@ pub enum KeyFormat {
     Hex,
 }
 
+impl KeyFormat {
+    /// Its name in the policy (`key_format`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Toolguard => "toolguard",
+            Self::Uuid => "uuid",
+            Self::Hex => "hex",
+        }
+    }
+}
+
 /// The idempotency key for one guarded send: `tg1_` and 32 hex digits of an
 /// HMAC-SHA256 (keyed by the ledger's secret) over the length-prefixed
 /// fields. Stable for the same input; opaque ASCII of 36 characters.

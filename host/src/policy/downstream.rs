@@ -65,6 +65,19 @@ pub enum KeyTransport {
     },
 }
 
+impl KeyTransport {
+    /// Where it puts the key, as the policy names it: `header Idempotency-Key`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Header { name } => format!("header {name}"),
+            Self::SfString { name } => format!("sf-string {name}"),
+            Self::FormField { name } => format!("form-field {name}"),
+            Self::JsonField { name } => format!("json-field {name}"),
+            Self::Query { name } => format!("query {name}"),
+        }
+    }
+}
+
 fn default_key_header() -> String {
     DEFAULT_KEY_HEADER.into()
 }
