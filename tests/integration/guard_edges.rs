@@ -6,7 +6,7 @@ use crate::payments::{Downstream, HEADER_ONLY, PI, PI_AMOUNT, harness};
 use std::time::Duration;
 use toolguard::ErrorKind;
 use toolguard::ledger::AttemptState;
-use toolguard_sandbox::{Fault, Mode};
+use toolguard_sandbox::{Fault, Mode, is_uuid};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e01_commit_then_lost_answer_is_reconciled_before_answering() {
@@ -332,7 +332,6 @@ async fn a_provider_taking_its_key_in_the_query_gets_the_same_key_on_every_resen
 /// refused by such a provider, before anything happens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_taking_only_uuid_keys_gets_one_uuid_per_send_and_is_reconciled_by_it() {
-    let is_uuid = |k: &str| k.len() == 36 && k.split('-').map(str::len).eq([8, 4, 4, 4, 12]);
     // Reconciled: the key in the refund's metadata is the UUID the host sent.
     let h = harness(Downstream { extra: r#"key_format = "uuid""#, ..Downstream::default() }).await;
     h.sandbox.require_uuid_keys(true);

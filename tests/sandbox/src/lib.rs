@@ -17,7 +17,7 @@ mod provider;
 mod tickets;
 
 pub use config::PaymentsConfig;
-pub use provider::{Fault, Mode, PaymentIntent, Refund};
+pub use provider::{Fault, Mode, PaymentIntent, Refund, is_uuid};
 pub use tickets::Ticket;
 
 use hyper_util::rt::TokioIo;

@@ -134,7 +134,7 @@ pub(crate) struct Provider {
 }
 
 /// Whether `key` is written as a UUID: `8-4-4-4-12` hex digits.
-fn is_uuid(key: &str) -> bool {
+pub fn is_uuid(key: &str) -> bool {
     let groups: Vec<&str> = key.split('-').collect();
     groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]) && groups.iter().all(|g| g.chars().all(|c| c.is_ascii_hexdigit()))
 }
