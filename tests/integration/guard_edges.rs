@@ -188,6 +188,36 @@ async fn a_409_then_a_refusal_is_still_in_flight_not_never_sent() {
     assert!(h.posts().iter().all(|p| p.idempotency_key == h.posts()[0].idempotency_key));
 }
 
+#[tokio::test]
+async fn a_409_from_a_downstream_that_ignores_keys_is_its_answer_not_a_key_in_flight() {
+    // A provider that does not deduplicate by key refuses with 409 for its
+    // own reasons (a disputed charge): no key of ours can be in flight there,
+    // so the refusal is definitive — not retried, not left unknown, and the
+    // model's next call (told "failed") is a new action that runs.
+    let h = harness(Downstream { extra: "honours_keys = false", ..Downstream::default() }).await;
+    h.sandbox.inject(Fault::Conflict409);
+    let err = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ToolFailed, "{err}");
+    assert!(err.message.contains("disputed"), "the provider's own answer: {err}");
+    let attempt = h.ledger().attempts_of_call("s1", "c1").unwrap().remove(0);
+    assert_eq!(attempt.state, AttemptState::Failed, "{attempt:?}");
+    assert_eq!(h.posts().len(), 1, "not retried as a key in flight");
+    let out = h.refund("c2", 500).await.unwrap();
+    assert_eq!(h.refunds(), 1);
+    assert_eq!(out.value["amount_cents"], 500);
+    assert_eq!(h.posts().len(), 2);
+
+    // From a provider that honours keys the same 409 means "a request with
+    // this key is in flight": retried with the key, then left pending.
+    let h = harness(Downstream { max_retries: 1, ..Downstream::default() }).await;
+    h.sandbox.inject(Fault::Conflict409);
+    h.sandbox.inject(Fault::Conflict409);
+    let err = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "{err}");
+    assert_eq!(h.posts().len(), 2);
+    assert_eq!(h.refunds(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e07_64_concurrent_duplicates_make_one_refund_and_64_identical_results() {
     let h = std::sync::Arc::new(harness(Downstream::default()).await);

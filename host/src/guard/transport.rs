@@ -8,6 +8,11 @@
 //! Not retried: a timeout or dropped connection after sending, and a 5xx not
 //! marked retryable — the outcome is unknown and is resolved, not guessed.
 //!
+//! "In flight" is a statement about a key, so only a downstream that honours
+//! keys can make it: from one that ignores them (`honours_keys = false`, a
+//! ticket desk, a chat API) a 409 is a conflict in its own business — a
+//! definitive refusal handed to the plugin like any other 4xx.
+//!
 //! "Not sent" is said only of a send no try of which may have reached the
 //! downstream's idempotency layer: once one try was answered "in flight" or
 //! with a 5xx, a later try that could not connect (or was rate limited)
@@ -130,15 +135,16 @@ async fn one_try(client: &reqwest::Client, d: &Downstream, wire: &Wire) -> Try {
         Err(reason) => return Try::Done(unsettled(None, format!("HTTP {status}, but the body could not be read: {reason}"))),
     };
     let response = StoredResponse { status, headers, body: StoredBody::from_bytes(&body) };
-    classify(response)
+    classify(response, d.honours_keys)
 }
 
-/// Decides what a received response means.
-fn classify(response: StoredResponse) -> Try {
+/// Decides what a received response from a downstream that does (or does
+/// not) honour keys means.
+fn classify(response: StoredResponse, honours_keys: bool) -> Try {
     let status = response.status;
     let marked = retry_mark(&response.headers);
     let after = retry_after(&response.headers);
-    let in_flight = status == 409 || (matches!(status, 422 | 503) && marked == Some(true));
+    let in_flight = honours_keys && (status == 409 || (matches!(status, 422 | 503) && marked == Some(true)));
     if (200..300).contains(&status) {
         return Try::Done(Outcome::Answered { state: AttemptState::Succeeded, response });
     }
@@ -153,7 +159,10 @@ fn classify(response: StoredResponse) -> Try {
         return if marked == Some(false) { Try::Done(exhausted) } else { Try::Retry { reason, after, exhausted } };
     }
     if (400..500).contains(&status) {
-        return Try::Done(Outcome::Answered { state: AttemptState::Failed, response });
+        // A refusal; one the downstream says to retry is retried, and stands if it lasts.
+        let exhausted = Outcome::Answered { state: AttemptState::Failed, response };
+        let reason = format!("HTTP {status}, marked retryable by the downstream");
+        return if marked == Some(true) { Try::Retry { reason, after, exhausted } } else { Try::Done(exhausted) };
     }
     // 5xx (and anything unexpected): indeterminate unless the downstream says to retry.
     let reason = format!("HTTP {status}: an indeterminate answer (the request may or may not have taken effect)");

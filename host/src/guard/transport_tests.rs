@@ -49,3 +49,33 @@ fn not_sent_after_an_in_flight_answer_stays_unsettled() {
     let first = after_earlier_tries(Outcome::NotSent { reason: "refused".into() }, None);
     assert!(matches!(first, Outcome::NotSent { .. }));
 }
+
+/// A response with `status` and the given headers, and an empty body.
+fn answer(status: u16, headers: &[(&str, &str)]) -> StoredResponse {
+    let headers = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    StoredResponse { status, headers, body: StoredBody::from_bytes(b"") }
+}
+
+#[test]
+fn a_409_means_a_key_in_flight_only_from_a_downstream_that_honours_keys() {
+    let keyed = classify(answer(409, &[]), true);
+    assert!(matches!(keyed, Try::Retry { exhausted: Outcome::Unsettled { state: AttemptState::Pending, .. }, .. }));
+    // A desk that ignores keys cannot have one in flight: its 409 is its answer.
+    let unkeyed = classify(answer(409, &[]), false);
+    assert!(matches!(unkeyed, Try::Done(Outcome::Answered { state: AttemptState::Failed, .. })));
+    // Adyen's "in progress" (422 + transient-error) likewise; a marked 503
+    // from it is a retryable 5xx, unknown if it lasts.
+    let adyen = classify(answer(422, &[("transient-error", "true")]), false);
+    assert!(matches!(adyen, Try::Retry { exhausted: Outcome::Answered { state: AttemptState::Failed, .. }, .. }));
+    let busy = classify(answer(503, &[("transient-error", "true")]), false);
+    assert!(matches!(busy, Try::Retry { exhausted: Outcome::Unsettled { state: AttemptState::Unknown, .. }, .. }));
+}
+
+#[test]
+fn a_refusal_the_downstream_marks_retryable_is_retried_and_stands_if_it_lasts() {
+    let marked = classify(answer(400, &[("Stripe-Should-Retry", "true")]), true);
+    assert!(matches!(marked, Try::Retry { exhausted: Outcome::Answered { state: AttemptState::Failed, .. }, .. }));
+    for plain in [answer(400, &[]), answer(400, &[("Stripe-Should-Retry", "false")])] {
+        assert!(matches!(classify(plain, true), Try::Done(Outcome::Answered { state: AttemptState::Failed, .. })));
+    }
+}

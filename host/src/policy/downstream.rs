@@ -88,13 +88,14 @@ fn default_key_header() -> String {
 pub struct RawDownstream {
     /// Scheme, host, optional port and optional base path: `https://api.stripe.com`.
     pub url: String,
-    /// Per-try deadline (default 10 000 ms).
+    /// Per-try deadline (default [`DEFAULT_TIMEOUT_MS`]).
     pub timeout_ms: Option<u64>,
-    /// Re-sends with the same key after a transport failure (default 2).
+    /// Re-sends with the same key after a retryable try (default [`DEFAULT_MAX_RETRIES`]).
     pub max_retries: Option<u32>,
-    /// Wait before the first re-send, doubling after (default 200 ms).
+    /// Wait before the first re-send, doubling after (default [`DEFAULT_BACKOFF_MS`]).
     pub backoff_ms: Option<u64>,
-    /// Whether the downstream deduplicates by key (default true).
+    /// Whether the downstream deduplicates by key (default true); only one
+    /// that does can answer "a request with this key is in flight" (409).
     pub honours_keys: Option<bool>,
     /// How long the downstream keeps an idempotency key (hours).
     pub retention_hours: Option<u64>,

@@ -94,6 +94,11 @@ async fn create_refund(State(shared): State<Arc<Shared>>, method: Method, uri: U
             let body = crate::provider::stripe_error("rate_limit_error", "rate_limit", "Too many requests hit the API too quickly.");
             return json_response(429, &body);
         }
+        if p.faults.front() == Some(&Fault::Conflict409) {
+            p.faults.pop_front();
+            let body = crate::provider::stripe_error("invalid_request_error", "charge_disputed", "The charge is disputed and cannot be refunded now.");
+            return json_response(409, &body);
+        }
         if p.faults.front() == Some(&Fault::StoreDown503) {
             p.faults.pop_front();
             let body = json!({ "status": 503, "errorCode": "703", "message": "idempotency store unavailable", "errorType": "internal" });

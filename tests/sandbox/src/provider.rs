@@ -46,6 +46,10 @@ pub enum Fault {
     InFlight409,
     /// Answer 429 before the idempotency layer (nothing is stored).
     RateLimit429,
+    /// Answer 409 with no retry advice, before the idempotency layer, as a
+    /// provider whose 409 is a conflict in its own business (a refund of a
+    /// disputed charge): nothing is committed or stored.
+    Conflict409,
     /// Answer 503 with Adyen's code 703 ("idempotency store unavailable") and
     /// `transient-error: true`, before the idempotency layer.
     StoreDown503,
