@@ -190,10 +190,15 @@ fn retry_mark(headers: &[(String, String)]) -> Option<bool> {
         .map(|(_, v)| v.trim().eq_ignore_ascii_case("true"))
 }
 
-/// `Retry-After` in seconds, if present.
+/// `Retry-After`, if present: seconds, or an HTTP-date (the wait until
+/// then; none if it passed). The caller caps it at [`MAX_BACKOFF`].
 fn retry_after(headers: &[(String, String)]) -> Option<Duration> {
     let (_, v) = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))?;
-    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+    let v = v.trim();
+    match v.parse::<u64>() {
+        Ok(seconds) => Some(Duration::from_secs(seconds)),
+        Err(_) => httpdate::parse_http_date(v).ok().map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default()),
+    }
 }
 
 async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, String> {

@@ -79,3 +79,13 @@ fn a_refusal_the_downstream_marks_retryable_is_retried_and_stands_if_it_lasts() 
         assert!(matches!(classify(plain, true), Try::Done(Outcome::Answered { state: AttemptState::Failed, .. })));
     }
 }
+
+#[test]
+fn retry_after_is_read_as_seconds_or_as_a_date() {
+    let after = |v: &str| retry_after(&[("Retry-After".to_string(), v.to_string())]);
+    assert_eq!(after("2"), Some(Duration::from_secs(2)));
+    let soon = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+    assert!(after(&soon).is_some_and(|d| d > Duration::from_secs(25) && d <= Duration::from_secs(30)), "{soon}: {:?}", after(&soon));
+    assert_eq!(after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a date gone by: retry now");
+    assert_eq!(after("soon"), None, "unreadable: the downstream's own backoff");
+}
