@@ -25,7 +25,7 @@ fn built(name: &str) -> PathBuf {
 }
 
 /// The plugin sealed by `toolguard seal` (once per test process).
-fn sealed(name: &str) -> PathBuf {
+pub(crate) fn sealed(name: &str) -> PathBuf {
     static DONE: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sealed-{}-{name}.wasm", std::process::id()));
     let mut done = DONE.lock().unwrap();
@@ -342,7 +342,7 @@ fn a_component_larger_than_the_pool_allows_is_refused_naming_the_setting() {
 
 /// The JavaScript ticket plugin, sealed, against the sandbox's ticket desk,
 /// which ignores idempotency keys: the key travels in the body's `external_ref`.
-fn js_tickets() -> String {
+pub(crate) fn js_tickets() -> String {
     format!(
         r#"
 [plugins.tickets]
@@ -436,6 +436,41 @@ fn a_typescript_ticket_left_unknown_is_held_conflicts_and_is_reconciled_later() 
     assert!(ok, "{settled}");
     assert_eq!(settled["ticket_id"], tickets()[0].id.as_str());
     assert_eq!((tickets().len(), posts()), (1, 1));
+}
+
+#[test]
+fn a_ticket_left_to_an_operator_is_looked_up_once_a_pass_not_for_a_whole_window() {
+    let w = World::new(&Downstream::default(), &js_tickets());
+    let recover = || {
+        let out = toolguard(&["recover", "--config", w.config.to_str().unwrap()]);
+        (out.status.success(), stdout_json(&out))
+    };
+    let gets = || w.sandbox.requests().iter().filter(|r| r.method == "GET").count();
+    // Opened, answered too late, and not listed for a long while.
+    w.sandbox.set_list_lag(Duration::from_secs(600));
+    w.sandbox.inject(Fault::DelayAfterCommit { ms: 2_000 });
+    let (ok, first, _) = w.call("o1", "create_ticket", &ticket("unlisted"));
+    assert!(!ok && first["kind"] == "outcome-unknown", "{first}");
+    // A pass waits out the window once more (no send since, but none has
+    // yet followed a whole window from a pass), then leaves it to an operator.
+    let (ok, report) = recover();
+    assert!(!ok, "{report}");
+    assert_eq!(report["needs_operator"].as_array().map(Vec::len), Some(1), "{report}");
+    // Every later pass (each start-up) looks once: the listing had its window.
+    for _ in 0..2 {
+        let before = gets();
+        let (ok, report) = recover();
+        assert!(!ok && report["needs_operator"].as_array().map(Vec::len) == Some(1), "{report}");
+        assert_eq!(gets() - before, 1, "one look-up, not a window's worth of them");
+    }
+    // Once the desk lists it, the next pass finds it: one ticket, one POST.
+    w.sandbox.set_list_lag(Duration::ZERO);
+    let (ok, report) = recover();
+    assert!(ok, "{report}");
+    let (ok, settled, _) = w.call("o1", "create_ticket", &ticket("unlisted"));
+    assert!(ok, "{settled}");
+    let posts = w.sandbox.requests().iter().filter(|r| r.method == "POST").count();
+    assert_eq!((w.sandbox.tickets().len(), posts), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ mod cli;
 mod cli_guard;
 mod common;
 mod crash;
+mod desk_torture;
 mod fleet;
 mod fleet_chaos;
 mod fleet_torture;

@@ -48,8 +48,14 @@ impl Guard {
         let attempt = &mut *d.attempt;
         attempt.state = AttemptState::Unknown;
         attempt.last_error = Some(reason.clone());
+        // The window waits out a listing that lags a send. Once a whole
+        // window after the last send found nothing, and nothing was sent
+        // since, one look-up per pass is enough: otherwise every start-up
+        // would wait a window for each attempt left to an operator.
+        let waited_already = !may_resend && attempt.resolution == Some(Resolution::ReconciledNotFound);
+        let window = if waited_already { Duration::ZERO } else { d.downstream.reconcile_window };
         let found = match d.reconciler {
-            Some(r) => reconcile_within(r, d.call, attempt, d.downstream.reconcile_window).await,
+            Some(r) => reconcile_within(r, d.call, attempt, window).await,
             None => Reconciled::StillUnknown("the plugin cannot reconcile".into()),
         };
         crate::metrics::reconcile(found.label());
