@@ -25,6 +25,9 @@ pub enum ErrorKind {
     InvalidResult,
     /// The tool ran and reported a failure of its own.
     ToolFailed,
+    /// The tool reported a failure of its own after a request of it was
+    /// answered 2xx: that request took effect (`detail.effects`).
+    FailedAfterEffect,
     /// An outbound request fell outside the plugin's grants; nothing was sent.
     Denied,
     /// The same tool call came with other arguments; nothing was sent.
@@ -56,6 +59,7 @@ impl ErrorKind {
             Self::LimitExceeded => "limit-exceeded",
             Self::InvalidResult => "invalid-result",
             Self::ToolFailed => "tool-failed",
+            Self::FailedAfterEffect => "failed-after-effect",
             Self::Denied => "denied",
             Self::Conflict => "conflict",
             Self::OutcomeUnknown => "outcome-unknown",
@@ -78,6 +82,10 @@ impl ErrorKind {
             Self::PluginTrap | Self::InvalidResult => "The tool is faulty; retrying will not help. Report it.",
             Self::LimitExceeded => "The call used up a limit; retry only with smaller input.",
             Self::ToolFailed => "Read the reason; change the request before trying again.",
+            Self::FailedAfterEffect => {
+                "What `effects` lists happened, whatever the tool said after: check its status first; do not repeat it under a \
+                 new tool-call id unless you mean to do it a second time."
+            }
             Self::Denied => "The host's policy forbids this; do not retry it.",
             Self::Conflict => "A different request needs a new tool-call id.",
             Self::OutcomeUnknown => "Do not repeat it under a new tool-call id; check its status first. Retrying the same tool-call id is safe.",
@@ -98,13 +106,14 @@ impl std::str::FromStr for ErrorKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        const ALL: [ErrorKind; 15] = [
+        const ALL: [ErrorKind; 16] = [
             ErrorKind::UnknownTool,
             ErrorKind::InvalidArgs,
             ErrorKind::PluginTrap,
             ErrorKind::LimitExceeded,
             ErrorKind::InvalidResult,
             ErrorKind::ToolFailed,
+            ErrorKind::FailedAfterEffect,
             ErrorKind::Denied,
             ErrorKind::Conflict,
             ErrorKind::OutcomeUnknown,

@@ -218,6 +218,32 @@ async fn a_409_from_a_downstream_that_ignores_keys_is_its_answer_not_a_key_in_fl
     assert_eq!(h.refunds(), 0);
 }
 
+#[tokio::test]
+async fn a_refund_made_but_answered_in_a_shape_the_plugin_cannot_read_is_not_reported_as_failed() {
+    // The provider makes the refund and answers 200 with a body the plugin
+    // cannot parse, so the plugin reports its own failure. Told "failed",
+    // a model would refund again; it is told what took effect instead.
+    let h = harness(Downstream::default()).await;
+    h.sandbox.inject(Fault::CommitAnsweredInAnotherShape);
+    let err = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::FailedAfterEffect, "{err}");
+    assert!(err.message.contains("not the expected JSON") && err.message.contains("took effect"), "{err}");
+    let effects = err.detail.as_ref().unwrap()["effects"].clone();
+    assert_eq!(effects[0]["status"], 200, "{effects}");
+    assert!(effects[0]["url"].as_str().unwrap().ends_with("/v1/refunds"), "{effects}");
+    assert_eq!(h.refunds(), 1);
+    // Replayed as it was; the model's blind repeat is held with this outcome.
+    let again = h.refund("c1", 500).await.unwrap_err();
+    assert_eq!((again.kind, again.detail.as_ref().unwrap()["replayed"].clone()), (ErrorKind::FailedAfterEffect, true.into()));
+    let repeat = h.refund("c2", 500).await.unwrap_err();
+    assert_eq!(repeat.kind, ErrorKind::Held, "{repeat}");
+    assert_eq!(repeat.detail.as_ref().unwrap()["earlier_outcome"]["error"]["kind"], "failed-after-effect", "{repeat}");
+    assert_eq!((h.posts().len(), h.refunds()), (1, 1), "nothing sent again");
+    // Told that twice, a call after it is a new action: a second refund, on purpose.
+    h.refund("c3", 500).await.unwrap();
+    assert_eq!(h.refunds(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e07_64_concurrent_duplicates_make_one_refund_and_64_identical_results() {
     let h = std::sync::Arc::new(harness(Downstream::default()).await);

@@ -212,3 +212,18 @@ pub(super) fn settled_durability(d: &Downstream) -> Durability {
 fn header<'a>(r: &'a StoredResponse, name: &str) -> Option<&'a str> {
     r.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
 }
+
+/// What the ledger said of a step about to be sent.
+pub(super) struct Recorded {
+    /// Settled before: its response, and nothing is sent.
+    pub replay: Option<super::Response>,
+    /// An earlier try may have reached the downstream.
+    pub possibly_sent: bool,
+}
+
+impl Recorded {
+    /// Written as pending just now: send it.
+    pub fn to_send() -> Self {
+        Self { replay: None, possibly_sent: false }
+    }
+}

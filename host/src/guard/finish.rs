@@ -23,9 +23,10 @@ impl Guard {
             let detail = info.detail();
             return Err(CallError::new(ErrorKind::OutcomeUnknown, message).with_detail(detail));
         }
+        let result = call.effects.disclosed(result);
         let outcome = match &result {
             Ok(value) => StoredOutcome::Result(value.clone()),
-            Err(e) if e.kind == ErrorKind::ToolFailed => StoredOutcome::from(e),
+            Err(e) if matches!(e.kind, ErrorKind::ToolFailed | ErrorKind::FailedAfterEffect) => StoredOutcome::from(e),
             Err(_) => {
                 self.end_uncompleted(&mut call).await;
                 return result;

@@ -25,6 +25,7 @@ mod admit;
 mod claim;
 mod direct;
 mod drive;
+mod effects;
 mod finish;
 mod hold;
 mod landing;

@@ -6,7 +6,8 @@
 //! with its own key.
 
 use super::claim::Held;
-use super::drive::{Drive, Driven, Progress, outcomes_written};
+use super::drive::{Drive, Driven, Progress, Recorded, outcomes_written};
+use super::effects::Effects;
 use super::unconfirmed::{self, Unwritten, ledger_down};
 use super::{CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
 use crate::keys;
@@ -31,12 +32,25 @@ pub struct CallGuard {
     open_steps: Vec<(String, Unsettled)>,
     /// The send on the wire and the outcome writes not yet waited for.
     progress: Progress,
+    /// The sends of this run answered 2xx.
+    pub(super) effects: Effects,
     _lock: Held,
 }
 
 impl CallGuard {
     pub(super) fn new(guard: Arc<Guard>, record: CallRecord, persisted: bool, rules: CallRules, lock: Held) -> Self {
-        Self { guard, record, persisted, rules, next_step: 0, sends: 0, open_steps: Vec::new(), progress: Progress::default(), _lock: lock }
+        Self {
+            guard,
+            record,
+            persisted,
+            rules,
+            next_step: 0,
+            sends: 0,
+            open_steps: Vec::new(),
+            progress: Progress::default(),
+            effects: Effects::default(),
+            _lock: lock,
+        }
     }
 
     /// Writes the buffered outcomes this call's sends hold, and waits, so
@@ -91,6 +105,13 @@ impl CallGuard {
     /// # Errors
     /// Why nothing was sent, or that the outcome is unknown ([`SendError`]).
     pub async fn send(&mut self, req: Request) -> Result<Response, SendError> {
+        let (method, url) = (req.method.clone(), req.url.clone());
+        let sent = self.send_checked(req).await;
+        self.effects.note(&method, &url, &sent);
+        sent
+    }
+
+    async fn send_checked(&mut self, req: Request) -> Result<Response, SendError> {
         if self.rules.effect == Effect::ReadOnly {
             return Err(SendError::Denied(format!("`{}` is a read-only tool: it may fetch but not send; nothing was sent", self.record.tool)));
         }
@@ -278,20 +299,5 @@ impl Drop for CallGuard {
         if tokio::runtime::Handle::try_current().is_ok() {
             drop(self.queue_held());
         }
-    }
-}
-
-/// What the ledger said of a step about to be sent.
-struct Recorded {
-    /// Settled before: its response, and nothing is sent.
-    replay: Option<Response>,
-    /// An earlier try may have reached the downstream.
-    possibly_sent: bool,
-}
-
-impl Recorded {
-    /// Written as pending just now: send it.
-    fn to_send() -> Self {
-        Self { replay: None, possibly_sent: false }
     }
 }

@@ -116,6 +116,9 @@ impl Runtime {
             Err(e) => match e.kind {
                 ErrorKind::UnknownTool | ErrorKind::InvalidArgs | ErrorKind::Conflict | ErrorKind::Expired | ErrorKind::Busy | ErrorKind::Internal => return,
                 ErrorKind::ToolFailed => Reported::Definitive,
+                // What took effect was told, but not what the tool made of it:
+                // a blind repeat is held with this outcome (guard/effects.rs).
+                ErrorKind::FailedAfterEffect => Reported::Unknown,
                 ErrorKind::Held if e.detail.as_ref().is_some_and(|d| d.get("earlier_outcome").is_some()) => Reported::Definitive,
                 _ => Reported::Unknown,
             },

@@ -42,6 +42,9 @@ pub enum Fault {
     Stored500 { should_retry: Option<bool> },
     /// Commit the refund, yet store and return a 500.
     HiddenCommit500,
+    /// Commit the refund and answer 200 with a body that is not the refund
+    /// (`{"ok": true}`), as a provider whose success body changed shape.
+    CommitAnsweredInAnotherShape,
     /// Answer 409 as if a request with this key were still executing.
     InFlight409,
     /// Answer 429 before the idempotency layer (nothing is stored).

@@ -1,0 +1,53 @@
+//! What a tool call's sends did downstream, for the one answer that could
+//! hide it: a plugin reporting its own failure (`tool-failed`) after a send
+//! of it was answered 2xx — a refund made, then its answer not understood.
+//! Told "failed", a model would do it again under a new tool-call id; the
+//! host tells it `failed-after-effect` instead, naming what took effect, and
+//! does not count that as a definitive answer, so a blind repeat is held
+//! with this outcome (`docs/guard.md`).
+
+use super::{Response, SendError};
+use crate::error::{CallError, ErrorKind};
+use serde_json::{Value, json};
+
+/// The sends of one run that were answered 2xx (made now, replayed from an
+/// earlier run, or found by reconciliation), in the order they were made.
+#[derive(Debug, Default)]
+pub(super) struct Effects(Vec<Value>);
+
+impl Effects {
+    /// Notes what `send` of `method url` came to, if it took effect.
+    pub fn note(&mut self, method: &str, url: &str, sent: &Result<Response, SendError>) {
+        if let Ok(r) = sent
+            && (200..300).contains(&r.status)
+        {
+            self.0.push(json!({ "method": method, "url": url, "status": r.status }));
+        }
+    }
+
+    /// `result`, unless it is the plugin's own failure after an effect:
+    /// then that failure as `failed-after-effect`, naming the effects.
+    pub fn disclosed(&self, result: Result<Value, CallError>) -> Result<Value, CallError> {
+        match result {
+            Err(e) if e.kind == ErrorKind::ToolFailed && !self.0.is_empty() => {
+                let first = &self.0[0];
+                let message = format!(
+                    "{} — but its {} {} was answered HTTP {} before the tool failed: that took effect. Do not repeat \
+                     this call under a new tool-call id; check what happened first",
+                    e.message.trim_end_matches('.'),
+                    first["method"].as_str().unwrap_or_default(),
+                    first["url"].as_str().unwrap_or_default(),
+                    first["status"]
+                );
+                let mut detail = match e.detail {
+                    Some(Value::Object(map)) => map,
+                    Some(other) => [("tool_detail".to_string(), other)].into_iter().collect(),
+                    None => serde_json::Map::new(),
+                };
+                detail.insert("effects".into(), Value::Array(self.0.clone()));
+                Err(CallError::new(ErrorKind::FailedAfterEffect, message).with_detail(Value::Object(detail)))
+            }
+            other => other,
+        }
+    }
+}
