@@ -34,6 +34,8 @@ pub(super) struct Progress {
     /// they ride with the call's completion (or are written before the call
     /// ends without one), one write for the whole call.
     held: (LedgerWrite, Vec<String>),
+    /// The sends of this run answered 2xx.
+    pub effects: super::effects::Effects,
 }
 
 impl Progress {

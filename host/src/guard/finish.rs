@@ -23,7 +23,7 @@ impl Guard {
             let detail = info.detail();
             return Err(CallError::new(ErrorKind::OutcomeUnknown, message).with_detail(detail));
         }
-        let result = call.effects.disclosed(result);
+        let result = call.progress.effects.disclosed(result);
         let outcome = match &result {
             Ok(value) => StoredOutcome::Result(value.clone()),
             Err(e) if matches!(e.kind, ErrorKind::ToolFailed | ErrorKind::FailedAfterEffect) => StoredOutcome::from(e),

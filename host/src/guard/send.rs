@@ -7,7 +7,6 @@
 
 use super::claim::Held;
 use super::drive::{Drive, Driven, Progress, Recorded, outcomes_written};
-use super::effects::Effects;
 use super::unconfirmed::{self, Unwritten, ledger_down};
 use super::{CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
 use crate::keys;
@@ -30,27 +29,14 @@ pub struct CallGuard {
     /// were made, with their request fingerprint: the same request again
     /// re-drives that step with its key.
     open_steps: Vec<(String, Unsettled)>,
-    /// The send on the wire and the outcome writes not yet waited for.
-    progress: Progress,
-    /// The sends of this run answered 2xx.
-    pub(super) effects: Effects,
+    /// The send on the wire, the outcome writes not yet waited for, the effects.
+    pub(super) progress: Progress,
     _lock: Held,
 }
 
 impl CallGuard {
     pub(super) fn new(guard: Arc<Guard>, record: CallRecord, persisted: bool, rules: CallRules, lock: Held) -> Self {
-        Self {
-            guard,
-            record,
-            persisted,
-            rules,
-            next_step: 0,
-            sends: 0,
-            open_steps: Vec::new(),
-            progress: Progress::default(),
-            effects: Effects::default(),
-            _lock: lock,
-        }
+        Self { guard, record, persisted, rules, next_step: 0, sends: 0, open_steps: Vec::new(), progress: Progress::default(), _lock: lock }
     }
 
     /// Writes the buffered outcomes this call's sends hold, and waits, so
@@ -107,7 +93,7 @@ impl CallGuard {
     pub async fn send(&mut self, req: Request) -> Result<Response, SendError> {
         let (method, url) = (req.method.clone(), req.url.clone());
         let sent = self.send_checked(req).await;
-        self.effects.note(&method, &url, &sent);
+        self.progress.effects.note(&method, &url, &sent);
         sent
     }
 
