@@ -203,3 +203,23 @@ async fn a_calls_outcomes_ride_with_its_completion_and_land_even_when_it_does_no
     assert_eq!(attempts[0].state, AttemptState::Succeeded, "recorded, not left pending for recovery to re-send");
     assert_eq!(h.refunds(), 3);
 }
+
+#[tokio::test]
+async fn a_call_that_fails_after_a_refund_went_through_says_so_whatever_the_failure() {
+    // The first send refunds; the second leaves the grants and is refused.
+    let h = harness(Downstream::default()).await;
+    let url = h.sandbox.url();
+    let requests = json!([refund_request(&url, json!({})), { "method": "POST", "url": format!("{url}/v1/charges"), "body": "" }]);
+    let err = h.call("c1", "send_all", &rogue_args(requests, false)).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Denied, "the failure keeps its kind: {err}");
+    assert!(err.message.contains("/v1/refunds was answered HTTP 200") && err.message.contains("took effect"), "{err}");
+    assert_eq!(err.detail.as_ref().unwrap()["effects"][0]["status"], 200, "{err:?}");
+    assert_eq!(h.sandbox.refunds().len(), 1);
+    // The same with a refund the provider declines (a 4xx): nothing took effect to name.
+    let declined = json!([{ "method": "POST", "url": format!("{url}/v1/refunds"), "body": "payment_intent=pi_missing&amount=100" },
+                          { "method": "POST", "url": format!("{url}/v1/charges"), "body": "" }]);
+    let err = h.call("c2", "send_all", &rogue_args(declined, false)).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Denied, "{err}");
+    assert!(!err.message.contains("took effect") && err.detail.as_ref().is_none_or(|d| d.get("effects").is_none()), "{err:?}");
+    assert_eq!(h.sandbox.refunds().len(), 1);
+}

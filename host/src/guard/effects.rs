@@ -1,10 +1,12 @@
-//! What a tool call's sends did downstream, for the one answer that could
-//! hide it: a plugin reporting its own failure (`tool-failed`) after a send
-//! of it was answered 2xx — a refund made, then its answer not understood.
-//! Told "failed", a model would do it again under a new tool-call id; the
-//! host tells it `failed-after-effect` instead, naming what took effect, and
-//! does not count that as a definitive answer, so a blind repeat is held
-//! with this outcome (`docs/guard.md`).
+//! What a tool call's sends did downstream, told with any failure that
+//! follows them. The one that could hide it: a plugin reporting its own
+//! failure (`tool-failed`) after a send of it was answered 2xx — a refund
+//! made, then its answer not understood. Told "failed", a model would do it
+//! again under a new tool-call id; the host tells it `failed-after-effect`
+//! instead, naming what took effect, and does not count that as a
+//! definitive answer, so a blind repeat is held with this outcome
+//! (`docs/guard.md`). Other failures after an effect (a trap, a refused
+//! second send) keep their kind and name the effects too.
 
 use super::{Response, SendError};
 use crate::error::{CallError, ErrorKind};
@@ -25,29 +27,31 @@ impl Effects {
         }
     }
 
-    /// `result`, unless it is the plugin's own failure after an effect:
-    /// then that failure as `failed-after-effect`, naming the effects.
+    /// `result`, with what took effect named if the call failed after a
+    /// send was answered 2xx: the plugin's own failure (`tool-failed`)
+    /// becomes `failed-after-effect`; any other failure keeps its kind, none
+    /// of them definitive. An unknown outcome tells its own story.
     pub fn disclosed(&self, result: Result<Value, CallError>) -> Result<Value, CallError> {
-        match result {
-            Err(e) if e.kind == ErrorKind::ToolFailed && !self.0.is_empty() => {
-                let first = &self.0[0];
-                let message = format!(
-                    "{} — but its {} {} was answered HTTP {} before the tool failed: that took effect. Do not repeat \
-                     this call under a new tool-call id; check what happened first",
-                    e.message.trim_end_matches('.'),
-                    first["method"].as_str().unwrap_or_default(),
-                    first["url"].as_str().unwrap_or_default(),
-                    first["status"]
-                );
-                let mut detail = match e.detail {
-                    Some(Value::Object(map)) => map,
-                    Some(other) => [("tool_detail".to_string(), other)].into_iter().collect(),
-                    None => serde_json::Map::new(),
-                };
-                detail.insert("effects".into(), Value::Array(self.0.clone()));
-                Err(CallError::new(ErrorKind::FailedAfterEffect, message).with_detail(Value::Object(detail)))
-            }
-            other => other,
-        }
+        let Some(first) = self.0.first() else { return result };
+        let e = match result {
+            Err(e) if e.kind != ErrorKind::OutcomeUnknown => e,
+            other => return other,
+        };
+        let kind = if e.kind == ErrorKind::ToolFailed { ErrorKind::FailedAfterEffect } else { e.kind };
+        let message = format!(
+            "{} — but its {} {} was answered HTTP {} before the call failed: that took effect. Do not repeat this call \
+             under a new tool-call id; check what happened first",
+            e.message.trim_end_matches('.'),
+            first["method"].as_str().unwrap_or_default(),
+            first["url"].as_str().unwrap_or_default(),
+            first["status"]
+        );
+        let mut detail = match e.detail {
+            Some(Value::Object(map)) => map,
+            Some(other) => [("tool_detail".to_string(), other)].into_iter().collect(),
+            None => serde_json::Map::new(),
+        };
+        detail.insert("effects".into(), Value::Array(self.0.clone()));
+        Err(CallError::new(kind, message).with_detail(Value::Object(detail)))
     }
 }
