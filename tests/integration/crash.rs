@@ -63,15 +63,7 @@ impl World {
     /// `toolguard call` refunding `amount` cents under `call_id`, started.
     pub fn spawn_refund(&self, call_id: &str, amount: u64, failpoint: Option<&str>) -> Child {
         let args = format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"duplicate"}}"#);
-        let mut cmd = Command::new(BIN);
-        cmd.args(["call", "--config", self.config.to_str().unwrap(), "--session", "crash", "--call-id", call_id, "refund", &args])
-            .env("TOOLGUARD_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(point) = failpoint {
-            cmd.env("TOOLGUARD_FAILPOINT", point);
-        }
-        cmd.spawn().expect("spawn toolguard")
+        spawn_call(&self.config, ["crash", call_id, "refund"], &args, failpoint)
     }
 
     /// Runs a refund to completion; its stdout as JSON, and whether it succeeded.
@@ -100,6 +92,20 @@ impl World {
         let body = format!("amount={amount}&");
         self.sandbox.requests().into_iter().filter(|r| r.method == "POST" && r.body.contains(&body)).collect()
     }
+}
+
+/// `toolguard call` of `[session, call id, tool]` with `args` under
+/// `config`, started, aborting at `failpoint` if one is named.
+pub fn spawn_call(config: &Path, [session, call_id, tool]: [&str; 3], args: &str, failpoint: Option<&str>) -> Child {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["call", "--config", config.to_str().unwrap(), "--session", session, "--call-id", call_id, tool, args])
+        .env("TOOLGUARD_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(point) = failpoint {
+        cmd.env("TOOLGUARD_FAILPOINT", point);
+    }
+    cmd.spawn().expect("spawn toolguard")
 }
 
 pub fn ledger_dir(root: &Path) -> PathBuf {

@@ -22,13 +22,13 @@
 //! CI runs 24 trials; `TOOLGUARD_DESK_TORTURE_TRIALS=200` runs more and
 //! prints the tally (`TOOLGUARD_TORTURE_SEED` replays a run).
 
-use crate::crash::{ledger_dir, stdout_json, wait_for};
+use crate::crash::{ledger_dir, spawn_call, stdout_json, wait_for};
 use crate::foreign::js_tickets;
 use crate::payments::{Downstream, config_text};
 use crate::torture::{Rng, env_u64};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 use toolguard::ledger::{AttemptState, Ledger};
 use toolguard_sandbox::{Fault, Mode, Sandbox};
@@ -58,15 +58,7 @@ impl Desk {
 
     fn spawn(&self, call_id: &str, subject: &str, failpoint: Option<&str>) -> Child {
         let args = serde_json::json!({ "subject": subject, "body": "The refund has not arrived." }).to_string();
-        let mut cmd = Command::new(BIN);
-        cmd.args(["call", "--config", self.config.to_str().unwrap(), "--session", SESSION, "--call-id", call_id, "create_ticket", &args])
-            .env("TOOLGUARD_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(point) = failpoint {
-            cmd.env("TOOLGUARD_FAILPOINT", point);
-        }
-        cmd.spawn().expect("spawn toolguard")
+        spawn_call(&self.config, [SESSION, call_id, "create_ticket"], &args, failpoint)
     }
 
     fn call(&self, call_id: &str, subject: &str) -> (bool, serde_json::Value) {
@@ -97,8 +89,7 @@ fn printed(out: &std::process::Output) -> Option<serde_json::Value> {
 #[test]
 fn desk_torture_kill_9_never_opens_a_ticket_twice_or_hides_one() {
     let trials = env_u64("TOOLGUARD_DESK_TORTURE_TRIALS").unwrap_or(24);
-    let seed =
-        env_u64("TOOLGUARD_TORTURE_SEED").unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    let seed = crate::torture::seed();
     let mut rng = Rng(seed);
     let w = Desk::new();
     // The first call compiles the plugin into the cache; the second times a warm call.

@@ -178,8 +178,7 @@ fn one_id_two_amounts(f: &mut Fleet, rng: &mut Rng, (h, other): (usize, usize), 
 #[test]
 fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
     let trials = env_u64("TOOLGUARD_FLEET_TORTURE_TRIALS").unwrap_or(40);
-    let seed =
-        env_u64("TOOLGUARD_TORTURE_SEED").unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    let seed = crate::torture::seed();
     let mut rng = Rng(seed);
     // A claim lapses 2 s after the wall-clock budget: a dead host's call is taken over in ~3.5 s.
     let d = Downstream { wall_ms: 1_500, timeout_ms: 1_000, refunds_per_session_hour: 1_000_000, ..Downstream::default() };

@@ -61,6 +61,11 @@ fn printed(out: &std::process::Output) -> Option<serde_json::Value> {
     Some(crate::crash::stdout_json(out)).filter(|v| v.get("refund_id").is_some())
 }
 
+/// The seed of a run: `TOOLGUARD_TORTURE_SEED` to replay one, else the clock.
+pub(crate) fn seed() -> u64 {
+    env_u64("TOOLGUARD_TORTURE_SEED").unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1)
+}
+
 /// The number environment variable `name` holds, if it holds one.
 pub(crate) fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -79,8 +84,7 @@ fn torture_over_https_kill_9_never_duplicates_or_loses_a_refund() {
 }
 
 fn torture(w: World, trials: u64, over: &str) {
-    let seed =
-        env_u64("TOOLGUARD_TORTURE_SEED").unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    let seed = seed();
     let mut rng = Rng(seed);
     // A warm-up call: compiles the plugin into the cache and times a whole call.
     let started = std::time::Instant::now();
