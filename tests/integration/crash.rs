@@ -148,6 +148,42 @@ fn e08_crash_after_the_attempt_is_written_before_it_is_sent() {
 }
 
 #[test]
+fn recovery_resolves_several_attempts_at_once_each_with_its_key() {
+    // Two calls crashed after their attempts were written. The provider then
+    // holds each re-send until released: a pass resolving one attempt at a
+    // time would wait out the first (60 s) before sending the second.
+    let w = World::with(Downstream { timeout_ms: 60_000, refunds_per_session_hour: 1_000, ..Downstream::default() });
+    assert!(!w.spawn_refund("r1", 121, Some("after-attempt-write")).wait_with_output().unwrap().status.success());
+    // The next process's start-up re-sends r1 and is turned away (429) on every try: r1 stays unknown.
+    for _ in 0..4 {
+        w.sandbox.inject(Fault::RateLimit429);
+    }
+    assert!(!w.spawn_refund("r2", 122, Some("after-attempt-write")).wait_with_output().unwrap().status.success());
+    let ledger = w.ledger();
+    let mut unsettled = ledger.attempts_in_state(AttemptState::Pending).unwrap();
+    unsettled.extend(ledger.attempts_in_state(AttemptState::Unknown).unwrap());
+    drop(ledger);
+    let keys: Vec<String> = unsettled.into_iter().map(|a| a.key).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!((w.refunds_of(121), w.refunds_of(122)), (0, 0));
+    w.sandbox.inject(Fault::PauseAfterCommit);
+    w.sandbox.inject(Fault::PauseAfterCommit);
+    let recover = Command::new(BIN).args(["recover", "--config", w.config.to_str().unwrap()]).stdout(Stdio::piped()).spawn().unwrap();
+    let both = wait_for(Duration::from_secs(30), || w.sandbox.paused() == 2);
+    w.sandbox.release();
+    let out = recover.wait_with_output().unwrap();
+    assert!(both, "the two re-sends were never at the provider at once");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let settled = stdout_json(&out)["settled"].clone();
+    assert_eq!(settled, serde_json::json!(keys), "reported in ledger order");
+    for amount in [121, 122] {
+        assert_eq!(w.refunds_of(amount), 1);
+        let sent: Vec<_> = w.posts_of(amount).into_iter().filter_map(|p| p.idempotency_key).collect();
+        assert!(sent.iter().all(|k| *k == sent[0]) && keys.contains(&sent[0]), "{amount}: one key, its own: {sent:?}");
+    }
+}
+
+#[test]
 fn e09_crash_between_the_providers_commit_and_our_outcome_write() {
     let w = World::new();
     w.sandbox.inject(Fault::PauseAfterCommit);

@@ -16,6 +16,9 @@ use std::sync::Arc;
 /// How long recovery claims a call it resolves: one re-send or reconciliation.
 const RECOVERY_LEASE_MS: u64 = 60_000;
 
+/// How many unsettled attempts a recovery pass resolves at once.
+const RESOLVED_AT_ONCE: usize = 8;
+
 /// The least a takeover pass waits between two tries at one attempt (a
 /// fleet's passes run every 2 s).
 const PACE_MIN_MS: u64 = 2_000;
@@ -116,18 +119,25 @@ impl Guard {
         })
         .await?;
         let mut report = RecoveryReport { examined: unsettled.len(), ..RecoveryReport::default() };
-        for attempt in unsettled {
+        // A few at a time (each under its call's lock), so that a provider
+        // that is down — every attempt waiting out its retries — does not
+        // hold a start-up for the sum of them. Reported in ledger order.
+        let resolving = unsettled.into_iter().map(|attempt| async move {
             let key = attempt.key.clone();
             if pace == Pace::Due && !due(&attempt, now_ms()) {
-                report.not_due.push(key);
-                continue;
+                return Ok((key, None));
             }
             let rules = rules_for(&attempt.tool);
-            match self.resolve_attempt_safely(attempt, rules.as_ref()).await? {
-                Resolved::Settled => report.settled.push(key),
-                Resolved::Unresolved(why) => report.unresolved.push((key, why)),
-                Resolved::NeedsOperator(why) => report.needs_operator.push((key, why)),
-                Resolved::RunningElsewhere => report.running_elsewhere.push(key),
+            self.resolve_attempt_safely(attempt, rules.as_ref()).await.map(|resolved| (key, Some(resolved)))
+        });
+        let mut resolved = futures_util::StreamExt::buffered(futures_util::stream::iter(resolving), RESOLVED_AT_ONCE);
+        while let Some(next) = futures_util::StreamExt::next(&mut resolved).await {
+            match next? {
+                (key, None) => report.not_due.push(key),
+                (key, Some(Resolved::Settled)) => report.settled.push(key),
+                (key, Some(Resolved::Unresolved(why))) => report.unresolved.push((key, why)),
+                (key, Some(Resolved::NeedsOperator(why))) => report.needs_operator.push((key, why)),
+                (key, Some(Resolved::RunningElsewhere)) => report.running_elsewhere.push(key),
             }
         }
         // A fleet runs this every few seconds: only progress is news (what
