@@ -23,42 +23,29 @@
 //! prints the tally (`TOOLGUARD_TORTURE_SEED` replays a run).
 
 use crate::crash::{ledger_dir, spawn_call, stdout_json, wait_for};
-use crate::foreign::js_tickets;
-use crate::payments::{Downstream, config_text};
-use crate::torture::{Rng, env_u64};
+use crate::foreign::{World, js_tickets};
+use crate::payments::Downstream;
+use crate::torture::{FAILPOINTS, Rng, env_u64};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
 use toolguard::ledger::{AttemptState, Ledger};
-use toolguard_sandbox::{Fault, Mode, Sandbox};
+use toolguard_sandbox::Fault;
 
 const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
 const SESSION: &str = "desk";
-const FAILPOINTS: [&str; 5] = ["after-admission", "after-attempt-write", "after-answer", "after-outcome-write", "after-print"];
 
 /// The sandbox's desk and a config with the sealed JavaScript ticket plugin.
-struct Desk {
-    sandbox: Sandbox,
-    config: PathBuf,
-    dir: tempfile::TempDir,
-    _rt: tokio::runtime::Runtime,
-}
+struct Desk(World);
 
 impl Desk {
     fn new() -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("toolguard.toml");
-        let base = config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default());
-        std::fs::write(&config, format!("{base}\n{}", js_tickets().replace("{url}", &sandbox.url()))).unwrap();
-        Self { sandbox, config, dir, _rt: rt }
+        Self(World::new(&Downstream::default(), &js_tickets()))
     }
 
     fn spawn(&self, call_id: &str, subject: &str, failpoint: Option<&str>) -> Child {
         let args = serde_json::json!({ "subject": subject, "body": "The refund has not arrived." }).to_string();
-        spawn_call(&self.config, [SESSION, call_id, "create_ticket"], &args, failpoint)
+        spawn_call(&self.0.config, [SESSION, call_id, "create_ticket"], &args, failpoint)
     }
 
     fn call(&self, call_id: &str, subject: &str) -> (bool, serde_json::Value) {
@@ -68,16 +55,16 @@ impl Desk {
 
     /// The ids of the tickets the desk opened with `subject`.
     fn tickets(&self, subject: &str) -> Vec<String> {
-        self.sandbox.tickets().into_iter().filter(|t| t.subject == subject).map(|t| t.id).collect()
+        self.0.sandbox.tickets().into_iter().filter(|t| t.subject == subject).map(|t| t.id).collect()
     }
 
     fn posted(&self, subject: &str) -> bool {
         let quoted = format!("\"{subject}\"");
-        self.sandbox.requests().iter().any(|r| r.method == "POST" && r.body.contains(&quoted))
+        self.0.sandbox.requests().iter().any(|r| r.method == "POST" && r.body.contains(&quoted))
     }
 
     fn ledger(&self) -> Ledger {
-        Ledger::open_read_only(&ledger_dir(self.dir.path())).unwrap()
+        Ledger::open_read_only(&ledger_dir(self.0.dir.path())).unwrap()
     }
 }
 
@@ -115,7 +102,7 @@ fn desk_torture_kill_9_never_opens_a_ticket_twice_or_hides_one() {
             // deadline: the kill may land while the host reconciles.
             let late = trial % 4 == 3;
             if late {
-                w.sandbox.inject(Fault::DelayAfterCommit { ms: 1_500 });
+                w.0.sandbox.inject(Fault::DelayAfterCommit { ms: 1_500 });
             }
             let mut child = w.spawn(&call_id, &subject, None);
             match trial % 4 {
@@ -150,7 +137,7 @@ fn desk_torture_kill_9_never_opens_a_ticket_twice_or_hides_one() {
                 }
             }
         };
-        w.sandbox.clear_faults();
+        w.0.sandbox.clear_faults();
         *phases.entry(phase.clone()).or_default() += 1;
         let context = format!("trial {trial} (seed {seed}), {phase}");
 
@@ -183,13 +170,13 @@ fn desk_torture_kill_9_never_opens_a_ticket_twice_or_hides_one() {
     }
 
     // Left to an operator is a failed exit; what is left is checked below.
-    let out = Command::new(BIN).args(["recover", "--config", w.config.to_str().unwrap()]).env("TOOLGUARD_LOG", "warn").output().unwrap();
+    let out = Command::new(BIN).args(["recover", "--config", w.0.config.to_str().unwrap()]).env("TOOLGUARD_LOG", "warn").output().unwrap();
     let report = stdout_json(&out);
     assert!(report["unresolved"].as_array().is_some_and(Vec::is_empty), "recover: {report}");
     let ledger = w.ledger();
     let mut unsettled = ledger.attempts_in_state(AttemptState::Unknown).unwrap();
     unsettled.extend(ledger.attempts_in_state(AttemptState::Pending).unwrap());
-    let tickets = w.sandbox.tickets();
+    let tickets = w.0.sandbox.tickets();
     for a in &unsettled {
         let found: Vec<_> = tickets.iter().filter(|t| t.external_ref.as_deref() == Some(a.key.as_str())).collect();
         assert!(found.is_empty(), "seed {seed}: {} is left {:?} though the desk holds {found:?}", a.key, a.state);

@@ -47,15 +47,16 @@ fn stdout_json(out: &Output) -> Value {
 }
 
 /// A sandbox, and a config with the Rust payments plugin plus `extra` TOML.
-struct World {
-    sandbox: Sandbox,
-    config: PathBuf,
-    _dir: tempfile::TempDir,
+pub(crate) struct World {
+    pub(crate) sandbox: Sandbox,
+    pub(crate) config: PathBuf,
+    /// The data directory's parent (the ledger is `data/ledger` in it).
+    pub(crate) dir: tempfile::TempDir,
     _rt: tokio::runtime::Runtime,
 }
 
 impl World {
-    fn new(d: &Downstream, extra: &str) -> Self {
+    pub(crate) fn new(d: &Downstream, extra: &str) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
         sandbox.add_payment_intent(PI, 1_000_000);
@@ -63,7 +64,7 @@ impl World {
         let config = dir.path().join("toolguard.toml");
         let extra = extra.replace("{url}", &sandbox.url());
         std::fs::write(&config, format!("{}\n{extra}", config_text(&sandbox.url(), &dir.path().join("data"), d))).unwrap();
-        Self { sandbox, config, _dir: dir, _rt: rt }
+        Self { sandbox, config, dir, _rt: rt }
     }
 
     fn call(&self, call_id: &str, tool: &str, args: &Value) -> (bool, Value, String) {

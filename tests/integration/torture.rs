@@ -35,7 +35,8 @@ use toolguard_sandbox::Fault;
 /// The warm-up refund's amount, distinct from every trial's.
 const WARM_UP_AMOUNT: u64 = 99_999_999;
 
-const FAILPOINTS: [&str; 5] = ["after-admission", "after-attempt-write", "after-answer", "after-outcome-write", "after-print"];
+/// The attempt protocol's failpoints a trial may abort at.
+pub(crate) const FAILPOINTS: [&str; 5] = ["after-admission", "after-attempt-write", "after-answer", "after-outcome-write", "after-print"];
 
 /// xorshift64*: a tiny deterministic generator, so a seed replays a run
 /// (the fleet torture's too).

@@ -10,12 +10,21 @@
 
 use super::{Response, SendError};
 use crate::error::{CallError, ErrorKind};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
+
+/// A send answered 2xx: what the caller is told took effect.
+#[derive(Debug, Serialize)]
+struct Effect {
+    method: String,
+    url: String,
+    status: u16,
+}
 
 /// The sends of one run that were answered 2xx (made now, replayed from an
 /// earlier run, or found by reconciliation), in the order they were made.
 #[derive(Debug, Default)]
-pub(super) struct Effects(Vec<Value>);
+pub(super) struct Effects(Vec<Effect>);
 
 impl Effects {
     /// Notes what `send` of `method url` came to, if it took effect.
@@ -23,7 +32,7 @@ impl Effects {
         if let Ok(r) = sent
             && (200..300).contains(&r.status)
         {
-            self.0.push(json!({ "method": method, "url": url, "status": r.status }));
+            self.0.push(Effect { method: method.to_string(), url: url.to_string(), status: r.status });
         }
     }
 
@@ -42,16 +51,16 @@ impl Effects {
             "{} — but its {} {} was answered HTTP {} before the call failed: that took effect. Do not repeat this call \
              under a new tool-call id; check what happened first",
             e.message.trim_end_matches('.'),
-            first["method"].as_str().unwrap_or_default(),
-            first["url"].as_str().unwrap_or_default(),
-            first["status"]
+            first.method,
+            first.url,
+            first.status
         );
         let mut detail = match e.detail {
             Some(Value::Object(map)) => map,
             Some(other) => [("tool_detail".to_string(), other)].into_iter().collect(),
             None => serde_json::Map::new(),
         };
-        detail.insert("effects".into(), Value::Array(self.0.clone()));
+        detail.insert("effects".into(), serde_json::to_value(&self.0).unwrap_or_default());
         Err(CallError::new(kind, message).with_detail(Value::Object(detail)))
     }
 }

@@ -80,6 +80,8 @@ enum Resolved {
     NeedsOperator(String),
     /// Another host runs its tool call now.
     RunningElsewhere,
+    /// Left for a later takeover pass: tried less than a tenth of its age ago.
+    NotDue,
 }
 
 /// What recovery needs of the tool that made an attempt: the grants its
@@ -125,19 +127,19 @@ impl Guard {
         let resolving = unsettled.into_iter().map(|attempt| async move {
             let key = attempt.key.clone();
             if pace == Pace::Due && !due(&attempt, now_ms()) {
-                return Ok((key, None));
+                return Ok((key, Resolved::NotDue));
             }
             let rules = rules_for(&attempt.tool);
-            self.resolve_attempt_safely(attempt, rules.as_ref()).await.map(|resolved| (key, Some(resolved)))
+            self.resolve_attempt_safely(attempt, rules.as_ref()).await.map(|resolved| (key, resolved))
         });
         let mut resolved = futures_util::StreamExt::buffered(futures_util::stream::iter(resolving), RESOLVED_AT_ONCE);
         while let Some(next) = futures_util::StreamExt::next(&mut resolved).await {
             match next? {
-                (key, None) => report.not_due.push(key),
-                (key, Some(Resolved::Settled)) => report.settled.push(key),
-                (key, Some(Resolved::Unresolved(why))) => report.unresolved.push((key, why)),
-                (key, Some(Resolved::NeedsOperator(why))) => report.needs_operator.push((key, why)),
-                (key, Some(Resolved::RunningElsewhere)) => report.running_elsewhere.push(key),
+                (key, Resolved::Settled) => report.settled.push(key),
+                (key, Resolved::Unresolved(why)) => report.unresolved.push((key, why)),
+                (key, Resolved::NeedsOperator(why)) => report.needs_operator.push((key, why)),
+                (key, Resolved::RunningElsewhere) => report.running_elsewhere.push(key),
+                (key, Resolved::NotDue) => report.not_due.push(key),
             }
         }
         // A fleet runs this every few seconds: only progress is news (what
