@@ -184,6 +184,44 @@ fn recovery_resolves_several_attempts_at_once_each_with_its_key() {
 }
 
 #[test]
+fn serve_answers_calls_while_its_start_up_pass_waits_on_the_provider() {
+    // A call crashed after its attempt was written. When `serve` starts, the
+    // provider takes the re-send of its start-up pass and holds the answer.
+    // The host must answer other calls meanwhile: a start-up that resolved
+    // every attempt before listening kept every caller waiting on one slow
+    // provider (here until the safety release, which then fails the test).
+    let w = World::with(Downstream { timeout_ms: 60_000, refunds_per_session_hour: 1_000, ..Downstream::default() });
+    assert!(!w.spawn_refund("r1", 131, Some("after-attempt-write")).wait_with_output().unwrap().status.success());
+    w.sandbox.inject(Fault::PauseAfterCommit);
+    let released = std::sync::atomic::AtomicBool::new(false);
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let (released, sandbox) = (&released, &w.sandbox);
+        scope.spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_secs(40)) {
+                released.store(true, std::sync::atomic::Ordering::SeqCst);
+                sandbox.release();
+            }
+        });
+        let _server = crate::common::serve_http(&w.config, &[]);
+        assert!(wait_for(Duration::from_secs(30), || w.sandbox.paused() == 1), "the start-up pass re-sent r1");
+        let (ok, other) = w.refund("r2", 132);
+        assert!(ok, "{other}");
+        assert!(!released.load(std::sync::atomic::Ordering::SeqCst), "r2 was answered only once r1's re-send was let go");
+        assert_eq!((w.sandbox.paused(), w.refunds_of(132)), (1, 1), "r2 refunded while r1's re-send is still held");
+        done.send(()).unwrap();
+        w.sandbox.release();
+        let (ok, first) = w.refund("r1", 131);
+        assert!(ok, "{first}");
+        let refunds: Vec<_> = w.sandbox.refunds().into_iter().filter(|r| r.amount == 131).collect();
+        assert_eq!(refunds.len(), 1, "one refund for r1");
+        assert_eq!(first["refund_id"], refunds[0].id.as_str(), "r1 answered with the refund its start-up re-send made");
+        let keys: Vec<_> = w.posts_of(131).into_iter().filter_map(|p| p.idempotency_key).collect();
+        assert!(keys.iter().all(|k| *k == keys[0]), "one key: {keys:?}");
+    });
+}
+
+#[test]
 fn e09_crash_between_the_providers_commit_and_our_outcome_write() {
     let w = World::new();
     w.sandbox.inject(Fault::PauseAfterCommit);

@@ -242,12 +242,17 @@ struct Processes {
 }
 
 fn processes(d: Downstream) -> Processes {
+    processes_with(d, [&[], &[]])
+}
+
+/// [`processes`], each host started with its own extra environment.
+fn processes_with(d: Downstream, env: [&[(&str, &str)]; 2]) -> Processes {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
     sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
     let dir = tempfile::tempdir().unwrap();
     let configs = host_configs(&sandbox.url(), &fresh_postgres_database(), dir.path(), &d);
-    let servers = configs.iter().map(|c| crate::common::serve_http(c, &[])).collect();
+    let servers = configs.iter().zip(env).map(|(c, env)| crate::common::serve_http(c, env)).collect();
     Processes { _rt: rt, sandbox, servers, _dir: dir }
 }
 
@@ -285,6 +290,34 @@ fn two_serving_processes_given_the_same_tool_call_at_once_refund_once() {
     assert_eq!(a["structuredContent"], b["structuredContent"], "both hosts answer with the one refund");
     assert_eq!(p.sandbox.refunds().len(), 1, "the provider refunds every request it gets: only one host sent");
     assert_eq!(posts(&p.sandbox).len(), 1);
+}
+
+#[test]
+fn a_host_whose_clock_runs_two_minutes_ahead_does_not_take_over_a_live_call() {
+    // Host B's clock is two minutes fast. Judged on its own clock, A's claim
+    // (A's time + wall clock + 2 s) has long lapsed, so B would take the call
+    // over while A's request is still at the provider and re-send it; the
+    // provider ignores keys and would refund twice. Both read the ledger's
+    // clock, PostgreSQL's, so B waits for A and replays its outcome.
+    let skewed: &[(&str, &str)] = &[("TOOLGUARD_CLOCK_SKEW_MS", "120000")];
+    let p = processes_with(Downstream { key: NO_KEY, ..Downstream::default() }, [&[], skewed]);
+    p.sandbox.inject(Fault::DelayBeforeCommit { ms: 700 });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (a, b) = rt.block_on(async {
+        let (a, b) = (Mcp::connect(&p.servers[0].url).await, Mcp::connect(&p.servers[1].url).await);
+        let first = async { a.refund("c1", 500).await };
+        let second = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            b.refund("c1", 500).await
+        };
+        tokio::join!(first, second)
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a["isError"], false, "{a}");
+    assert_eq!(b["isError"], false, "{b}");
+    assert_eq!(p.sandbox.refunds().len(), 1, "only A sent: B's fast clock did not lapse A's claim");
+    assert_eq!(posts(&p.sandbox).len(), 1);
+    assert_eq!(a["structuredContent"], b["structuredContent"], "B replays A's refund");
 }
 
 #[test]

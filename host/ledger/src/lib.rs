@@ -15,6 +15,7 @@
 mod backend;
 mod checks;
 mod claim;
+mod clock;
 mod error;
 mod migrate;
 pub mod postgres;

@@ -4,10 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use crate::clock::now_ms;
 
 /// Where a tool call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -321,14 +321,27 @@ async fn load(path: &std::path::Path) -> Result<crate::Runtime, u8> {
 
 /// [`load`] for a parsed config.
 async fn start(config: &crate::Config) -> Result<crate::Runtime, u8> {
-    open_runtime(config).await.map_err(config_error)
+    open_runtime(config, StartUpPass::First).await.map_err(config_error)
+}
+
+/// When a host loading its config runs the start-up recovery pass.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StartUpPass {
+    /// Before the runtime is handed back: one-shot commands.
+    First,
+    /// Alongside serving, which starts at once (see [`start_up_pass`]).
+    Alongside,
 }
 
 /// The runtime of `config`, once the ledger is free (bounded), or why not.
-async fn open_runtime(config: &crate::Config) -> Result<crate::Runtime, String> {
+async fn open_runtime(config: &crate::Config, pass: StartUpPass) -> Result<crate::Runtime, String> {
     let deadline = std::time::Instant::now() + LEDGER_WAIT;
     loop {
-        match crate::Runtime::from_config(config).await {
+        let opened = match pass {
+            StartUpPass::First => crate::Runtime::from_config(config).await,
+            StartUpPass::Alongside => crate::Runtime::from_config_recovering_later(config).await,
+        };
+        match opened {
             Ok(rt) => return Ok(rt),
             Err(crate::runtime::StartError::LedgerBusy(why)) if std::time::Instant::now() < deadline => {
                 tracing::debug!(%why, "waiting for the ledger");
@@ -361,16 +374,21 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
             return EXIT_CONFIG;
         }
     };
-    let runtime = match open_runtime(&config).await {
+    let runtime = match open_runtime(&config, StartUpPass::Alongside).await {
         Ok(rt) => std::sync::Arc::new(rt),
         Err(e) => {
             eprintln!("toolguard serve: {e}");
             return EXIT_CONFIG;
         }
     };
-    if runtime.guard().is_some_and(|g| g.ledger().shared()) {
-        tokio::spawn(takeovers(runtime.clone()));
-    }
+    let shared = runtime.guard().is_some_and(|g| g.ledger().shared());
+    let passes = runtime.clone();
+    tokio::spawn(async move {
+        start_up_pass(&passes).await;
+        if shared {
+            takeovers(passes).await;
+        }
+    });
     if let (Some(retention), Some(guard)) = (config.retention, runtime.guard()) {
         tokio::spawn(prune_every(guard.ledger().clone(), retention));
     }
@@ -395,6 +413,24 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
             eprintln!("toolguard serve: {e:#}");
             EXIT_CONFIG
         }
+    }
+}
+
+/// `serve`'s start-up recovery pass, run while it already answers: a
+/// provider that is down or slow delays only the calls whose attempts wait
+/// on it, not the host's start (`docs/recovery.md`, "Start-up").
+async fn start_up_pass(runtime: &crate::Runtime) {
+    match runtime.recover().await {
+        Ok(r) if r.examined == 0 => {}
+        Ok(r) => tracing::info!(
+            examined = r.examined,
+            settled = r.settled.len(),
+            unresolved = r.unresolved.len(),
+            needs_operator = r.needs_operator.len(),
+            running_elsewhere = r.running_elsewhere.len(),
+            "start-up recovery pass done"
+        ),
+        Err(e) => tracing::warn!(error = %e, "start-up recovery pass failed; each call still drives its own unsettled attempts"),
     }
 }
 

@@ -101,8 +101,8 @@ impl Guard {
     /// the current grants and reconciler of the plugin of a tool (`None`: no
     /// longer loaded, so nothing is sent for it).
     ///
-    /// Run it before serving: it takes each call's lock, so it never races a
-    /// run of the same call. It settles sends and nothing else: a call it
+    /// It takes each call's lock, so it never races a run of the same call
+    /// (`serve` runs it alongside its calls). It settles sends and nothing else: a call it
     /// settles stays uncompleted and its episode open, so a blind repeat of it
     /// is still held — now with the outcome found here (`docs/guard.md`).
     ///

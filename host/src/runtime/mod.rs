@@ -196,7 +196,7 @@ impl Runtime {
     }
 
     /// Resolves every attempt left pending or unknown (see
-    /// [`crate::guard::recover`]). Run it before serving.
+    /// [`crate::guard::recover`]). Safe alongside calls: it takes each call's lock.
     ///
     /// # Errors
     /// There is no guard, or the ledger cannot be read.
@@ -247,11 +247,28 @@ impl Runtime {
         self.recovery.as_ref()
     }
 
-    /// A runtime with every plugin of `config` loaded.
+    /// A runtime with every plugin of `config` loaded, once a recovery pass
+    /// has resolved every unsettled attempt it can: a one-shot command then
+    /// acts on a settled ledger ([`Runtime::recovery`] says what it did).
+    ///
+    /// # Errors
+    /// The engine cannot be set up, any plugin is refused (all refusals are
+    /// listed), or the pass cannot read the ledger.
+    pub async fn from_config(config: &Config) -> Result<Self, StartError> {
+        let mut runtime = Self::from_config_recovering_later(config).await?;
+        runtime.recovery = Some(runtime.recover().await.map_err(StartError::Guard)?);
+        Ok(runtime)
+    }
+
+    /// [`Runtime::from_config`] without the recovery pass, for a server that
+    /// answers at once and runs [`Runtime::recover`] alongside: the pass and
+    /// every call take a call's lock, so a call the pass has not reached yet
+    /// drives its own unsettled attempts with their keys, and a repeat under
+    /// a new id is held by the hold rule as after any crash.
     ///
     /// # Errors
     /// The engine cannot be set up, or any plugin is refused (all refusals are listed).
-    pub async fn from_config(config: &Config) -> Result<Self, StartError> {
+    pub async fn from_config_recovering_later(config: &Config) -> Result<Self, StartError> {
         let engine = config.engine.fitted_to(footprint_of(&config.plugins));
         let mut runtime = Self::new(&engine, config.compile_cache.clone())?.with_downstreams(config.downstreams.clone());
         let owned = config.clone();
@@ -270,8 +287,6 @@ impl Runtime {
             return Err(StartError::Plugins(refused));
         }
         runtime.record_grants().await.map_err(StartError::Guard)?;
-        // Every unsettled attempt is resolved before any new work proceeds.
-        runtime.recovery = Some(runtime.recover().await.map_err(StartError::Guard)?);
         Ok(runtime)
     }
 

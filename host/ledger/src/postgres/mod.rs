@@ -176,7 +176,26 @@ impl Postgres {
         })?;
         let this = Self { pool: Some(pool) };
         this.migrate()?;
+        this.follow_server_clock(3)?;
         Ok(this)
+    }
+
+    /// Sets the ledger's clock to the server's ([`crate::clock`]): leases
+    /// written by one host and judged by another are then read on one clock,
+    /// whatever the hosts' own clocks say. Of `readings` readings, the quickest counts.
+    fn follow_server_clock(&self, readings: usize) -> Result<(), BackendError> {
+        use crate::clock;
+        let sql = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+        let mut taken = Vec::with_capacity(readings);
+        for _ in 0..readings {
+            let sent_ms = clock::host_ms();
+            let server_ms: i64 = self.query(sql, &[])?.first().map(|r| r.get(0)).ok_or("the server did not say the time")?;
+            taken.push(clock::Reading { sent_ms, server_ms, received_ms: clock::host_ms() });
+        }
+        if let Some(offset) = clock::follow(&taken) {
+            tracing::debug!(offset_ms = offset, "the ledger's clock follows PostgreSQL's");
+        }
+        Ok(())
     }
 
     fn client(&self) -> Result<PooledConnection<Manager>, BackendError> {
@@ -436,6 +455,8 @@ impl Backend for Postgres {
 
     fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, BackendError> {
         off_async(|| {
+            // Every recovery pass asks this: the clock is followed as it drifts.
+            self.follow_server_clock(1)?;
             let sql = "SELECT record FROM toolguard_attempts WHERE state = $1 ORDER BY key COLLATE \"C\"";
             Self::records(&self.query(sql, &[&state.as_str()])?)
         })
