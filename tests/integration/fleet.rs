@@ -271,21 +271,27 @@ fn posts(sandbox: &Sandbox) -> Vec<toolguard_sandbox::Observed> {
     sandbox.requests().into_iter().filter(|r| r.method == "POST").collect()
 }
 
-#[test]
-fn two_serving_processes_given_the_same_tool_call_at_once_refund_once() {
-    let p = processes(Downstream { key: NO_KEY, ..Downstream::default() });
-    p.sandbox.inject(Fault::DelayBeforeCommit { ms: 500 });
+/// Refund `c1` through host A and, `lag` later, the same tool call through
+/// host B: both MCP results.
+fn same_call_on_both(p: &Processes, lag: Duration) -> (serde_json::Value, serde_json::Value) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (a, b) = rt.block_on(async {
         let (a, b) = (Mcp::connect(&p.servers[0].url).await, Mcp::connect(&p.servers[1].url).await);
         let first = async { a.refund("c1", 500).await };
         let second = async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(lag).await;
             b.refund("c1", 500).await
         };
         tokio::join!(first, second)
     });
-    let (a, b) = (a.unwrap(), b.unwrap());
+    (a.unwrap(), b.unwrap())
+}
+
+#[test]
+fn two_serving_processes_given_the_same_tool_call_at_once_refund_once() {
+    let p = processes(Downstream { key: NO_KEY, ..Downstream::default() });
+    p.sandbox.inject(Fault::DelayBeforeCommit { ms: 500 });
+    let (a, b) = same_call_on_both(&p, Duration::from_millis(100));
     assert_eq!(a["isError"], false, "{a}");
     assert_eq!(a["structuredContent"], b["structuredContent"], "both hosts answer with the one refund");
     assert_eq!(p.sandbox.refunds().len(), 1, "the provider refunds every request it gets: only one host sent");
@@ -302,17 +308,7 @@ fn a_host_whose_clock_runs_two_minutes_ahead_does_not_take_over_a_live_call() {
     let skewed: &[(&str, &str)] = &[("TOOLGUARD_CLOCK_SKEW_MS", "120000")];
     let p = processes_with(Downstream { key: NO_KEY, ..Downstream::default() }, [&[], skewed]);
     p.sandbox.inject(Fault::DelayBeforeCommit { ms: 700 });
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (a, b) = rt.block_on(async {
-        let (a, b) = (Mcp::connect(&p.servers[0].url).await, Mcp::connect(&p.servers[1].url).await);
-        let first = async { a.refund("c1", 500).await };
-        let second = async {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            b.refund("c1", 500).await
-        };
-        tokio::join!(first, second)
-    });
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let (a, b) = same_call_on_both(&p, Duration::from_millis(200));
     assert_eq!(a["isError"], false, "{a}");
     assert_eq!(b["isError"], false, "{b}");
     assert_eq!(p.sandbox.refunds().len(), 1, "only A sent: B's fast clock did not lapse A's claim");
