@@ -2,7 +2,7 @@
 //! lease, an attempt's age, a budget's window, a record's retention — is read
 //! from [`now_ms`]. On a ledger of one host that is the host's clock; on one
 //! shared by a fleet it is the PostgreSQL server's, so hosts whose clocks
-//! disagree still agree on when a claim lapses (`docs/fleet.md`, "Leases").
+//! disagree still agree on when a claim lapses (`docs/fleet.md`, "One clock").
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -455,8 +455,11 @@ impl Backend for Postgres {
 
     fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, BackendError> {
         off_async(|| {
-            // Every recovery pass asks this: the clock is followed as it drifts.
-            self.follow_server_clock(1)?;
+            // Every recovery pass asks this: the clock is followed as it
+            // drifts. A reading that fails keeps the last offset.
+            if let Err(e) = self.follow_server_clock(1) {
+                tracing::debug!(error = ?e, "cannot read PostgreSQL's clock; keeping the last offset");
+            }
             let sql = "SELECT record FROM toolguard_attempts WHERE state = $1 ORDER BY key COLLATE \"C\"";
             Self::records(&self.query(sql, &[&state.as_str()])?)
         })
