@@ -209,12 +209,15 @@ fn serve_answers_calls_while_its_start_up_pass_waits_on_the_provider() {
         assert!(ok, "{other}");
         assert!(!released.load(std::sync::atomic::Ordering::SeqCst), "r2 was answered only once r1's re-send was let go");
         assert_eq!((w.sandbox.paused(), w.refunds_of(132)), (1, 1), "r2 refunded while r1's re-send is still held");
+        // The model's blind repeat of r1 under a new id, while the pass still has r1.
+        let (ok, repeat) = w.refund("r1-again", 131);
+        assert!(!ok && repeat["kind"] == "held", "the repeat waits on r1, it does not run: {repeat}");
         done.send(()).unwrap();
         w.sandbox.release();
         let (ok, first) = w.refund("r1", 131);
         assert!(ok, "{first}");
         let refunds: Vec<_> = w.sandbox.refunds().into_iter().filter(|r| r.amount == 131).collect();
-        assert_eq!(refunds.len(), 1, "one refund for r1");
+        assert_eq!(refunds.len(), 1, "one refund for r1 and its blind repeat");
         assert_eq!(first["refund_id"], refunds[0].id.as_str(), "r1 answered with the refund its start-up re-send made");
         let keys: Vec<_> = w.posts_of(131).into_iter().filter_map(|p| p.idempotency_key).collect();
         assert!(keys.iter().all(|k| *k == keys[0]), "one key: {keys:?}");
