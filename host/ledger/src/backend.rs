@@ -60,6 +60,11 @@ pub(crate) trait Backend: Send + Sync {
     fn shared(&self) -> bool {
         false
     }
+    /// Reads the clock the ledger's times are kept on again (a shared
+    /// ledger's server's), so a host follows it as it drifts.
+    fn follow_clock(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
     /// Claims `call` for `call.owner` until `call.lease_until_ms`, in one
     /// conditional write (see [`Ledger::claim_call`]).
     fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, BackendError>;

@@ -402,6 +402,15 @@ impl Ledger {
         self.backend.shared()
     }
 
+    /// Reads the ledger's clock again: on a shared ledger, the server's
+    /// (`docs/fleet.md`, "One clock"); nothing to do on a host's own.
+    ///
+    /// # Errors
+    /// The server cannot be asked; the last reading stands.
+    pub fn follow_clock(&self) -> Result<(), LedgerError> {
+        self.backend.follow_clock().map_err(|e| self.backend_err(e))
+    }
+
     /// Claims tool call `call` for `call.owner` until `call.lease_until_ms`.
     /// On a shared ledger this is one conditional write: the call is inserted,
     /// or taken over if it is not completed, was made with the same tool and

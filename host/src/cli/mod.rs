@@ -419,18 +419,10 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
 /// `serve`'s start-up recovery pass, run while it already answers: a
 /// provider that is down or slow delays only the calls whose attempts wait
 /// on it, not the host's start (`docs/recovery.md`, "Start-up").
+/// The pass logs what it did itself.
 async fn start_up_pass(runtime: &crate::Runtime) {
-    match runtime.recover().await {
-        Ok(r) if r.examined == 0 => {}
-        Ok(r) => tracing::info!(
-            examined = r.examined,
-            settled = r.settled.len(),
-            unresolved = r.unresolved.len(),
-            needs_operator = r.needs_operator.len(),
-            running_elsewhere = r.running_elsewhere.len(),
-            "start-up recovery pass done"
-        ),
-        Err(e) => tracing::warn!(error = %e, "start-up recovery pass failed; each call still drives its own unsettled attempts"),
+    if let Err(e) = runtime.recover().await {
+        tracing::warn!(error = %e, "start-up recovery pass failed; each call still drives its own unsettled attempts");
     }
 }
 

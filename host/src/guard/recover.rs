@@ -115,6 +115,11 @@ impl Guard {
     ) -> Result<RecoveryReport, crate::ledger::LedgerError> {
         let ledger = self.ledger.clone();
         let unsettled = blocking(move || -> Result<Vec<AttemptRecord>, crate::ledger::LedgerError> {
+            // Once a pass, the ledger's clock is read again as it drifts (a
+            // reading that fails keeps the last one).
+            if let Err(e) = ledger.follow_clock() {
+                tracing::debug!(error = %e, "cannot read the ledger's clock; keeping the last reading");
+            }
             let mut all = ledger.attempts_in_state(AttemptState::Pending)?;
             all.extend(ledger.attempts_in_state(AttemptState::Unknown)?);
             Ok(all)

@@ -455,11 +455,6 @@ impl Backend for Postgres {
 
     fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, BackendError> {
         off_async(|| {
-            // Every recovery pass asks this: the clock is followed as it
-            // drifts. A reading that fails keeps the last offset.
-            if let Err(e) = self.follow_server_clock(1) {
-                tracing::debug!(error = ?e, "cannot read PostgreSQL's clock; keeping the last offset");
-            }
             let sql = "SELECT record FROM toolguard_attempts WHERE state = $1 ORDER BY key COLLATE \"C\"";
             Self::records(&self.query(sql, &[&state.as_str()])?)
         })
@@ -539,6 +534,10 @@ impl Backend for Postgres {
                        WHERE episode IS NULL AND record::jsonb ? 'episode'";
             self.execute(sql, &[]).map(|_| ())
         })
+    }
+
+    fn follow_clock(&self) -> Result<(), BackendError> {
+        off_async(|| self.follow_server_clock(1))
     }
 
     fn claim_call(&self, call: &CallRecord, now_ms: u64) -> Result<Claim, BackendError> {
