@@ -68,15 +68,16 @@ async fn host(dir: &std::path::Path, provider: &str, ledger: Option<&str>, cache
 }
 
 /// (i): the figures at 0, 1 M and 10 M completed calls (scaled), on RocksDB
-/// and, given a URL, on PostgreSQL.
+/// and, given a URL, on PostgreSQL (alone if `postgres_only`).
 ///
 /// # Errors
 /// Set-up failed, a write failed or a call failed.
-pub async fn growth(dir: &std::path::Path, scale: Scale, postgres: Option<&str>) -> anyhow::Result<Vec<Figure>> {
+pub async fn growth(dir: &std::path::Path, scale: Scale, postgres: Option<&str>, postgres_only: bool) -> anyhow::Result<Vec<Figure>> {
     let provider = null_provider().await?;
     let sizes = [0, scale.n(1_000_000), scale.n(10_000_000)];
     let mut figures = Vec::new();
-    let backends: Vec<(&str, Option<&str>)> = std::iter::once(("RocksDB", None)).chain(postgres.map(|u| ("PostgreSQL", Some(u)))).collect();
+    let rocksdb = (!postgres_only).then_some(("RocksDB", None));
+    let backends: Vec<(&str, Option<&str>)> = rocksdb.into_iter().chain(postgres.map(|u| ("PostgreSQL", Some(u)))).collect();
     for (backend, url) in backends {
         let scratch = tempfile::tempdir_in(dir)?;
         let mut runtime = Arc::new(host(scratch.path(), &provider, url, None).await?);
@@ -274,7 +275,7 @@ async fn measure(runtime: &Arc<Runtime>, filled: usize, scale: Scale, cold: Vec<
 async fn cold_replays(runtime: &Arc<Runtime>, filled: usize, scale: Scale, sample: usize) -> anyhow::Result<f64> {
     let n = scale.n(5_000);
     let rt = runtime.clone();
-    let (cached, read) = (page_cache_mib(), disk_read_bytes());
+    let (cached, read, machine) = (page_cache_mib(), disk_read_bytes(), disks_read());
     let (_, wall) = drive(8, n, move |k| {
         let i = (k * 7_919_993 + sample * filled / 3) % filled;
         let request =
@@ -282,10 +283,15 @@ async fn cold_replays(runtime: &Arc<Runtime>, filled: usize, scale: Scale, sampl
         replay(rt.clone(), request)
     })
     .await?;
-    // Where the reads came from: the disk, or the OS page cache.
+    // Where the reads came from: the disk, or the OS page cache. This
+    // process's own reads miss a PostgreSQL server's; the machine's disks see both.
+    let (reads, bytes) = disks_read();
     println!(
-        "    (cold replays, pass {sample}, {filled} calls: OS page cache {cached} MiB before; {:.1} KiB read from the disk per replay)",
-        disk_read_bytes().saturating_sub(read) as f64 / 1024.0 / n as f64
+        "    (cold replays, pass {sample}, {filled} calls: OS page cache {cached} MiB before; per replay, this process read {:.1} KiB from the disk, \
+         the machine's disks {:.1} KiB in {:.2} reads)",
+        disk_read_bytes().saturating_sub(read) as f64 / 1024.0 / n as f64,
+        bytes.saturating_sub(machine.1) as f64 / 1024.0 / n as f64,
+        reads.saturating_sub(machine.0) as f64 / n as f64
     );
     Ok(n as f64 / wall.as_secs_f64())
 }
@@ -301,6 +307,21 @@ fn page_cache_mib() -> u64 {
 fn disk_read_bytes() -> u64 {
     let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
     io.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Reads completed and bytes read by the machine's disks (`/proc/diskstats`,
+/// block devices backed by hardware: not loop, RAM or zram devices, nor
+/// partitions, which their disk already counts); zeros if unreadable.
+fn disks_read() -> (u64, u64) {
+    let stats = std::fs::read_to_string("/proc/diskstats").unwrap_or_default();
+    stats
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.get(2).filter(|name| std::path::Path::new(&format!("/sys/block/{name}/device")).exists())?;
+            Some((f.get(3)?.parse::<u64>().ok()?, f.get(5)?.parse::<u64>().ok()? * 512))
+        })
+        .fold((0, 0), |(r, b), (reads, bytes)| (r + reads, b + bytes))
 }
 
 /// The figures of one backend, each against the empty ledger's.

@@ -39,6 +39,8 @@ pub struct Scale {
 pub struct Sources {
     /// (i) also on this PostgreSQL database.
     pub postgres: Option<String>,
+    /// (i) on PostgreSQL alone: RocksDB is not measured.
+    pub postgres_only: bool,
     /// (j): the Python and JavaScript plugins `plugins/build-foreign.sh` built.
     pub foreign: Option<PathBuf>,
     /// (k): another MCP server to measure beside toolguard.
@@ -170,7 +172,7 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection, sources: Sources) 
         report(idle::serve_cpu(&dir, scale).await?);
     }
     if only.has('i') {
-        report(growth::growth(&dir, scale, sources.postgres.as_deref()).await?);
+        report(growth::growth(&dir, scale, sources.postgres.as_deref(), sources.postgres_only).await?);
     }
     if only.has('j') {
         report(languages::per_language(&dir, scale, sources.foreign.as_deref()).await?);

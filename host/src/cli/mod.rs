@@ -101,6 +101,9 @@ enum Command {
         /// (i) also on this PostgreSQL database (a postgres:// URL; its toolguard tables are filled).
         #[arg(long)]
         postgres: Option<String>,
+        /// (i) on the PostgreSQL database alone, without RocksDB (needs `--postgres`).
+        #[arg(long, requires = "postgres")]
+        postgres_only: bool,
         /// (j): the Python and JavaScript plugins built by plugins/build-foreign.sh
         /// [default: $TOOLGUARD_FOREIGN_PLUGINS]; without them (j) measures Rust alone.
         #[arg(long)]
@@ -207,10 +210,10 @@ pub fn main() -> ExitCode {
             // The ledger's client blocks (PostgreSQL's runs its own runtime).
             Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
-            Command::Bench { dir, quick, json, only, postgres, foreign, anchor, anchor_tool, anchor_args } => {
+            Command::Bench { dir, quick, json, only, postgres, postgres_only, foreign, anchor, anchor_tool, anchor_args } => {
                 let foreign = foreign.or_else(|| std::env::var_os("TOOLGUARD_FOREIGN_PLUGINS").map(PathBuf::from));
                 let anchor = anchor.map(|command| crate::bench::anchor::Anchor { command, tool: anchor_tool, args: anchor_args });
-                bench(dir, BenchRun { quick, json, only }, crate::bench::Sources { postgres, foreign, anchor }).await
+                bench(dir, BenchRun { quick, json, only }, crate::bench::Sources { postgres, postgres_only, foreign, anchor }).await
             }
             Command::Seal { input, output } => seal::run(&input, &output),
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
