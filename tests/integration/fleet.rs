@@ -9,14 +9,16 @@ use std::time::Duration;
 use toolguard::{CallError, CallOutput, CallRequest, Config, ErrorKind, Runtime};
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
-struct Fleet {
-    sandbox: Sandbox,
-    hosts: Vec<Arc<Runtime>>,
+pub(crate) struct Fleet {
+    pub sandbox: Sandbox,
+    pub hosts: Vec<Arc<Runtime>>,
+    /// The shared ledger's URL.
+    pub ledger: String,
     _dirs: Vec<tempfile::TempDir>,
 }
 
 /// Two hosts started together over one fresh PostgreSQL ledger.
-async fn fleet(d: Downstream) -> Fleet {
+pub(crate) async fn fleet(d: Downstream) -> Fleet {
     fleet_of(2, d).await
 }
 
@@ -32,11 +34,11 @@ async fn fleet_of(n: usize, d: Downstream) -> Fleet {
         let config = Config::parse(&text, "fleet.toml", dir.path()).unwrap();
         hosts.push(Arc::new(Runtime::from_config(&config).await.unwrap()));
     }
-    Fleet { sandbox, hosts, _dirs: dirs }
+    Fleet { sandbox, hosts, ledger, _dirs: dirs }
 }
 
 impl Fleet {
-    async fn refund(&self, host: usize, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
+    pub async fn refund(&self, host: usize, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
         refund_on(&self.hosts[host], call_id, amount).await
     }
 }
@@ -234,14 +236,16 @@ async fn three_hosts_given_one_action_at_once_make_one_refund() {
 // --- Two `toolguard serve --http` processes over one PostgreSQL ledger ---
 
 /// A sandbox, a fresh PostgreSQL ledger and two `serve --http` processes sharing it.
-struct Processes {
+pub(crate) struct Processes {
     _rt: tokio::runtime::Runtime,
-    sandbox: Sandbox,
-    servers: Vec<crate::common::Server>,
+    pub sandbox: Sandbox,
+    pub servers: Vec<crate::common::Server>,
+    /// The shared ledger's URL.
+    pub ledger: String,
     _dir: tempfile::TempDir,
 }
 
-fn processes(d: Downstream) -> Processes {
+pub(crate) fn processes(d: Downstream) -> Processes {
     processes_with(d, [&[], &[]])
 }
 
@@ -251,9 +255,10 @@ fn processes_with(d: Downstream, env: [&[(&str, &str)]; 2]) -> Processes {
     let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
     sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
     let dir = tempfile::tempdir().unwrap();
-    let configs = host_configs(&sandbox.url(), &fresh_postgres_database(), dir.path(), &d);
+    let ledger = fresh_postgres_database();
+    let configs = host_configs(&sandbox.url(), &ledger, dir.path(), &d);
     let servers = configs.iter().zip(env).map(|(c, env)| crate::common::serve_http(c, env)).collect();
-    Processes { _rt: rt, sandbox, servers, _dir: dir }
+    Processes { _rt: rt, sandbox, servers, ledger, _dir: dir }
 }
 
 /// The config files of two hosts sharing the PostgreSQL ledger at `ledger`
@@ -267,7 +272,7 @@ pub fn host_configs(sandbox_url: &str, ledger: &str, dir: &std::path::Path, d: &
     })
 }
 
-fn posts(sandbox: &Sandbox) -> Vec<toolguard_sandbox::Observed> {
+pub(crate) fn posts(sandbox: &Sandbox) -> Vec<toolguard_sandbox::Observed> {
     sandbox.requests().into_iter().filter(|r| r.method == "POST").collect()
 }
 

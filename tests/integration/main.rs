@@ -30,3 +30,4 @@ mod sandbox_limits;
 mod security;
 mod tls;
 mod torture;
+mod upgrade;

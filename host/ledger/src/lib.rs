@@ -411,6 +411,23 @@ impl Ledger {
         self.backend.follow_clock().map_err(|e| self.backend_err(e))
     }
 
+    /// The ledger's schema version now, if it is no longer this build's: a
+    /// newer toolguard on another host of a fleet migrated it since this
+    /// host opened it (the open checks it once; a serving host asks again
+    /// every recovery pass).
+    ///
+    /// # Errors
+    /// The ledger cannot be read.
+    pub fn schema_changed(&self) -> Result<Option<String>, LedgerError> {
+        let (schema, _) = self.backend.meta(false).map_err(|e| self.backend_err(e))?;
+        Ok((schema != SCHEMA).then_some(schema))
+    }
+
+    /// This build's schema version.
+    pub const fn schema() -> &'static str {
+        SCHEMA
+    }
+
     /// Claims tool call `call` for `call.owner` until `call.lease_until_ms`.
     /// On a shared ledger this is one conditional write: the call is inserted,
     /// or taken over if it is not completed, was made with the same tool and

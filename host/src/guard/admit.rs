@@ -47,9 +47,13 @@ impl Guard {
     /// # Errors
     /// `conflict` when the call id was used with another tool or arguments;
     /// `held` under the hold rule; `expired` for a pruned call; `transport`
-    /// when the ledger is unavailable (unreachable, its connection lost);
+    /// when the ledger is unavailable (unreachable, its connection lost) or
+    /// a newer toolguard migrated it (`upgrade`);
     /// `internal` when it fails otherwise.
     pub async fn admit(self: &Arc<Self>, id: CallIdentity, rules: CallRules) -> Result<Admission, CallError> {
+        if let Some(refused) = self.schema.refusal() {
+            return Err(refused);
+        }
         let cached = self.completed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id.session, &id.call_id);
         // A hit with other arguments falls through to the ledger, which holds
         // what the conflict error shows.

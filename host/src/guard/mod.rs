@@ -14,7 +14,8 @@
 //! - [`finish`]: the call completed, and what its caller was told.
 //! - [`recover`]: unsettled attempts resolved at start-up.
 //!
-//! Beside them: [`claim`] (the lock and, on a shared ledger, the claim every
+//! Beside them: [`upgrade`] (standing aside when a newer host migrated a
+//! shared ledger), [`claim`] (the lock and, on a shared ledger, the claim every
 //! step that acts on a call takes), [`landing`] (a completion kept in its
 //! call's lock until it lands), [`message`] (the guard's request,
 //! response and error types), [`wire`] (refusals and key injection),
@@ -38,6 +39,7 @@ mod send;
 pub mod tls;
 pub mod transport;
 mod unconfirmed;
+mod upgrade;
 pub mod wire;
 
 pub use admit::Admission;
@@ -78,6 +80,8 @@ pub struct Guard {
     completed: Mutex<replay::Completed>,
     /// This host's name in claims on a shared ledger: unique per process.
     host: String,
+    /// Whether a newer toolguard migrated the ledger since it was opened.
+    schema: upgrade::SchemaWatch,
 }
 
 /// The tool call as the guard identifies it.
@@ -171,6 +175,7 @@ impl Guard {
             outgoing: outgoing::Outgoing::default(),
             completed: Mutex::default(),
             host: claim::host_id(),
+            schema: upgrade::SchemaWatch::default(),
         })
     }
 

@@ -114,7 +114,11 @@ impl Guard {
         pace: Pace,
     ) -> Result<RecoveryReport, crate::ledger::LedgerError> {
         let ledger = self.ledger.clone();
-        let unsettled = blocking(move || -> Result<Vec<AttemptRecord>, crate::ledger::LedgerError> {
+        let (changed, unsettled) = blocking(move || -> Result<(Option<String>, Vec<AttemptRecord>), crate::ledger::LedgerError> {
+            // A ledger a newer toolguard migrated is left to the upgraded hosts.
+            if let Some(newer) = ledger.schema_changed()? {
+                return Ok((Some(newer), Vec::new()));
+            }
             // Once a pass, the ledger's clock is read again as it drifts (a
             // reading that fails keeps the last one).
             if let Err(e) = ledger.follow_clock() {
@@ -122,9 +126,12 @@ impl Guard {
             }
             let mut all = ledger.attempts_in_state(AttemptState::Pending)?;
             all.extend(ledger.attempts_in_state(AttemptState::Unknown)?);
-            Ok(all)
+            Ok((None, all))
         })
         .await?;
+        if self.schema.note(changed) {
+            return Ok(RecoveryReport::default());
+        }
         let mut report = RecoveryReport { examined: unsettled.len(), ..RecoveryReport::default() };
         // A few at a time (each under its call's lock), so that a provider
         // that is down — every attempt waiting out its retries — does not
