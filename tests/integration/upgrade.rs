@@ -7,9 +7,9 @@
 
 use crate::common::Mcp;
 use crate::fleet::{fleet, posts, processes};
-use crate::payments::Downstream;
+use crate::payments::{Downstream, PI};
 use std::time::{Duration, Instant};
-use toolguard::ErrorKind;
+use toolguard::{CallRequest, ErrorKind};
 
 /// Sets the ledger at `url`'s schema version to `version`.
 fn set_schema(url: &str, version: &str) {
@@ -25,7 +25,7 @@ fn set_schema(url: &str, version: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_whose_ledger_a_newer_toolguard_migrated_runs_nothing_until_the_schema_is_its_own() {
+async fn a_host_whose_ledger_a_newer_toolguard_migrated_admits_no_recorded_call_until_the_schema_is_its_own() {
     let f = fleet(Downstream::default()).await;
     f.refund(0, "c1", 500).await.unwrap();
     set_schema(&f.ledger, "99");
@@ -39,6 +39,16 @@ async fn a_host_whose_ledger_a_newer_toolguard_migrated_runs_nothing_until_the_s
     assert_eq!(replay.kind, ErrorKind::Transport, "{replay}");
     assert_eq!(f.sandbox.refunds().len(), 1, "nothing was sent for the refused calls");
     assert_eq!(posts(&f.sandbox).len(), 1);
+    // A read-only tool, which the ledger never records, still runs.
+    let status = CallRequest {
+        session: "s1".into(),
+        call_id: "st1".into(),
+        tool: "refund_status".into(),
+        args_json: format!(r#"{{"payment_intent":"{PI}"}}"#),
+        principal: None,
+    };
+    let out = f.hosts[0].call(&status).await.expect("read-only calls still run");
+    assert!(out.value.to_string().contains("re_"), "it lists the one refund: {}", out.value);
     // The ledger is this build's schema again (the upgrade was rolled back).
     set_schema(&f.ledger, "3");
     f.hosts[0].takeover_pass().await.unwrap();

@@ -1,8 +1,9 @@
 //! A fleet upgraded under a running host. When a newer toolguard on another
 //! host migrates the shared ledger to a schema this build does not know,
-//! this host stops admitting calls and stops taking calls over — it would
-//! apply its rules to records written under newer ones — and says to
-//! upgrade it; calls it already admitted finish. Every recovery pass asks
+//! this host stops admitting the calls it records (read-only ones, never
+//! recorded, still run) and stops taking calls over — it would apply its
+//! rules to records written under newer ones — and says to upgrade it;
+//! calls it already admitted finish. Every recovery pass asks
 //! (`serve` runs one every 2 s on a shared ledger); the ledger put back to
 //! this build's schema lets the host serve again. See `docs/ledger.md`,
 //! "Schema versions".
