@@ -414,11 +414,15 @@ impl Ledger {
     /// The ledger's schema version now, if it is no longer this build's: a
     /// newer toolguard on another host of a fleet migrated it since this
     /// host opened it (the open checks it once; a serving host asks again
-    /// every recovery pass).
+    /// every recovery pass). A host's own ledger is not read: no other
+    /// process can open it writable while this one holds it.
     ///
     /// # Errors
     /// The ledger cannot be read.
     pub fn schema_changed(&self) -> Result<Option<String>, LedgerError> {
+        if !self.shared() {
+            return Ok(None);
+        }
         let (schema, _) = self.backend.meta(false).map_err(|e| self.backend_err(e))?;
         Ok((schema != SCHEMA).then_some(schema))
     }
