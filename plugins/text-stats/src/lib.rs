@@ -3,8 +3,9 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use toolguard_sdk::{Plugin, ToolError, Tools, config};
+
+mod count;
 
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -37,21 +38,14 @@ fn text_stats(args: Args) -> Result<Stats, ToolError> {
     Ok(stats(&args.text, args.top.unwrap_or(default_top) as usize))
 }
 
-/// Counts and ranks; ties are broken alphabetically so results are stable.
+/// Counts and ranks ([`count::count`]).
 fn stats(text: &str, top: usize) -> Stats {
-    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    let mut words = 0;
-    for word in text.split(|c: char| !c.is_alphanumeric() && c != '\'').filter(|w| !w.is_empty()) {
-        words += 1;
-        *counts.entry(word.to_lowercase()).or_default() += 1;
-    }
-    let mut ranked: Vec<(String, u64)> = counts.into_iter().collect();
-    ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let c = count::count(text, top);
     Stats {
-        characters: text.chars().count(),
-        words,
-        lines: text.lines().count(),
-        top_words: ranked.into_iter().take(top).map(|(word, count)| WordCount { word, count }).collect(),
+        characters: c.characters,
+        words: c.words,
+        lines: c.lines,
+        top_words: c.top_words.into_iter().map(|(word, count)| WordCount { word, count }).collect(),
     }
 }
 
