@@ -11,17 +11,37 @@ use crate::payments::{Downstream, PI};
 use std::time::{Duration, Instant};
 use toolguard::{CallRequest, ErrorKind};
 
+/// Runs `f` on a connection to the ledger at `url`.
+fn on_ledger<T: Send + 'static>(url: &str, f: impl FnOnce(&mut r2d2_postgres::postgres::Client) -> T + Send + 'static) -> T {
+    let url = url.to_string();
+    // rust-postgres's blocking client runs its own runtime: not on a test runtime's threads.
+    std::thread::spawn(move || f(&mut r2d2_postgres::postgres::Client::connect(&url, r2d2_postgres::postgres::NoTls).unwrap())).join().unwrap()
+}
+
 /// Sets the ledger at `url`'s schema version to `version`.
 fn set_schema(url: &str, version: &str) {
-    let (url, version) = (url.to_string(), version.to_string());
-    // rust-postgres's blocking client runs its own runtime: not on a test runtime's threads.
-    std::thread::spawn(move || {
-        let mut client = r2d2_postgres::postgres::Client::connect(&url, r2d2_postgres::postgres::NoTls).unwrap();
-        let sql = "UPDATE toolguard_meta SET value = $1 WHERE name = 'schema'";
-        assert_eq!(client.execute(sql, &[&version.as_bytes()]).unwrap(), 1);
-    })
-    .join()
-    .unwrap();
+    let version = version.to_string();
+    let sql = "UPDATE toolguard_meta SET value = $1 WHERE name = 'schema'";
+    assert_eq!(on_ledger(url, move |c| c.execute(sql, &[&version.as_bytes()]).unwrap()), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outdated_host_refuses_to_open_a_ledger_a_newer_toolguard_migrated_and_changes_nothing_in_it() {
+    let f = fleet(Downstream::default()).await;
+    f.refund(0, "c1", 500).await.unwrap();
+    // The newer toolguard's migration: its version, and a table of this
+    // build's schema gone (one its schema replaced).
+    set_schema(&f.ledger, "99");
+    on_ledger(&f.ledger, |c| c.batch_execute("DROP TABLE toolguard_expired").unwrap());
+    let url = f.ledger.clone();
+    let refused = std::thread::spawn(move || toolguard::ledger::Ledger::connect(&url).map(|_| ())).join().unwrap();
+    let err = refused.expect_err("an outdated host cannot open the ledger");
+    assert!(err.to_string().contains("schema 99") && err.to_string().contains("matching toolguard"), "says why and what to do: {err}");
+    let tables = "SELECT count(*) FROM pg_tables WHERE tablename = 'toolguard_expired'";
+    let left: i64 = on_ledger(&f.ledger, move |c| c.query_one(tables, &[]).unwrap().get(0));
+    assert_eq!(left, 0, "the outdated host put none of its own schema back into the newer one");
+    let version = on_ledger(&f.ledger, |c| c.query_one("SELECT value FROM toolguard_meta WHERE name = 'schema'", &[]).unwrap().get::<_, Vec<u8>>(0));
+    assert_eq!(version, b"99", "nor its version");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

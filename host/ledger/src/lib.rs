@@ -56,6 +56,9 @@ pub struct FirstLook {
 /// on open.
 pub(crate) const SCHEMA: &str = "3";
 
+/// The older schema versions this code migrates from ([`SCHEMA`]'s history).
+pub(crate) const MIGRATES_FROM: &[&str] = &["1", "2"];
+
 /// Whether a write waits for the WAL to reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {

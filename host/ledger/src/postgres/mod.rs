@@ -206,10 +206,17 @@ impl Postgres {
     /// Creates the tables a new database lacks, and those of later schema
     /// versions an older one lacks. Hosts starting together may race on
     /// `CREATE … IF NOT EXISTS` (the catalogue's own unique index), so a
-    /// failed attempt is retried.
+    /// failed attempt is retried. A ledger of this build's schema, or of one
+    /// it does not know (a newer toolguard's: the ledger then refuses to
+    /// open), is not touched: no table of ours is put back into a newer
+    /// schema, and no `ALTER TABLE` queues for a lock on a fleet's tables
+    /// each time an outdated host restarts.
     fn migrate(&self) -> Result<(), BackendError> {
         let current = self.query("SELECT value FROM toolguard_meta WHERE name = 'schema'", &[]);
-        if current.is_ok_and(|rows| rows.iter().any(|r| r.get::<_, Vec<u8>>(0) == super::SCHEMA.as_bytes())) {
+        if let Ok(rows) = current
+            && let Some(row) = rows.first()
+            && !super::MIGRATES_FROM.contains(&String::from_utf8_lossy(&row.get::<_, Vec<u8>>(0)).as_ref())
+        {
             return Ok(());
         }
         let mut last = String::new();
