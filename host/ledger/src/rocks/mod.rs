@@ -214,6 +214,7 @@ impl Rocks {
     /// of `cache_mib` MiB.
     pub(crate) fn open_cached(dir: &Path, cache_mib: u64) -> Result<Self, BackendError> {
         std::fs::create_dir_all(dir).map_err(|e| failed(format!("cannot create the directory: {e}")))?;
+        refuse_newer(dir)?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -585,6 +586,26 @@ fn write_options(durability: Durability) -> WriteOptions {
     let mut o = WriteOptions::default();
     o.set_sync(durability == Durability::Synced);
     o
+}
+
+/// Refuses a ledger with column families this build does not know — one a
+/// newer toolguard wrote — before the writable open would change anything
+/// in it (create this build's families, index what it indexes); the schema
+/// version in `meta` is checked once open, and refuses the rest.
+fn refuse_newer(dir: &Path) -> Result<(), BackendError> {
+    if !dir.join("CURRENT").exists() {
+        return Ok(());
+    }
+    let families = DB::list_cf(&Options::default(), dir).map_err(|e| describe_open_error(&e))?;
+    let unknown: Vec<String> = families.into_iter().filter(|f| f != "default" && !ALL_CFS.contains(&f.as_str())).collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(failed(format!(
+        "the ledger holds column families this toolguard does not know ({}): a newer toolguard wrote it; use a matching toolguard \
+         (nothing in it was changed)",
+        unknown.join(", ")
+    )))
 }
 
 fn describe_open_error(e: &rocksdb::Error) -> BackendError {

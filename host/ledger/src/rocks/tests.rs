@@ -629,3 +629,19 @@ fn level_0_is_compacted_once_it_holds_8_flushed_files_not_4() {
         assert!(ledger.call("s", &format!("a{n}")).unwrap().is_some(), "a{n} survives the compaction");
     }
 }
+
+#[test]
+fn a_ledger_with_families_a_newer_toolguard_added_is_refused_before_anything_in_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Rocks::open(dir.path()).unwrap());
+    // A newer toolguard's ledger: one family more, and one of ours it dropped.
+    {
+        let mut db = DB::open_cf(&Options::default(), dir.path(), ALL_CFS).unwrap();
+        db.create_cf("calls_v9", &Options::default()).unwrap();
+        db.drop_cf(CF_UNSETTLED).unwrap();
+    }
+    let before = DB::list_cf(&Options::default(), dir.path()).unwrap();
+    let err = format!("{:?}", Rocks::open(dir.path()).err().expect("refused"));
+    assert!(err.contains("calls_v9") && err.contains("newer toolguard") && err.contains("matching toolguard"), "says why and what to do: {err}");
+    assert_eq!(DB::list_cf(&Options::default(), dir.path()).unwrap(), before, "no family of this build was put back");
+}
