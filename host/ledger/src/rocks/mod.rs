@@ -591,12 +591,15 @@ fn write_options(durability: Durability) -> WriteOptions {
 /// Refuses a ledger with column families this build does not know — one a
 /// newer toolguard wrote — before the writable open would change anything
 /// in it (create this build's families, index what it indexes); the schema
-/// version in `meta` is checked once open, and refuses the rest.
+/// version in `meta` is checked once open, and refuses the rest. A listing
+/// that fails (another process rotating the manifest as it opens the
+/// ledger) refuses nothing: the open that follows tells what it finds,
+/// such as the ledger being held.
 fn refuse_newer(dir: &Path) -> Result<(), BackendError> {
     if !dir.join("CURRENT").exists() {
         return Ok(());
     }
-    let families = DB::list_cf(&Options::default(), dir).map_err(|e| describe_open_error(&e))?;
+    let Ok(families) = DB::list_cf(&Options::default(), dir) else { return Ok(()) };
     let unknown: Vec<String> = families.into_iter().filter(|f| f != "default" && !ALL_CFS.contains(&f.as_str())).collect();
     if unknown.is_empty() {
         return Ok(());
