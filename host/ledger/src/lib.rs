@@ -183,7 +183,7 @@ impl Ledger {
         match schema.as_str() {
             SCHEMA => {}
             // Read-only opens read schema-1 records as they are.
-            "1" | "2" if !writable => {}
+            older if !writable && MIGRATES_FROM.contains(&older) => {}
             "1" => {
                 migrate::to_2(&ledger)?;
                 migrate::to_3(&ledger)?;

@@ -214,7 +214,6 @@ impl Rocks {
     /// of `cache_mib` MiB.
     pub(crate) fn open_cached(dir: &Path, cache_mib: u64) -> Result<Self, BackendError> {
         std::fs::create_dir_all(dir).map_err(|e| failed(format!("cannot create the directory: {e}")))?;
-        refuse_newer(dir)?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -588,34 +587,18 @@ fn write_options(durability: Durability) -> WriteOptions {
     o
 }
 
-/// Refuses a ledger with column families this build does not know — one a
-/// newer toolguard wrote — before the writable open would change anything
-/// in it (create this build's families, index what it indexes); the schema
-/// version in `meta` is checked once open, and refuses the rest. A listing
-/// that fails (another process rotating the manifest as it opens the
-/// ledger) refuses nothing: the open that follows tells what it finds,
-/// such as the ledger being held.
-fn refuse_newer(dir: &Path) -> Result<(), BackendError> {
-    if !dir.join("CURRENT").exists() {
-        return Ok(());
-    }
-    let Ok(families) = DB::list_cf(&Options::default(), dir) else { return Ok(()) };
-    let unknown: Vec<String> = families.into_iter().filter(|f| f != "default" && !ALL_CFS.contains(&f.as_str())).collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    Err(failed(format!(
-        "the ledger holds column families this toolguard does not know ({}): a newer toolguard wrote it; use a matching toolguard \
-         (nothing in it was changed)",
-        unknown.join(", ")
-    )))
-}
-
 fn describe_open_error(e: &rocksdb::Error) -> BackendError {
     let text = e.to_string();
     // RocksDB reports its LOCK file held by another process as an I/O error naming the lock.
     if e.kind() == rocksdb::ErrorKind::IOError && text.contains("lock") {
         BackendError::Busy(format!("{text} — another toolguard process holds this ledger"))
+    } else if let Some((_, unknown)) = text.split_once("Column families not opened: ") {
+        // Families this build does not know: a newer toolguard's ledger. RocksDB
+        // refuses the open before it creates or writes anything.
+        BackendError::Failed(format!(
+            "the ledger holds column families this toolguard does not know ({unknown}): a newer toolguard wrote it; use a matching \
+             toolguard (nothing in it was changed)"
+        ))
     } else {
         BackendError::Failed(text)
     }
