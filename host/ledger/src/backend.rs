@@ -84,9 +84,16 @@ pub(crate) trait Backend: Send + Sync {
         Ok(())
     }
     /// `toolguard bench` only: copies every record of session `seed` into
-    /// sessions `{prefix}{n}` for n in `from..=to`, server-side; `false` if
+    /// sessions `{prefix}{n:05}` for n in `from..=to`, server-side; `false` if
     /// the backend has no such fast path (the bench then writes each copy).
     fn replicate_for_bench(&self, _seed: &str, _prefix: &str, _from: u64, _to: u64) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+    /// `toolguard bench` only: creates (or, with `create` false, drops with
+    /// everything in it) the schema `name` beside this ledger's, where a
+    /// second ledger can live on the same server; `false` if the backend has
+    /// no schemas (RocksDB: a second ledger is a second directory).
+    fn bench_schema(&self, _name: &str, _create: bool) -> Result<bool, BackendError> {
         Ok(false)
     }
     /// Retire-index entries older than `before_ms` that sort after `after`,

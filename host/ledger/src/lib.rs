@@ -476,6 +476,11 @@ impl Ledger {
         self.backend.replicate_for_bench(seed, prefix, from, to).map_err(|e| self.backend_err(e))
     }
 
+    /// `toolguard bench` only: see `Backend::bench_schema`.
+    pub fn bench_schema(&self, name: &str, create: bool) -> Result<bool, LedgerError> {
+        self.backend.bench_schema(name, create).map_err(|e| self.backend_err(e))
+    }
+
     /// fsyncs of the write-ahead log by this process (RocksDB), if known:
     /// synced writes per fsync is the group-commit batch size.
     pub fn wal_syncs(&self) -> Option<u64> {

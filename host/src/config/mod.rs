@@ -31,8 +31,9 @@ pub struct Config {
     /// database shared by a fleet (`ledger = "postgres://…"`, or the URL in
     /// the environment variable `ledger_url_env` names).
     pub ledger: LedgerLocation,
-    /// MiB of a RocksDB ledger's table files its host keeps in memory
-    /// (`ledger_cache_mib`, default [`crate::ledger::DEFAULT_BLOCK_CACHE_MIB`]).
+    /// MiB of a RocksDB ledger's table files its host keeps in memory, in
+    /// each of its two block caches (`ledger_cache_mib`, default
+    /// [`crate::ledger::DEFAULT_BLOCK_CACHE_MIB`]).
     pub ledger_cache_mib: u64,
     /// Connections a host keeps to a PostgreSQL ledger at most (`ledger_pool`,
     /// default [`crate::ledger::DEFAULT_POOL_SIZE`]): a fleet's hosts share

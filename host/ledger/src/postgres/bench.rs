@@ -2,33 +2,34 @@
 //! the rows of one seed session copied into many new sessions by the
 //! server itself (`INSERT … SELECT … generate_series`), so ten million
 //! recorded calls take minutes, not hours of round trips. Each copy differs
-//! from its seed only in the session and (for attempts) the key.
+//! from its seed only in the session and (for attempts) the key. And the
+//! schema of the empty ledger (i) measures beside the filled one.
 
 use super::{Postgres, db};
 use crate::BackendError;
 
-/// Copies every row of session `seed` into sessions `{prefix}{g}` for g in
-/// `from..=to`, in one transaction.
+/// Copies every row of session `seed` into sessions `{prefix}{g:05}` (g
+/// zero-padded to five digits) for g in `from..=to`, in one transaction.
 pub(super) fn replicate(pg: &Postgres, seed: &str, prefix: &str, from: i64, to: i64) -> Result<(), BackendError> {
     // The session as it appears in a record's JSON, before and after.
-    let moved = |column: &str| format!("replace({column}, '\"session\":\"' || $1 || '\"', '\"session\":\"' || $2 || g || '\"')");
+    let moved = |column: &str| format!("replace({column}, '\"session\":\"' || $1 || '\"', '\"session\":\"' || $2 || lpad(g::text, 5, '0') || '\"')");
     let statements = [
         format!(
             "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record, episode) \
-             SELECT $2 || g, call_id, tool, args_digest, completed, owner, lease_until, {}, episode \
+             SELECT $2 || lpad(g::text, 5, '0'), call_id, tool, args_digest, completed, owner, lease_until, {}, episode \
              FROM toolguard_calls, generate_series($3::bigint, $4::bigint) g WHERE session = $1",
             moved("record")
         ),
         format!(
             "INSERT INTO toolguard_attempts (key, session, call_id, step, generation, tool, args_digest, state, record) \
-             SELECT key || '.' || g, $2 || g, call_id, step, generation, tool, args_digest, state, \
+             SELECT key || '.' || g, $2 || lpad(g::text, 5, '0'), call_id, step, generation, tool, args_digest, state, \
                     replace({}, '\"key\":\"' || key || '\"', '\"key\":\"' || key || '.' || g || '\"') \
              FROM toolguard_attempts, generate_series($3::bigint, $4::bigint) g WHERE session = $1",
             moved("record")
         ),
         format!(
             "INSERT INTO toolguard_episodes (session, tool, args_digest, episode, executor, closed, record) \
-             SELECT $2 || g, tool, args_digest, episode, executor, closed, {} \
+             SELECT $2 || lpad(g::text, 5, '0'), tool, args_digest, episode, executor, closed, {} \
              FROM toolguard_episodes, generate_series($3::bigint, $4::bigint) g WHERE session = $1",
             moved("record")
         ),
@@ -44,4 +45,15 @@ pub(super) fn replicate(pg: &Postgres, seed: &str, prefix: &str, from: i64, to: 
         tx.execute(sql.as_str(), &[&seed, &prefix, &from, &to]).map_err(db)?;
     }
     tx.commit().map_err(db)
+}
+
+/// Creates the schema `name` (or drops it and everything in it). `name` is
+/// the bench's own constant: lower-case letters and `_` only.
+pub(super) fn schema(pg: &Postgres, name: &str, create: bool) -> Result<(), BackendError> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+        return Err(BackendError::Failed(format!("`{name}` is not a schema name the bench uses")));
+    }
+    let sql = if create { format!("CREATE SCHEMA IF NOT EXISTS {name}") } else { format!("DROP SCHEMA IF EXISTS {name} CASCADE") };
+    // Without the server's notices ("does not exist, skipping", "drop cascades to …") in the bench's output.
+    pg.client()?.client.batch_execute(&format!("BEGIN; SET LOCAL client_min_messages = warning; {sql}; COMMIT")).map_err(db)
 }

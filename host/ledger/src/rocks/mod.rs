@@ -65,17 +65,34 @@ const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 
 /// The default memory for data, index and filter blocks read from table
 /// files, in MiB, shared by all column families (RocksDB's own default is
-/// 32 MiB per family); `ledger_cache_mib` in the config sets it.
+/// 32 MiB per family); `ledger_cache_mib` in the config sets it. The two
+/// families keyed by a hash have a cache of their own of the same size
+/// ([`Caches`]).
 pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 8;
+
+/// The block caches of a ledger.
+struct Caches {
+    /// Every family's blocks but those of `pinned`'s families.
+    shared: Cache,
+    /// The families keyed by a hash (`latest_episode`, `expired`), whose
+    /// index and filter partitions are all pinned: ~1.4 bytes per action or
+    /// tombstone, which outgrow any fixed cache (14 MB at 10 M actions).
+    /// In the shared cache they took all of it, and every block any other
+    /// family loaded was evicted the moment its read ended: at 10 M calls
+    /// each admission read the disk twice (docs/benchmarks.md, (i)). Here
+    /// they crowd only their own families' data blocks.
+    pinned: Cache,
+}
 
 /// How many table files flushed from memtables (level 0) a family gathers
 /// before RocksDB compacts them into the level below (its default is 4).
 const L0_COMPACTION_TRIGGER: i32 = 8;
 
 /// The options of family `name`.
-fn cf_options(name: &str, cache: &Cache) -> Options {
+fn cf_options(name: &str, caches: &Caches) -> Options {
+    let pinned = name == CF_LATEST || name == CF_EXPIRED;
     let mut table = BlockBasedOptions::default();
-    table.set_block_cache(cache);
+    table.set_block_cache(if pinned { &caches.pinned } else { &caches.shared });
     // Index and filter blocks count against the cache instead of growing
     // with the number of table files.
     table.set_cache_index_and_filter_blocks(true);
@@ -94,7 +111,7 @@ fn cf_options(name: &str, cache: &Cache) -> Options {
     table.set_pin_top_level_index_and_filter(true);
     table.set_cache_index_and_filter_blocks_with_high_priority(true);
     table.set_pin_l0_filter_and_index_blocks_in_cache(true);
-    if name == CF_LATEST || name == CF_EXPIRED {
+    if pinned {
         // Keyed by a hash, so each admission's lookup of a new action (or of
         // a new call's tombstone) lands in a random partition of every
         // level: unpinned, a ledger of millions read a partition from the
@@ -213,6 +230,11 @@ impl Rocks {
     /// Opens (creating if needed) the database in `dir`, with a block cache
     /// of `cache_mib` MiB.
     pub(crate) fn open_cached(dir: &Path, cache_mib: u64) -> Result<Self, BackendError> {
+        Self::open_with_cache(dir, usize::try_from(cache_mib << 20).unwrap_or(usize::MAX))
+    }
+
+    /// [`Rocks::open_cached`] with block caches of `bytes` each.
+    fn open_with_cache(dir: &Path, bytes: usize) -> Result<Self, BackendError> {
         std::fs::create_dir_all(dir).map_err(|e| failed(format!("cannot create the directory: {e}")))?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
@@ -223,8 +245,8 @@ impl Rocks {
         // Tickers only (no histograms or timers): WAL fsyncs for /metrics.
         opts.enable_statistics();
         opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
-        let cache = Cache::new_lru_cache(usize::try_from(cache_mib << 20).unwrap_or(usize::MAX));
-        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(n, &cache)));
+        let caches = Caches { shared: Cache::new_lru_cache(bytes), pinned: Cache::new_lru_cache(bytes) };
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(n, &caches)));
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| describe_open_error(&e))?);
         let mut rocks = Self { writer: Some(Writer::start(db.clone())?), db, opts: Some(opts), dir: dir.to_path_buf(), latest_indexed: false };
         if !rocks.latest_is_indexed()? {
@@ -572,7 +594,7 @@ impl Backend for Rocks {
         let cfs = ALL_CFS.iter().map(|n| self.cf(n));
         let prop = |name: &str, cf: &rocksdb::ColumnFamily| self.db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
         let tables: u64 = cfs.map(|cf| prop("rocksdb.cur-size-all-mem-tables", cf) + prop("rocksdb.estimate-table-readers-mem", cf)).sum();
-        tables + prop("rocksdb.block-cache-usage", self.cf(CF_CALLS))
+        tables + prop("rocksdb.block-cache-usage", self.cf(CF_CALLS)) + prop("rocksdb.block-cache-usage", self.cf(CF_LATEST))
     }
 }
 
