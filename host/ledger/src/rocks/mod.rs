@@ -79,8 +79,9 @@ struct Caches {
     /// tombstone, which outgrow any fixed cache (14 MB at 10 M actions).
     /// In the shared cache they took all of it, and every block any other
     /// family loaded was evicted the moment its read ended: at 10 M calls
-    /// each admission read the disk twice (docs/benchmarks.md, (i)). Here
-    /// they crowd only their own families' data blocks.
+    /// each guarded call made two reads memory could not answer
+    /// (docs/benchmarks.md, (i)). Here they crowd only their own families'
+    /// data blocks.
     pinned: Cache,
 }
 
@@ -227,8 +228,8 @@ impl Rocks {
         Self::open_cached(dir, DEFAULT_BLOCK_CACHE_MIB)
     }
 
-    /// Opens (creating if needed) the database in `dir`, with a block cache
-    /// of `cache_mib` MiB.
+    /// Opens (creating if needed) the database in `dir`, with block caches
+    /// of `cache_mib` MiB each ([`Caches`]).
     pub(crate) fn open_cached(dir: &Path, cache_mib: u64) -> Result<Self, BackendError> {
         Self::open_with_cache(dir, usize::try_from(cache_mib << 20).unwrap_or(usize::MAX))
     }
