@@ -91,10 +91,10 @@ pub(crate) trait Backend: Send + Sync {
     }
     /// `toolguard bench` only: creates (or, with `create` false, drops with
     /// everything in it) the schema `name` beside this ledger's, where a
-    /// second ledger can live on the same server; `false` if the backend has
-    /// no schemas (RocksDB: a second ledger is a second directory).
-    fn bench_schema(&self, _name: &str, _create: bool) -> Result<bool, BackendError> {
-        Ok(false)
+    /// second ledger can live on the same server; nothing on a backend
+    /// without schemas (RocksDB: a second ledger is a second directory).
+    fn bench_schema(&self, _name: &str, _create: bool) -> Result<(), BackendError> {
+        Ok(())
     }
     /// Retire-index entries older than `before_ms` that sort after `after`,
     /// oldest first, at most `limit`.

@@ -477,7 +477,7 @@ impl Ledger {
     }
 
     /// `toolguard bench` only: see `Backend::bench_schema`.
-    pub fn bench_schema(&self, name: &str, create: bool) -> Result<bool, LedgerError> {
+    pub fn bench_schema(&self, name: &str, create: bool) -> Result<(), LedgerError> {
         self.backend.bench_schema(name, create).map_err(|e| self.backend_err(e))
     }
 

@@ -11,25 +11,27 @@ use crate::BackendError;
 /// Copies every row of session `seed` into sessions `{prefix}{g:05}` (g
 /// zero-padded to five digits) for g in `from..=to`, in one transaction.
 pub(super) fn replicate(pg: &Postgres, seed: &str, prefix: &str, from: i64, to: i64) -> Result<(), BackendError> {
+    // The session of copy g: the prefix, then g in five digits.
+    let session = "$2 || lpad(g::text, 5, '0')";
     // The session as it appears in a record's JSON, before and after.
-    let moved = |column: &str| format!("replace({column}, '\"session\":\"' || $1 || '\"', '\"session\":\"' || $2 || lpad(g::text, 5, '0') || '\"')");
+    let moved = |column: &str| format!("replace({column}, '\"session\":\"' || $1 || '\"', '\"session\":\"' || {session} || '\"')");
     let statements = [
         format!(
             "INSERT INTO toolguard_calls (session, call_id, tool, args_digest, completed, owner, lease_until, record, episode) \
-             SELECT $2 || lpad(g::text, 5, '0'), call_id, tool, args_digest, completed, owner, lease_until, {}, episode \
+             SELECT {session}, call_id, tool, args_digest, completed, owner, lease_until, {}, episode \
              FROM toolguard_calls, generate_series($3::bigint, $4::bigint) g WHERE session = $1",
             moved("record")
         ),
         format!(
             "INSERT INTO toolguard_attempts (key, session, call_id, step, generation, tool, args_digest, state, record) \
-             SELECT key || '.' || g, $2 || lpad(g::text, 5, '0'), call_id, step, generation, tool, args_digest, state, \
+             SELECT key || '.' || g, {session}, call_id, step, generation, tool, args_digest, state, \
                     replace({}, '\"key\":\"' || key || '\"', '\"key\":\"' || key || '.' || g || '\"') \
              FROM toolguard_attempts, generate_series($3::bigint, $4::bigint) g WHERE session = $1",
             moved("record")
         ),
         format!(
             "INSERT INTO toolguard_episodes (session, tool, args_digest, episode, executor, closed, record) \
-             SELECT $2 || lpad(g::text, 5, '0'), tool, args_digest, episode, executor, closed, {} \
+             SELECT {session}, tool, args_digest, episode, executor, closed, {} \
              FROM toolguard_episodes, generate_series($3::bigint, $4::bigint) g WHERE session = $1",
             moved("record")
         ),

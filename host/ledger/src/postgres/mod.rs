@@ -365,8 +365,8 @@ impl Backend for Postgres {
         off_async(|| bench::replicate(self, seed, prefix, from as i64, to as i64)).map(|()| true)
     }
 
-    fn bench_schema(&self, name: &str, create: bool) -> Result<bool, BackendError> {
-        off_async(|| bench::schema(self, name, create)).map(|()| true)
+    fn bench_schema(&self, name: &str, create: bool) -> Result<(), BackendError> {
+        off_async(|| bench::schema(self, name, create))
     }
 
     fn meta(&self, create: bool) -> Result<(String, [u8; 32]), BackendError> {

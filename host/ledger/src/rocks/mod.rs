@@ -70,6 +70,10 @@ const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
 /// ([`Caches`]).
 pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 8;
 
+/// The families keyed by a hash, whose index and filter partitions are all
+/// pinned, in a block cache of their own ([`Caches`]).
+const PINNED_CFS: [&str; 2] = [CF_LATEST, CF_EXPIRED];
+
 /// The block caches of a ledger.
 struct Caches {
     /// Every family's blocks but those of `pinned`'s families.
@@ -91,7 +95,7 @@ const L0_COMPACTION_TRIGGER: i32 = 8;
 
 /// The options of family `name`.
 fn cf_options(name: &str, caches: &Caches) -> Options {
-    let pinned = name == CF_LATEST || name == CF_EXPIRED;
+    let pinned = PINNED_CFS.contains(&name);
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(if pinned { &caches.pinned } else { &caches.shared });
     // Index and filter blocks count against the cache instead of growing

@@ -603,7 +603,7 @@ fn the_families_share_one_block_cache_but_the_two_whose_partitions_are_pinned() 
     let used = prop(CF_CALLS, "rocksdb.block-cache-usage");
     assert!(used > 0, "the flush cached what it wrote");
     for name in ALL_CFS {
-        let pinned = name == CF_LATEST || name == CF_EXPIRED;
+        let pinned = PINNED_CFS.contains(&name);
         let expected = if pinned { prop(CF_LATEST, "rocksdb.block-cache-usage") } else { used };
         assert_eq!(prop(name, "rocksdb.block-cache-usage"), expected, "{name}");
         assert_eq!(pinned, expected != used, "{name}: the blocks of `calls` are in the shared cache only");

@@ -142,9 +142,9 @@ pub async fn growth(dir: &std::path::Path, scale: Scale, postgres: Option<&str>,
 }
 
 /// On PostgreSQL, creates (or drops) [`EMPTY_SCHEMA`] beside the ledger of
-/// `runtime` and returns the URL of a ledger in it; on RocksDB, `None` (the
-/// empty ledger is a directory of its own). A schema a killed run left is
-/// dropped first, so the empty ledger starts empty.
+/// `runtime`, and once created returns the URL of a ledger in it; on
+/// RocksDB, `None` (the empty ledger is a directory of its own). A schema a
+/// killed run left is dropped first, so the empty ledger starts empty.
 async fn empty_schema(runtime: &Runtime, url: Option<&str>, create: bool) -> anyhow::Result<Option<String>> {
     let Some(url) = url else { return Ok(None) };
     let ledger = runtime.guard().expect("a guarded host").ledger().clone();
@@ -156,6 +156,9 @@ async fn empty_schema(runtime: &Runtime, url: Option<&str>, create: bool) -> any
         Ok(())
     })
     .await??;
+    if !create {
+        return Ok(None);
+    }
     let mut beside = url::Url::parse(url)?;
     beside.query_pairs_mut().append_pair("options", &format!("--search_path={EMPTY_SCHEMA}"));
     Ok(Some(beside.into()))
