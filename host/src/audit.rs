@@ -271,6 +271,7 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
         match runtime.add_plugin(plugin).await {
             Ok(()) => {
                 tools = runtime.tools().map(|t| tool_report(t, policy.grants.is_empty())).collect();
+                notes.extend(runtime.tools().filter_map(loose_note));
                 effective = runtime.effective_policy(&plugin.name).cloned();
             }
             Err(e) => reasons.push(e.to_string()),
@@ -314,6 +315,19 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
 
 fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
     ToolReport { name: t.name.clone(), claimed: t.claimed, granted: t.effect, reviewed: t.reviewed, may_send: t.effect != Effect::ReadOnly && !no_grants }
+}
+
+/// For an irreversible tool whose arguments can vary without naming another
+/// action, what varies: a blind repeat changed there is not held.
+fn loose_note(t: &ToolInfo) -> Option<String> {
+    let loose = t.input_schema.loose_arguments();
+    (t.effect == Effect::Irreversible && !loose.is_empty()).then(|| {
+        format!(
+            "irreversible tool `{}` takes arguments that can vary without naming another action: {}; the hold rule holds only identical repeats, so a blind repeat that changes one of them runs (docs/guard.md, \"What 'identical' leaves out\")",
+            t.name,
+            loose.join(", ")
+        )
+    })
 }
 
 /// The credentials the host injects for a plugin, each with whether it can be read here now.

@@ -5,6 +5,8 @@
 //! and file retrievers, so a plugin's schema cannot make the host fetch
 //! anything. `$ref`s inside the schema document work.
 
+mod loose;
+
 use serde_json::Value;
 
 /// The most violations listed in one error message.
@@ -39,6 +41,13 @@ impl Schema {
     /// The schema as JSON.
     pub fn json(&self) -> &Value {
         &self.json
+    }
+
+    /// The arguments this schema lets a caller vary without naming another
+    /// action (free text, optional or unlisted properties), each as
+    /// `` `POINTER` (why) ``: what the hold rule cannot see through.
+    pub fn loose_arguments(&self) -> Vec<String> {
+        loose::loose_arguments(&self.json)
     }
 
     /// Checks `instance`; on failure lists the first violations, each with

@@ -82,6 +82,33 @@ fn the_shipped_plugins_pass_under_the_example_config() {
 }
 
 #[test]
+fn an_irreversible_tool_whose_arguments_can_vary_without_naming_another_action_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = example_config(dir.path(), "");
+    let notes_of = |report: &Value, plugin: &str| -> String {
+        let c = report["components"].as_array().unwrap().iter().find(|c| c["plugin"] == plugin).unwrap();
+        c["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect::<Vec<_>>().join(" | ")
+    };
+    // As shipped: the refund takes an id, an amount and an enumerated reason,
+    // all required; `greet` takes free text but is read-only (never held).
+    let report = json(&audit(&config, &["--json"]));
+    for plugin in ["payments", "template"] {
+        assert!(!notes_of(&report, plugin).contains("vary without naming"), "{plugin}: {}", notes_of(&report, plugin));
+    }
+    // The reviewer makes `greet` irreversible: its free-text name is named.
+    let text = std::fs::read_to_string(&config).unwrap().replacen(r#"greet = { effect = "read-only" }"#, r#"greet = { effect = "irreversible" }"#, 1);
+    std::fs::write(&config, text).unwrap();
+    let out = audit(&config, &["--json"]);
+    assert_eq!(out.status.code(), Some(0), "a note, not a failure");
+    let report = json(&out);
+    assert_schema(&report);
+    let notes = notes_of(&report, "template");
+    assert!(notes.contains("irreversible tool `greet` takes arguments that can vary without naming another action: `/name` (free text)"), "{notes}");
+    assert!(notes.contains("a blind repeat that changes one of them runs"), "{notes}");
+    assert!(!notes_of(&report, "payments").contains("vary without naming"));
+}
+
+#[test]
 fn each_hostile_fixture_fails_naming_its_reason() {
     let dir = tempfile::tempdir().unwrap();
     let config = example_config(dir.path(), "");
