@@ -320,8 +320,11 @@ fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
 /// For an irreversible tool whose arguments can vary without naming another
 /// action, what varies: a blind repeat changed there is not held.
 fn loose_note(t: &ToolInfo) -> Option<String> {
+    if t.effect != Effect::Irreversible {
+        return None;
+    }
     let loose = t.input_schema.loose_arguments();
-    (t.effect == Effect::Irreversible && !loose.is_empty()).then(|| {
+    (!loose.is_empty()).then(|| {
         format!(
             "irreversible tool `{}` takes arguments that can vary without naming another action: {}; the hold rule holds only identical repeats, so a blind repeat that changes one of them runs (docs/guard.md, \"What 'identical' leaves out\")",
             t.name,

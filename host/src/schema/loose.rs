@@ -55,7 +55,8 @@ fn walk(root: &Value, node: &Value, at: &str, depth: u8, out: &mut Vec<String>) 
         }
         walk(root, sub, &here, depth + 1, out);
     }
-    if (properties.is_some() || is("object")) && node.get("additionalProperties") != Some(&Value::Bool(false)) {
+    let closed = ["additionalProperties", "unevaluatedProperties"].iter().any(|k| node.get(*k) == Some(&Value::Bool(false)));
+    if (properties.is_some() || is("object")) && !closed {
         note(out, &format!("{at}/*"), "properties it does not list");
     }
     if let Some(items) = node.get("items") {
@@ -100,7 +101,7 @@ mod tests {
                 "subject": {"type": "string", "maxLength": 200},
                 "to": {"$ref": "#/$defs/Email"},
                 "priority": {"type": "integer", "default": 3},
-                "meta": {"type": "object", "additionalProperties": false, "properties": {"a/b": {"anyOf": [{"type": "string"}, {"type": "null"}]}}},
+                "meta": {"type": "object", "unevaluatedProperties": false, "properties": {"a/b": {"anyOf": [{"type": "string"}, {"type": "null"}]}}},
                 "extra": true,
                 "tags": {"type": "array", "items": {"type": "string"}}
             },
