@@ -145,6 +145,9 @@ pub struct ToolReport {
     pub reviewed: bool,
     /// Whether it can make side-effecting requests at all (not read-only, and grants exist).
     pub may_send: bool,
+    /// The arguments that name its action, where the reviewer declared them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<Vec<String>>,
 }
 
 /// A credential the host injects on a granted downstream.
@@ -314,19 +317,27 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
 }
 
 fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
-    ToolReport { name: t.name.clone(), claimed: t.claimed, granted: t.effect, reviewed: t.reviewed, may_send: t.effect != Effect::ReadOnly && !no_grants }
+    ToolReport {
+        name: t.name.clone(),
+        claimed: t.claimed,
+        granted: t.effect,
+        reviewed: t.reviewed,
+        may_send: t.effect != Effect::ReadOnly && !no_grants,
+        action: t.action.as_ref().map(|a| a.pointers().to_vec()),
+    }
 }
 
 /// For an irreversible tool whose arguments can vary without naming another
-/// action, what varies: a blind repeat changed there is not held.
+/// action (and whose action the reviewer did not declare), what varies: a
+/// blind repeat changed there is not held.
 fn loose_note(t: &ToolInfo) -> Option<String> {
-    if t.effect != Effect::Irreversible {
+    if t.effect != Effect::Irreversible || t.action.is_some() {
         return None;
     }
     let loose = t.input_schema.loose_arguments();
     (!loose.is_empty()).then(|| {
         format!(
-            "irreversible tool `{}` takes arguments that can vary without naming another action: {}; the hold rule holds only identical repeats, so a blind repeat that changes one of them runs (docs/guard.md, \"What 'identical' leaves out\")",
+            "irreversible tool `{}` takes arguments that can vary without naming another action: {}; the hold rule holds only identical repeats, so a blind repeat that changes one of them runs; the policy's `action` can name the arguments that identify it (docs/keys.md)",
             t.name,
             loose.join(", ")
         )
@@ -432,11 +443,12 @@ pub fn render(report: &Report) -> String {
             let reviewed = if t.reviewed { "reviewed" } else { "unreviewed" };
             let _ = writeln!(
                 out,
-                "  {label:<12} {:<16} claimed {:<13} granted {:<13} {reviewed}{}",
+                "  {label:<12} {:<16} claimed {:<13} granted {:<13} {reviewed}{}{}",
                 t.name,
                 t.claimed.as_str(),
                 t.granted.as_str(),
-                if t.may_send { ", may send" } else { "" }
+                if t.may_send { ", may send" } else { "" },
+                t.action.as_ref().map(|a| format!("; its action: {}", a.join(", "))).unwrap_or_default()
             );
         }
         if c.grants.is_empty() {

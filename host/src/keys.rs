@@ -59,6 +59,49 @@ pub fn args_digest(canonical: &str) -> String {
     hex::encode(Sha256::digest(canonical.as_bytes()))
 }
 
+/// The arguments that name an irreversible tool's action, as the reviewer
+/// declares them (`action` in the tool's policy): JSON pointers into the
+/// arguments. With them, "the same arguments" — for replays, conflicts, keys
+/// and the hold rule alike — means the same values there; whatever else the
+/// arguments carry (a reason in words, a memo) can differ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionFields(Vec<String>);
+
+impl ActionFields {
+    /// The declared pointers, as given (each `/…`, RFC 6901; none twice).
+    ///
+    /// # Errors
+    /// An empty list, a pointer that does not start with `/`, or one given twice.
+    pub fn new(pointers: Vec<String>) -> Result<Self, String> {
+        if pointers.is_empty() {
+            return Err("list the JSON pointers of the arguments that name the action, e.g. [\"/payment_intent\", \"/amount_cents\"]".into());
+        }
+        for (i, p) in pointers.iter().enumerate() {
+            if !p.starts_with('/') {
+                return Err(format!("`{p}` is not a JSON pointer into the arguments: start it with `/`, as in `/{p}`"));
+            }
+            if pointers[..i].contains(p) {
+                return Err(format!("`{p}` is listed twice"));
+            }
+        }
+        Ok(Self(pointers))
+    }
+
+    /// The pointers.
+    pub fn pointers(&self) -> &[String] {
+        &self.0
+    }
+
+    /// Lower-case hex sha256 over the named values in RFC 8785 form (an
+    /// absent one as `null`), domain-separated from [`args_digest`] so the two
+    /// never coincide.
+    pub fn digest(&self, args: &Value) -> String {
+        let named: serde_json::Map<String, Value> = self.0.iter().map(|p| (p.clone(), args.pointer(p).cloned().unwrap_or(Value::Null))).collect();
+        let canonical = serde_json_canonicalizer::to_string(&Value::Object(named)).expect("values parsed from JSON canonicalise");
+        hex::encode(Sha256::digest(format!("toolguard-action/v1\n{canonical}").as_bytes()))
+    }
+}
+
 /// Everything that identifies one guarded send.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyInput<'a> {
@@ -168,6 +211,29 @@ mod tests {
 
     fn input<'a>(session: &'a str, call_id: &'a str, digest: &'a str, step: u32) -> KeyInput<'a> {
         KeyInput { session, call_id, tool: "refund", args_digest: digest, step, generation: 0 }
+    }
+
+    #[test]
+    fn an_action_digest_reads_only_the_named_arguments() {
+        let action = ActionFields::new(vec!["/payment_intent".into(), "/amount_cents".into()]).unwrap();
+        let a = json!({"payment_intent": "pi_1", "amount_cents": 1500, "reason": "duplicate"});
+        let reworded = json!({"reason": "requested_by_customer", "amount_cents": 1500, "payment_intent": "pi_1", "memo": "again"});
+        assert_eq!(action.digest(&a), action.digest(&reworded));
+        assert_ne!(action.digest(&a), action.digest(&json!({"payment_intent": "pi_1", "amount_cents": 1501})));
+        assert_ne!(action.digest(&a), action.digest(&json!({"payment_intent": "pi_2", "amount_cents": 1500})));
+        // Absent is `null`, and neither equals the whole arguments' digest.
+        assert_eq!(action.digest(&json!({"amount_cents": 1500})), action.digest(&json!({"amount_cents": 1500, "payment_intent": null})));
+        let whole = json!({"/amount_cents": 1500, "/payment_intent": "pi_1"});
+        assert_ne!(action.digest(&a), args_digest(&canonical_args(&whole).unwrap()));
+        let nested = ActionFields::new(vec!["/to/0".into()]).unwrap();
+        assert_ne!(nested.digest(&json!({"to": ["a"]})), nested.digest(&json!({"to": ["b"]})));
+    }
+
+    #[test]
+    fn action_fields_are_pointers_each_given_once() {
+        assert!(ActionFields::new(vec![]).unwrap_err().contains("JSON pointers"));
+        assert!(ActionFields::new(vec!["amount".into()]).unwrap_err().contains("start it with `/`"));
+        assert!(ActionFields::new(vec!["/a".into(), "/a".into()]).unwrap_err().contains("twice"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! and file retrievers, so a plugin's schema cannot make the host fetch
 //! anything. `$ref`s inside the schema document work.
 
+mod declared;
 mod loose;
 
 use serde_json::Value;
@@ -48,6 +49,12 @@ impl Schema {
     /// `` `POINTER` (why) ``: what the hold rule cannot see through.
     pub fn loose_arguments(&self) -> Vec<String> {
         loose::loose_arguments(&self.json)
+    }
+
+    /// Whether `pointer` (RFC 6901, into an instance) names a property or
+    /// array item this schema declares.
+    pub fn declares(&self, pointer: &str) -> bool {
+        declared::declares(&self.json, pointer)
     }
 
     /// Checks `instance`; on failure lists the first violations, each with

@@ -104,7 +104,7 @@ fn an_irreversible_tool_whose_arguments_can_vary_without_naming_another_action_i
     assert_schema(&report);
     let notes = notes_of(&report, "template");
     assert!(notes.contains("irreversible tool `greet` takes arguments that can vary without naming another action: `/name` (free text)"), "{notes}");
-    assert!(notes.contains("a blind repeat that changes one of them runs"), "{notes}");
+    assert!(notes.contains("a blind repeat that changes one of them runs; the policy's `action` can name"), "{notes}");
     assert!(!notes_of(&report, "payments").contains("vary without naming"));
 }
 

@@ -65,6 +65,65 @@ fn unknown_resolved_then_repeated(resolve: impl FnOnce(&World)) {
     assert_eq!(w.refunds_of(500), 2);
 }
 
+/// A refund of 500 in words of `reason` under `call_id`, run to completion: whether it succeeded, its stdout.
+fn refund_saying(w: &World, call_id: &str, reason: &str) -> (bool, Value) {
+    let args = format!(r#"{{"payment_intent":"{PI}","amount_cents":500,"reason":"{reason}"}}"#);
+    let out = crate::crash::spawn_call(&w.config, ["crash", call_id, "refund"], &args, None).wait_with_output().unwrap();
+    (out.status.success(), stdout_json(&out))
+}
+
+/// k1's outcome is unknown; the model's blind repeat `k2` gives another
+/// reason. Returns the world and k2's answer, with the refund's action
+/// declared as `action` (or all of its arguments).
+fn a_repeat_in_other_words(action: Option<&str>) -> (World, Value) {
+    let w = World::with(short_deadline());
+    if let Some(action) = action {
+        let text = std::fs::read_to_string(&w.config).unwrap();
+        let declared = format!(r#"refund = {{ effect = "irreversible", action = {action} }}"#);
+        std::fs::write(&w.config, text.replacen(r#"refund = { effect = "irreversible" }"#, &declared, 1)).unwrap();
+    }
+    commit_then_answer_late(&w.sandbox);
+    let (ok, first) = refund_saying(&w, "k1", "duplicate");
+    assert!(!ok);
+    assert_eq!(kind(&first), "outcome-unknown", "{first}");
+    let (_, repeat) = refund_saying(&w, "k2", "requested_by_customer");
+    (w, repeat)
+}
+
+#[test]
+fn a_repeat_in_other_words_is_held_when_the_reviewer_names_the_arguments_of_the_action() {
+    // Undeclared, the other reason is another action: a second refund.
+    let (w, repeat) = a_repeat_in_other_words(None);
+    assert_eq!(repeat["amount_cents"], 500, "{repeat}");
+    assert_eq!(w.refunds_of(500), 2, "without `action`, a reworded repeat runs");
+
+    let (w, repeat) = a_repeat_in_other_words(Some(r#"["/payment_intent", "/amount_cents"]"#));
+    let outcome = held_with_outcome(&repeat);
+    let first_refund = w.sandbox.refunds()[0].id.clone();
+    assert_eq!(refund_id(&outcome), Some(first_refund.as_str()), "k1's real refund: {outcome}");
+    assert_eq!(w.refunds_of(500), 1);
+    // k1 again, in yet other words: the same action under its own id runs as
+    // first recorded, so its send is the same request and replays.
+    let (ok, again) = refund_saying(&w, "k1", "fraudulent");
+    assert!(ok, "{again}");
+    assert_eq!((again["refund_id"].as_str(), again["reason"].as_str()), (Some(first_refund.as_str()), Some("duplicate")), "{again}");
+    let posts = w.posts_of(500);
+    assert!(posts.iter().all(|p| p.idempotency_key == posts[0].idempotency_key && p.body.contains("reason=duplicate")), "only k1's request went out");
+    assert_eq!(w.refunds_of(500), 1);
+    // Told a definitive outcome, the caller's next refund of the same action is a new one.
+    let (ok, third) = refund_saying(&w, "k3", "fraudulent");
+    assert!(ok, "{third}");
+    assert_eq!(w.refunds_of(500), 2);
+
+    // A pointer the tool's schema does not declare would make every refund one action: refused at load.
+    let text = std::fs::read_to_string(&w.config).unwrap().replacen(r#""/amount_cents"]"#, r#""/amount"]"#, 1);
+    std::fs::write(&w.config, text).unwrap();
+    let (ok, refused) = refund_saying(&w, "k4", "duplicate");
+    assert!(!ok);
+    assert!(refused["message"].as_str().unwrap_or_default().contains("`/amount`, which its input schema does not declare"), "{refused}");
+    assert_eq!(w.refunds_of(500), 2);
+}
+
 #[test]
 fn a_repeat_after_start_up_recovery_settled_the_first_is_held_with_its_outcome() {
     // The repeat's own process resolves k1 at start-up, before admitting the repeat.

@@ -39,6 +39,11 @@ impl CallGuard {
         Self { guard, record, persisted, rules, next_step: 0, sends: 0, open_steps: Vec::new(), progress: Progress::default(), _lock: lock }
     }
 
+    /// The call's arguments as first recorded.
+    pub fn args(&self) -> &serde_json::Value {
+        &self.record.args
+    }
+
     /// Writes the buffered outcomes this call's sends hold, and waits, so
     /// the ledger holds them before they are read again, or the call's
     /// error is returned and its lock released.

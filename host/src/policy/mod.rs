@@ -22,6 +22,7 @@ pub use effective::{Budgets, EffectiveGrant, EffectivePolicy, InjectedCredential
 pub use network::{TlsPolicy, is_loopback};
 pub use plugin::{DEFAULT_MAX_SENDS_PER_CALL, GRANTABLE_METHODS, Grant, PluginPolicy};
 
+use crate::keys::ActionFields;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -68,6 +69,9 @@ pub struct RawPluginPolicy {
 pub struct RawToolPolicy {
     /// The class the reviewer assigns.
     pub effect: Effect,
+    /// For an irreversible tool, the JSON pointers of the arguments that name
+    /// its action (`docs/keys.md`); by default all of them.
+    pub action: Option<Vec<String>>,
 }
 
 /// The checked policy.
@@ -119,10 +123,20 @@ impl Policy {
                     ));
                 }
             }
+            let mut actions = BTreeMap::new();
+            for (tool, tp) in &p.tools {
+                let Some(pointers) = tp.action.clone() else { continue };
+                let field = at(&format!("tools.{tool}.action"));
+                if tp.effect != Effect::Irreversible {
+                    return Err((field, format!("names what identifies an irreversible tool's action; `{tool}` is {}: remove it", tp.effect.as_str())));
+                }
+                actions.insert(tool.clone(), ActionFields::new(pointers).map_err(|m| (field, m))?);
+            }
             let policy = PluginPolicy {
                 reviewed: true,
                 sha256: p.sha256,
                 tools: p.tools.into_iter().map(|(t, tp)| (t, tp.effect)).collect(),
+                actions,
                 grants: p.grants,
                 max_sends_per_call: p.max_sends_per_call.unwrap_or(DEFAULT_MAX_SENDS_PER_CALL),
                 max_irreversible_calls_per_session_hour: p.max_irreversible_calls_per_session_hour,

@@ -2,6 +2,7 @@
 //! outbound grants (deny by default) and its budgets.
 
 use super::Effect;
+use crate::keys::ActionFields;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -47,6 +48,9 @@ pub struct PluginPolicy {
     pub sha256: Option<String>,
     /// The effect class of each reviewed tool.
     pub tools: BTreeMap<String, Effect>,
+    /// The arguments that name each irreversible tool's action, where the
+    /// reviewer declares them (otherwise all of its arguments).
+    pub actions: BTreeMap<String, ActionFields>,
     /// What it may reach through `outbound` (nothing by default).
     pub grants: Vec<Grant>,
     /// Sends one tool call may make.
@@ -75,6 +79,7 @@ impl Default for PluginPolicy {
             reviewed: false,
             sha256: None,
             tools: BTreeMap::new(),
+            actions: BTreeMap::new(),
             grants: Vec::new(),
             max_sends_per_call: DEFAULT_MAX_SENDS_PER_CALL,
             max_irreversible_calls_per_session_hour: None,

@@ -130,3 +130,20 @@ downstream = "local"
     assert_eq!(effective.to_record(), expected);
     assert_eq!(&*effective.rules, policy.plugins["p"].grants.as_slice(), "requests are authorised against the reviewer's grants");
 }
+
+#[test]
+fn an_action_is_declared_for_irreversible_tools_only_as_json_pointers() {
+    let with = |tool: &str| {
+        let text = format!("[plugins.p.tools]\n{tool}\n");
+        Policy::from_raw(toml::from_str(&text).unwrap(), Path::new("/cfg"))
+    };
+    let policy = with(r#"refund = { effect = "irreversible", action = ["/payment_intent", "/amount_cents"] }"#).unwrap();
+    assert_eq!(policy.plugins["p"].actions["refund"].pointers(), ["/payment_intent", "/amount_cents"]);
+    assert!(with(r#"refund = { effect = "irreversible" }"#).unwrap().plugins["p"].actions.is_empty(), "by default, all the arguments");
+    let (field, why) = with(r#"status = { effect = "read-only", action = ["/id"] }"#).unwrap_err();
+    assert_eq!(field, "plugins.p.tools.status.action");
+    assert!(why.contains("irreversible") && why.contains("read-only"), "{why}");
+    let (_, why) = with(r#"refund = { effect = "irreversible", action = ["amount_cents"] }"#).unwrap_err();
+    assert!(why.contains("start it with `/`"), "{why}");
+    assert!(with(r#"refund = { effect = "irreversible", action = [] }"#).is_err());
+}

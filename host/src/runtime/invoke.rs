@@ -25,7 +25,7 @@ impl Runtime {
         let (index, tool) = self.tools.get(&req.tool).ok_or_else(|| unknown_tool(self, &req.tool))?;
         let plugin = &self.plugins[*index];
         let args = check_args(&req.args_json, plugin.ctx.limits.max_args_bytes, tool)?;
-        let canonical = keys::canonical_args(&args).map_err(|m| CallError::new(ErrorKind::InvalidArgs, m))?;
+        let mut canonical = keys::canonical_args(&args).map_err(|m| CallError::new(ErrorKind::InvalidArgs, m))?;
         let read_only = tool.effect == super::Effect::ReadOnly;
         // A read-only call has nothing downstream to protect: it is neither
         // recorded nor replayed (`docs/ledger.md`, "What a call leaves").
@@ -37,7 +37,7 @@ impl Runtime {
                     session: req.session.clone(),
                     call_id: req.call_id.clone(),
                     tool: tool.name.clone(),
-                    args_digest: keys::args_digest(&canonical),
+                    args_digest: tool.action.as_ref().map_or_else(|| keys::args_digest(&canonical), |a| a.digest(&args)),
                     args: args.clone(),
                 };
                 let rules = CallRules {
@@ -55,7 +55,15 @@ impl Runtime {
                 drop(admit);
                 match admitted {
                     Admission::Replay(stored) => return replayed(stored),
-                    Admission::Run(call) => Some(call),
+                    Admission::Run(call) => {
+                        // The same action under this call id, first made with other
+                        // wording outside the reviewer's `action` arguments: it runs
+                        // again as first recorded, so its sends stay the same requests.
+                        if call.args() != &args {
+                            canonical = keys::canonical_args(call.args()).map_err(|m| CallError::new(ErrorKind::InvalidArgs, m))?;
+                        }
+                        Some(call)
+                    }
                 }
             }
         };

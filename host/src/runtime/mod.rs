@@ -356,7 +356,7 @@ impl Runtime {
             })
             .await;
         let specs = specs.map_err(|f| LoadError::Describe { plugin: name.clone(), reason: f.to_string() })?;
-        let tools = plugin::check_specs(&name, &config.tool_prefix, specs, &config.policy.tools)?;
+        let tools = plugin::check_specs(&name, &config.tool_prefix, specs, &config.policy)?;
         for tool in &tools {
             if let Some((other, _)) = self.tools.get(&tool.name) {
                 let first = self.plugins[*other].ctx.name.to_string();

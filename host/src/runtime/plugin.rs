@@ -4,10 +4,10 @@ use super::bindings::{PluginPre, types};
 use super::context::PluginContext;
 use super::state::HostState;
 use crate::error::LoadError;
+use crate::keys::ActionFields;
 pub use crate::policy::Effect;
-use crate::policy::{EffectivePolicy, ToolClass};
+use crate::policy::{EffectivePolicy, PluginPolicy, ToolClass};
 use crate::schema::Schema;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Most tools one plugin may offer.
@@ -45,6 +45,9 @@ pub struct ToolInfo {
     pub reviewed: bool,
     /// Schema the arguments must satisfy.
     pub input_schema: Schema,
+    /// The arguments that name its action, where the reviewer declared them
+    /// (otherwise all of them: `docs/keys.md`).
+    pub action: Option<ActionFields>,
     /// Schema the result must satisfy, if the plugin promised one.
     pub output_schema: Option<Schema>,
 }
@@ -77,7 +80,8 @@ pub(crate) struct LoadedPlugin {
 /// No tools, too many, a bad or repeated name, a schema that does not
 /// compile or does not describe an object, or a class for a tool the plugin
 /// does not offer.
-pub(crate) fn check_specs(plugin: &str, prefix: &str, specs: Vec<types::ToolSpec>, classes: &BTreeMap<String, Effect>) -> Result<Vec<ToolInfo>, LoadError> {
+pub(crate) fn check_specs(plugin: &str, prefix: &str, specs: Vec<types::ToolSpec>, policy: &PluginPolicy) -> Result<Vec<ToolInfo>, LoadError> {
+    let classes = &policy.tools;
     let bad = |tool: &str, reason: String| LoadError::BadTool { plugin: plugin.into(), tool: tool.into(), reason };
     if specs.is_empty() || specs.len() > MAX_TOOLS {
         let reason = format!("describe returned {} tools; a plugin offers 1 to {MAX_TOOLS}", specs.len());
@@ -104,7 +108,15 @@ pub(crate) fn check_specs(plugin: &str, prefix: &str, specs: Vec<types::ToolSpec
         };
         let claimed = Effect::from(spec.effect);
         let reviewed = classes.get(&plugin_tool).copied();
+        let action = policy.actions.get(&plugin_tool).cloned();
+        if let Some(undeclared) = action.iter().flat_map(|a| a.pointers()).find(|p| !input_schema.declares(p)) {
+            let why = format!(
+                "the policy's `action` names `{undeclared}`, which its input schema does not declare: a pointer that names nothing would make every call of the tool one action"
+            );
+            return Err(bad(&name, why));
+        }
         tools.push(ToolInfo {
+            action,
             plugin_tool,
             effect: Effect::effective(claimed, reviewed),
             reviewed: reviewed.is_some(),
