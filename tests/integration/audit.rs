@@ -106,6 +106,20 @@ fn an_irreversible_tool_whose_arguments_can_vary_without_naming_another_action_i
     assert!(notes.contains("irreversible tool `greet` takes arguments that can vary without naming another action: `/name` (free text)"), "{notes}");
     assert!(notes.contains("a blind repeat that changes one of them runs; the policy's `action` can name"), "{notes}");
     assert!(!notes_of(&report, "payments").contains("vary without naming"));
+    // Once the reviewer declares what names its action, the audit shows that instead.
+    let text = std::fs::read_to_string(&config).unwrap().replacen(
+        r#"greet = { effect = "irreversible" }"#,
+        r#"greet = { effect = "irreversible", action = ["/name"] }"#,
+        1,
+    );
+    std::fs::write(&config, text).unwrap();
+    let report = json(&audit(&config, &["--json"]));
+    assert_schema(&report);
+    assert!(!notes_of(&report, "template").contains("vary without naming"), "{}", notes_of(&report, "template"));
+    let template = report["components"].as_array().unwrap().iter().find(|c| c["plugin"] == "template").unwrap();
+    assert_eq!(template["tools"][0]["action"], serde_json::json!(["/name"]));
+    let text = String::from_utf8_lossy(&audit(&config, &[]).stdout).to_string();
+    assert!(text.contains("reviewed; its action: /name"), "{text}");
 }
 
 #[test]
