@@ -21,6 +21,9 @@ pub struct World {
     pub sandbox: Sandbox,
     pub config: PathBuf,
     pub dir: tempfile::TempDir,
+    /// Whether each tool call gives the refund's reason in its own words
+    /// (the refund's action declared as its intent and amount).
+    pub reworded: bool,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -57,12 +60,25 @@ impl World {
             None => config_text(&sandbox.url(), &dir.path().join("data"), &d),
         };
         std::fs::write(&config, text).unwrap();
-        Self { sandbox, config, dir, _rt: rt }
+        Self { sandbox, config, dir, reworded: false, _rt: rt }
+    }
+
+    /// [`World::new`] whose refunds give their reason in words that depend
+    /// on the tool-call id (a model's repeat rarely says it the same way),
+    /// with the refund's action declared as `/payment_intent` and `/amount_cents`.
+    pub fn in_other_words() -> Self {
+        let w = Self::new();
+        let text = std::fs::read_to_string(&w.config).unwrap();
+        let declared = r#"refund = { effect = "irreversible", action = ["/payment_intent", "/amount_cents"] }"#;
+        std::fs::write(&w.config, text.replacen(r#"refund = { effect = "irreversible" }"#, declared, 1)).unwrap();
+        Self { reworded: true, ..w }
     }
 
     /// `toolguard call` refunding `amount` cents under `call_id`, started.
     pub fn spawn_refund(&self, call_id: &str, amount: u64, failpoint: Option<&str>) -> Child {
-        let args = format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"duplicate"}}"#);
+        const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
+        let reason = if self.reworded { REASONS[call_id.bytes().map(usize::from).sum::<usize>() % 3] } else { REASONS[0] };
+        let args = format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"{reason}"}}"#);
         spawn_call(&self.config, ["crash", call_id, "refund"], &args, failpoint)
     }
 

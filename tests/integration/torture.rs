@@ -84,6 +84,14 @@ fn torture_over_https_kill_9_never_duplicates_or_loses_a_refund() {
     torture(World::over_https(&pki), env_u64("TOOLGUARD_TORTURE_TLS_TRIALS").unwrap_or(40), " over HTTPS");
 }
 
+/// The same torture with every tool call giving its reason in its own
+/// words, under the refund's declared action: a reworded blind repeat or
+/// resume must be the same action (`docs/keys.md`, "The action arguments").
+#[test]
+fn torture_in_other_words_kill_9_never_duplicates_or_loses_a_refund() {
+    torture(World::in_other_words(), env_u64("TOOLGUARD_TORTURE_WORDS_TRIALS").unwrap_or(40), " in other words");
+}
+
 fn torture(w: World, trials: u64, over: &str) {
     let seed = seed();
     let mut rng = Rng(seed);
