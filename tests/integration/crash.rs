@@ -67,10 +67,8 @@ impl World {
     /// on the tool-call id (a model's repeat rarely says it the same way),
     /// with the refund's action declared as `/payment_intent` and `/amount_cents`.
     pub fn in_other_words() -> Self {
-        let w = Self::new();
-        let text = std::fs::read_to_string(&w.config).unwrap();
-        let declared = r#"refund = { effect = "irreversible", action = ["/payment_intent", "/amount_cents"] }"#;
-        std::fs::write(&w.config, text.replacen(r#"refund = { effect = "irreversible" }"#, declared, 1)).unwrap();
+        let action = Some(crate::payments::INTENT_AND_AMOUNT);
+        let w = Self::with(Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, refund_action: action, ..Downstream::default() });
         Self { reworded: true, ..w }
     }
 

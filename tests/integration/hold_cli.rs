@@ -5,7 +5,7 @@
 
 use crate::common::{Mcp, Server, fresh_postgres_database, serve_http};
 use crate::crash::{PI, World, stdout_json, wait_for};
-use crate::payments::{Downstream, config_text};
+use crate::payments::{Downstream, INTENT_AND_AMOUNT, config_text};
 use serde_json::Value;
 use std::time::Duration;
 use toolguard::ledger::AttemptState;
@@ -75,13 +75,8 @@ fn refund_saying(w: &World, call_id: &str, reason: &str) -> (bool, Value) {
 /// k1's outcome is unknown; the model's blind repeat `k2` gives another
 /// reason. Returns the world and k2's answer, with the refund's action
 /// declared as `action` (or all of its arguments).
-fn a_repeat_in_other_words(action: Option<&str>) -> (World, Value) {
-    let w = World::with(short_deadline());
-    if let Some(action) = action {
-        let text = std::fs::read_to_string(&w.config).unwrap();
-        let declared = format!(r#"refund = {{ effect = "irreversible", action = {action} }}"#);
-        std::fs::write(&w.config, text.replacen(r#"refund = { effect = "irreversible" }"#, &declared, 1)).unwrap();
-    }
+fn a_repeat_in_other_words(refund_action: Option<&'static str>) -> (World, Value) {
+    let w = World::with(Downstream { refund_action, ..short_deadline() });
     commit_then_answer_late(&w.sandbox);
     let (ok, first) = refund_saying(&w, "k1", "duplicate");
     assert!(!ok);
@@ -97,7 +92,7 @@ fn a_repeat_in_other_words_is_held_when_the_reviewer_names_the_arguments_of_the_
     assert_eq!(repeat["amount_cents"], 500, "{repeat}");
     assert_eq!(w.refunds_of(500), 2, "without `action`, a reworded repeat runs");
 
-    let (w, repeat) = a_repeat_in_other_words(Some(r#"["/payment_intent", "/amount_cents"]"#));
+    let (w, repeat) = a_repeat_in_other_words(Some(INTENT_AND_AMOUNT));
     let outcome = held_with_outcome(&repeat);
     let first_refund = w.sandbox.refunds()[0].id.clone();
     assert_eq!(refund_id(&outcome), Some(first_refund.as_str()), "k1's real refund: {outcome}");
@@ -311,6 +306,27 @@ fn on_a_fleet_a_repeat_after_a_takeover_pass_settled_the_first_is_held_with_its_
     held_with_outcome(structured(&repeat));
     assert_eq!(sandbox.refunds().len(), 1);
     let third = rt.block_on(b.refund("k3", 500)).unwrap();
+    assert_eq!(third["isError"], false, "{third}");
+    assert_eq!(sandbox.refunds().len(), 2);
+}
+
+#[test]
+fn on_a_fleet_a_repeat_in_other_words_on_the_other_host_is_held_under_the_declared_action() {
+    let ledger = fresh_postgres_database();
+    let d = Downstream { refund_action: Some(INTENT_AND_AMOUNT), ..short_deadline() };
+    let (rt, sandbox, servers, _dir) = mcp_world(&d, Some(&ledger));
+    let (a, b) = rt.block_on(async { (Mcp::connect(&servers[0].url).await, Mcp::connect(&servers[1].url).await) });
+    let saying = |reason: &str| serde_json::json!({ "payment_intent": crate::payments::PI, "amount_cents": 500, "reason": reason });
+    commit_then_answer_late(&sandbox);
+    let first = rt.block_on(a.call("refund", "k1", saying("duplicate"))).unwrap();
+    assert_eq!(structured(&first)["kind"], "outcome-unknown", "{first}");
+    // The model re-issues on the other host, giving another reason.
+    let repeat = rt.block_on(b.call("refund", "k2", saying("requested_by_customer"))).unwrap();
+    let outcome = held_with_outcome(structured(&repeat));
+    assert_eq!(refund_id(&outcome), Some(sandbox.refunds()[0].id.as_str()), "{outcome}");
+    assert_eq!(sandbox.refunds().len(), 1);
+    // Told, the caller's next refund of it runs, on either host.
+    let third = rt.block_on(a.call("refund", "k3", saying("fraudulent"))).unwrap();
     assert_eq!(third["isError"], false, "{third}");
     assert_eq!(sandbox.refunds().len(), 2);
 }

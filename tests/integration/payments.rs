@@ -29,7 +29,12 @@ pub struct Downstream {
     pub key: &'static str,
     /// Further lines of the downstream's table (TOML), e.g. `key_format`.
     pub extra: &'static str,
+    /// The refund's declared `action` (a TOML array of JSON pointers), if any.
+    pub refund_action: Option<&'static str>,
 }
+
+/// The refund's action as its intent and amount: a reason in other words is the same refund.
+pub const INTENT_AND_AMOUNT: &str = r#"["/payment_intent", "/amount_cents"]"#;
 
 /// The key as a header only: the provider stores nothing the plugin could
 /// reconcile by, so unknown outcomes stay unknown.
@@ -48,6 +53,7 @@ impl Default for Downstream {
             refunds_per_session_hour: 1_000,
             key: r#"[{ transport = "header", name = "Idempotency-Key" }, { transport = "form-field", name = "metadata[toolguard_key]" }]"#,
             extra: "",
+            refund_action: None,
         }
     }
 }
@@ -70,6 +76,7 @@ pub fn config_text(url: &str, data_dir: &std::path::Path, d: &Downstream) -> Str
         key: d.key.into(),
         refunds_per_session_hour: Some(d.refunds_per_session_hour),
         downstream_extra: d.extra.into(),
+        refund_action: d.refund_action.map(Into::into),
         ..PaymentsConfig::new(url, wasm("payments").display().to_string())
     };
     format!(

@@ -37,6 +37,8 @@ pub struct PaymentsConfig {
     pub methods: Vec<&'static str>,
     /// `max_irreversible_calls_per_session_hour`, if limited.
     pub refunds_per_session_hour: Option<u32>,
+    /// The refund's declared `action` (a TOML array of JSON pointers), if any.
+    pub refund_action: Option<String>,
 }
 
 impl PaymentsConfig {
@@ -55,6 +57,7 @@ impl PaymentsConfig {
             downstream_extra: String::new(),
             methods: vec!["POST", "GET"],
             refunds_per_session_hour: None,
+            refund_action: None,
         }
     }
 
@@ -87,7 +90,7 @@ url = "{url}"
 
 [policy.plugins.payments]
 {budget}[policy.plugins.payments.tools]
-refund = {{ effect = "irreversible" }}
+refund = {{ effect = "irreversible"{action} }}
 refund_status = {{ effect = "read-only" }}
 [[policy.plugins.payments.grants]]
 downstream = "payments"
@@ -98,6 +101,7 @@ path_prefix = "/v1/refunds"
             url = self.url,
             key = self.key,
             extra = self.downstream_extra,
+            action = self.refund_action.as_ref().map(|a| format!(", action = {a}")).unwrap_or_default(),
         )
     }
 }
