@@ -8,7 +8,18 @@
 mod declared;
 mod loose;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+/// How deep `$ref`s and nested schemas are followed (a recursive schema stops here).
+const MAX_DEPTH: u8 = 16;
+
+/// The schemas `node` defers to for the same place in an instance: its
+/// local `$ref`'s target and its `allOf`/`anyOf`/`oneOf` branches.
+fn deferred<'a>(root: &'a Value, node: &'a Map<String, Value>) -> impl Iterator<Item = &'a Value> {
+    let referenced = node.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')).and_then(|p| root.pointer(p));
+    let branches = ["allOf", "anyOf", "oneOf"].into_iter().filter_map(|k| node.get(k).and_then(Value::as_array)).flatten();
+    referenced.into_iter().chain(branches)
+}
 
 /// The most violations listed in one error message.
 const MAX_REPORTED: usize = 5;

@@ -29,8 +29,7 @@ pub struct World {
 
 impl World {
     pub fn new() -> Self {
-        // The torture makes thousands of refunds in one session within the hour.
-        Self::with(Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, ..Downstream::default() })
+        Self::with(torture_downstream())
     }
 
     /// A world whose payments downstream has the knobs of `d`.
@@ -40,7 +39,7 @@ impl World {
 
     /// [`World::new`] with the sandbox serving HTTPS under `pki`'s CA, which the host trusts.
     pub fn over_https(pki: &crate::tls::Pki) -> Self {
-        Self::build(Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, ..Downstream::default() }, Some(pki))
+        Self::build(torture_downstream(), Some(pki))
     }
 
     fn build(d: Downstream, tls: Option<&crate::tls::Pki>) -> Self {
@@ -67,8 +66,7 @@ impl World {
     /// on the tool-call id (a model's repeat rarely says it the same way),
     /// with the refund's action declared as `/payment_intent` and `/amount_cents`.
     pub fn in_other_words() -> Self {
-        let action = Some(crate::payments::INTENT_AND_AMOUNT);
-        let w = Self::with(Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, refund_action: action, ..Downstream::default() });
+        let w = Self::with(Downstream { refund_action: Some(crate::payments::INTENT_AND_AMOUNT), ..torture_downstream() });
         Self { reworded: true, ..w }
     }
 
@@ -76,6 +74,11 @@ impl World {
     pub fn spawn_refund(&self, call_id: &str, amount: u64, failpoint: Option<&str>) -> Child {
         const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
         let reason = if self.reworded { REASONS[call_id.bytes().map(usize::from).sum::<usize>() % 3] } else { REASONS[0] };
+        self.spawn_refund_saying(call_id, amount, reason, failpoint)
+    }
+
+    /// [`World::spawn_refund`] giving `reason`.
+    pub fn spawn_refund_saying(&self, call_id: &str, amount: u64, reason: &str, failpoint: Option<&str>) -> Child {
         let args = format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"{reason}"}}"#);
         spawn_call(&self.config, ["crash", call_id, "refund"], &args, failpoint)
     }
@@ -106,6 +109,12 @@ impl World {
         let body = format!("amount={amount}&");
         self.sandbox.requests().into_iter().filter(|r| r.method == "POST" && r.body.contains(&body)).collect()
     }
+}
+
+/// The torture's downstream: patient, and a budget for thousands of refunds
+/// in one session within the hour.
+fn torture_downstream() -> Downstream {
+    Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, ..Downstream::default() }
 }
 
 /// `toolguard call` of `[session, call id, tool]` with `args` under

@@ -67,8 +67,7 @@ fn unknown_resolved_then_repeated(resolve: impl FnOnce(&World)) {
 
 /// A refund of 500 in words of `reason` under `call_id`, run to completion: whether it succeeded, its stdout.
 fn refund_saying(w: &World, call_id: &str, reason: &str) -> (bool, Value) {
-    let args = format!(r#"{{"payment_intent":"{PI}","amount_cents":500,"reason":"{reason}"}}"#);
-    let out = crate::crash::spawn_call(&w.config, ["crash", call_id, "refund"], &args, None).wait_with_output().unwrap();
+    let out = w.spawn_refund_saying(call_id, 500, reason, None).wait_with_output().unwrap();
     (out.status.success(), stdout_json(&out))
 }
 

@@ -2,10 +2,8 @@
 //! declares: a reviewer's `action` pointer with a typo would name nothing,
 //! read `null` in every call, and make every call of the tool one action.
 
+use super::{MAX_DEPTH, deferred};
 use serde_json::Value;
-
-/// How deep `$ref`s and nested schemas are followed.
-const MAX_DEPTH: u8 = 16;
 
 /// Whether `pointer` (RFC 6901) names a property (or an array item) that
 /// `schema` declares, through `properties`, `items`, local `$ref`s and
@@ -23,12 +21,7 @@ fn reach(root: &Value, node: &Value, tokens: &[String], depth: u8) -> bool {
         return false;
     }
     let Value::Object(node) = node else { return false };
-    let referenced = node.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')).and_then(|p| root.pointer(p));
-    if referenced.is_some_and(|target| reach(root, target, tokens, depth + 1)) {
-        return true;
-    }
-    let branches = ["allOf", "anyOf", "oneOf"].iter().filter_map(|k| node.get(*k).and_then(Value::as_array)).flatten();
-    if branches.into_iter().any(|b| reach(root, b, tokens, depth + 1)) {
+    if deferred(root, node).any(|d| reach(root, d, tokens, depth + 1)) {
         return true;
     }
     if let Some(sub) = node.get("properties").and_then(|p| p.get(first.as_str())) {

@@ -5,10 +5,8 @@
 //! irreversible tool. A reading of the schema's own document: local `$ref`s
 //! are followed, `allOf`/`anyOf`/`oneOf` branches read alike.
 
+use super::{MAX_DEPTH, deferred};
 use serde_json::Value;
-
-/// How deep `$ref`s and nested schemas are followed (a recursive schema stops here).
-const MAX_DEPTH: u8 = 16;
 
 /// Each loose argument of `schema`, as `` `POINTER` (why) ``, once each.
 pub(super) fn loose_arguments(schema: &Value) -> Vec<String> {
@@ -29,12 +27,7 @@ fn walk(root: &Value, node: &Value, at: &str, depth: u8, out: &mut Vec<String>) 
         }
         return;
     };
-    if let Some(target) = node.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')).and_then(|p| root.pointer(p)) {
-        walk(root, target, at, depth + 1, out);
-    }
-    for branches in ["allOf", "anyOf", "oneOf"].iter().filter_map(|k| node.get(*k).and_then(Value::as_array)) {
-        branches.iter().for_each(|b| walk(root, b, at, depth + 1, out));
-    }
+    deferred(root, node).for_each(|d| walk(root, d, at, depth + 1, out));
     if node.contains_key("enum") || node.contains_key("const") {
         return;
     }
