@@ -2,7 +2,10 @@
 # toolguard's one entry point on a fresh machine. It installs what the build
 # needs (the wasm32-wasip2 target; libclang for RocksDB's bindings) and then
 #   ./dev.sh demo [ARGS…]   runs `toolguard demo` (the main job, embedded defaults)
-#   ./dev.sh test [ARGS…]   runs the whole test suite: `cargo test --workspace --locked`, with
+#   ./dev.sh bench [ARGS…]  builds the host and `toolguard-bench` optimised and runs the
+#                           benchmarks (docs/benchmarks.md)
+#   ./dev.sh test [ARGS…]   runs the whole test suite: `cargo test --workspace --locked` of the
+#                           build with test hooks (`--features toolguard/test-hooks`), with
 #                           the crash torture harness last and its tally shown (ARGS, if
 #                           given, go to a single `cargo test` instead), against a throwaway
 #                           PostgreSQL it starts for the shared ledger's tests
@@ -112,26 +115,51 @@ postgres_server() {
 }
 postgres_stop() {
     "${PG_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
-    rm -rf "$PG_DIR"
+    rm -rf "$PG_DIR" "${SHIPPED_DIR:-}"
+}
+
+# The tests' build: the host with its test hooks (failpoints, a skewed
+# clock) compiled in. The shipped binary never has them (docs/development.md).
+HOOKS=(--features toolguard/test-hooks)
+
+# The binary a default build makes — the shipped one, without test hooks —
+# copied aside before the tests' build replaces target/debug/toolguard; a
+# test checks that it ignores the hooks' variables. (`./dev.sh demo` runs
+# this same build.)
+shipped_binary() {
+    local exe
+    exe="$(cargo build --locked --quiet -p toolguard --bin toolguard --message-format=json-render-diagnostics \
+        | python3 -c 'import json, sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')"
+    SHIPPED_DIR="$(mktemp -d)"
+    cp "$exe" "$SHIPPED_DIR/toolguard"
+    export TOOLGUARD_SHIPPED_BINARY="$SHIPPED_DIR/toolguard"
 }
 
 case "${1:-}" in
     demo) shift; prerequisites; exec cargo run --quiet --locked -p toolguard -- demo "$@" ;;
+    bench)
+        shift
+        prerequisites
+        # Optimised (docs/benchmarks.md): the host as shipped, then the
+        # benchmarks beside it, which serve from that binary for (h) and (k).
+        cargo build --quiet --profile bench --locked -p toolguard
+        exec cargo run --quiet --profile bench --locked -p toolguard-bench -- "$@" ;;
     test)
         shift
         prerequisites
         mcp_clients
         foreign_plugins
         postgres_server
-        if [ $# -gt 0 ]; then cargo test --workspace --locked "$@"; exit; fi
-        cargo test --workspace --locked -- --skip torture
+        shipped_binary
+        if [ $# -gt 0 ]; then cargo test --workspace --locked "${HOOKS[@]}" "$@"; exit; fi
+        cargo test --workspace --locked "${HOOKS[@]}" -- --skip torture
         # The guard's edge cases, recovery and the hold rule again, on a PostgreSQL ledger.
-        TOOLGUARD_TEST_LEDGER=postgres cargo test --locked -p toolguard --test integration -- guard_ recovery_edges hold::
+        TOOLGUARD_TEST_LEDGER=postgres cargo test --locked "${HOOKS[@]}" -p toolguard --test integration -- guard_ recovery_edges hold::
         # The fleet tests again, over TLS to PostgreSQL (sslmode=verify-full).
-        TOOLGUARD_TEST_POSTGRES_TLS=1 cargo test --locked -p toolguard --test integration -- fleet:: hold_cli::on_a_fleet
-        cargo test --locked -p toolguard --test integration torture -- --nocapture
+        TOOLGUARD_TEST_POSTGRES_TLS=1 cargo test --locked "${HOOKS[@]}" -p toolguard --test integration -- fleet:: hold_cli::on_a_fleet
+        cargo test --locked "${HOOKS[@]}" -p toolguard --test integration torture -- --nocapture
         # Restarts of the ledger's server under two hosts, alone: it restarts the server every test shares.
         TOOLGUARD_TEST_POSTGRES_RESTART="${PG_AS[*]} $PG_BIN/pg_ctl -D $PG_DIR/data -l $PG_DIR/log -w -t 300 -m fast restart >/dev/null" \
-            cargo test --locked -p toolguard --test integration restarts_of_the_ledger_server -- --ignored --nocapture ;;
-    *) echo "usage: ./dev.sh demo | ./dev.sh test" >&2; exit 2 ;;
+            cargo test --locked "${HOOKS[@]}" -p toolguard --test integration restarts_of_the_ledger_server -- --ignored --nocapture ;;
+    *) echo "usage: ./dev.sh demo | ./dev.sh test | ./dev.sh bench" >&2; exit 2 ;;
 esac

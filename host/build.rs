@@ -7,6 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The plugin packages the host embeds as `builtin:` components (src/builtin.rs).
+const EMBEDDED: [&str; 3] = ["text-stats", "template", "payments"];
+
 fn main() {
     let manifest_dir = PathBuf::from(env("CARGO_MANIFEST_DIR"));
     let root = manifest_dir.parent().expect("host/ lives in the workspace root");
@@ -19,6 +22,14 @@ fn main() {
     let target_dir = outer_target_dir(Path::new(&env("OUT_DIR"))).join("wasm-plugins");
     let mut cargo = Command::new(env("CARGO"));
     cargo.args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"]).arg(plugins.join("Cargo.toml")).arg("--target-dir").arg(&target_dir);
+    // A default build (the shipped binary, the demo) needs only the plugins
+    // it embeds (src/builtin.rs); the tests' build (`test-hooks`) also
+    // loads every fixture.
+    if std::env::var_os("CARGO_FEATURE_TEST_HOOKS").is_none() {
+        for package in EMBEDDED {
+            cargo.args(["-p", package]);
+        }
+    }
     // The outer build's flags and target settings are for the host, not for wasm.
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "CARGO_PROFILE_RELEASE_DEBUG"] {
         cargo.env_remove(var);

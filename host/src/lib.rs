@@ -18,12 +18,10 @@
 //! - [`local`]: handing a call to the process that holds a data directory.
 //! - [`telemetry`]: OpenTelemetry export of the guard's spans.
 //! - [`mcp`]: `toolguard serve`, the tools as an MCP server.
-//! - [`bench`]: `toolguard bench`, the performance figures.
 //! - [`cli`]: the `toolguard` command line.
 #![warn(missing_docs)]
 
 pub mod audit;
-pub mod bench;
 pub mod builtin;
 pub mod cli;
 pub mod config;

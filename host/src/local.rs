@@ -7,10 +7,12 @@
 //! made in parallel meet in one process and the hold rule sees them all.
 //!
 //! The exchange, one JSON line each: the caller sends its config digest and
-//! the call; the holder answers with the result or error; the caller prints
-//! it and then acknowledges, and only then does the holder record that the
-//! caller was told (`docs/guard.md`). A caller that dies before that leaves
-//! the call "never answered", which is the safe side.
+//! the call; the holder says it took the call, then answers with the result
+//! or error; the caller prints it and then acknowledges, and only then does
+//! the holder record that the caller was told (`docs/guard.md`). A caller
+//! that dies before that leaves the call "never answered", which is the safe
+//! side. A connection closed before the holder said it took the call (the
+//! holder was exiting) ran nothing: the caller tries again.
 
 use crate::error::{CallError, ErrorKind};
 use crate::runtime::{CallOutput, CallRequest, Runtime};
@@ -26,6 +28,8 @@ use tokio::net::{UnixListener, UnixStream};
 const MAX_LINE: usize = 16 << 20;
 /// How long the holder waits for a caller to say it printed the answer.
 const ACK_WAIT: Duration = Duration::from_secs(30);
+/// How often [`Listener::finish`] looks whether the calls taken are done.
+const FINISH_POLL: Duration = Duration::from_millis(2);
 /// The longest socket path Linux accepts (`sun_path`, with its NUL).
 const MAX_PATH: usize = 107;
 
@@ -55,6 +59,10 @@ struct Hello {
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum Reply {
+    /// The call is taken and runs: from here on, a connection that closes
+    /// without an answer leaves the call's outcome unknown. Before it,
+    /// nothing ran.
+    Taken,
     Ok {
         value: serde_json::Value,
         replayed: bool,
@@ -69,8 +77,8 @@ enum Reply {
 /// The holder's side: accepts handed-over calls until dropped.
 pub struct Listener {
     path: PathBuf,
+    /// Calls taken and not yet done (their acknowledgement included).
     active: Arc<AtomicUsize>,
-    accepted: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -85,12 +93,13 @@ impl Listener {
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-        let (active, accepted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (a, n) = (active.clone(), accepted.clone());
+        let active = Arc::new(AtomicUsize::new(0));
+        let a = active.clone();
         let digest: Arc<str> = digest.into();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                n.fetch_add(1, Ordering::SeqCst);
+                // Counted before the next await: an abort of this loop never
+                // leaves an accepted call uncounted.
                 a.fetch_add(1, Ordering::SeqCst);
                 let (runtime, digest, a) = (runtime.clone(), digest.clone(), a.clone());
                 tokio::spawn(async move {
@@ -101,18 +110,19 @@ impl Listener {
                 });
             }
         });
-        Ok(Self { path, active, accepted, task })
+        Ok(Self { path, active, task })
     }
 
-    /// Waits until no handed-over call is running and none arrived for
-    /// `quiet`: then a `toolguard call` that holds the ledger may exit.
-    pub async fn until_idle(&self, quiet: Duration) {
-        loop {
-            let seen = self.accepted.load(Ordering::SeqCst);
-            tokio::time::sleep(quiet).await;
-            if self.active.load(Ordering::SeqCst) == 0 && self.accepted.load(Ordering::SeqCst) == seen {
-                return;
-            }
+    /// Takes no more calls and waits for those taken to finish, their
+    /// callers' acknowledgements recorded: then a `toolguard call` that holds
+    /// the ledger may record its own answer and exit. A caller whose
+    /// connection was still waiting to be accepted sees it closed before
+    /// its call was taken, and tries again (it may become the next holder).
+    pub async fn finish(self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+        while self.active.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(FINISH_POLL).await;
         }
     }
 }
@@ -136,6 +146,7 @@ async fn serve_one(stream: UnixStream, runtime: &Runtime, digest: &str) -> std::
             .to_string();
         return send(&mut write, &Reply::Refused { message }).await;
     }
+    send(&mut write, &Reply::Taken).await?;
     let answer = runtime.call(&hello.request).await;
     let reply = match &answer {
         Ok(out) => Reply::Ok { value: out.value.clone(), replayed: out.replayed },
@@ -204,12 +215,19 @@ pub async fn hand_over(path: &Path, digest: &str, request: &CallRequest) -> Resu
     let hello = Hello { config: digest.to_string(), request: request.clone() };
     send(&mut stream, &hello).await.map_err(|_| HandOff::NoHolder)?;
     let mut lines = BufReader::new(&mut stream);
-    let reply = read_line::<Reply>(&mut lines).await.ok().flatten();
+    let mut reply = read_line::<Reply>(&mut lines).await.ok().flatten();
+    match reply {
+        // Closed before the call was taken: nothing ran.
+        None => return Err(HandOff::NoHolder),
+        Some(Reply::Taken) => reply = read_line::<Reply>(&mut lines).await.ok().flatten(),
+        // A holder of an earlier version answers without saying it took the call.
+        Some(_) => {}
+    }
     let answer = match reply {
         Some(Reply::Ok { value, replayed }) => Ok(CallOutput { value, replayed }),
         Some(Reply::Error(e)) => Err(e),
         Some(Reply::Refused { message }) => return Err(HandOff::Refused(message)),
-        None => Err(CallError::new(
+        None | Some(Reply::Taken) => Err(CallError::new(
             ErrorKind::OutcomeUnknown,
             "the toolguard process running this call stopped before it answered; it may have taken effect. \
              Retrying the same tool-call id is safe: it never does it twice",

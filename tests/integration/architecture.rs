@@ -1,14 +1,20 @@
 //! The shape of the host's code, checked: the module graph of `host/src`
-//! has no cycles (`docs/architecture.md`).
+//! has no cycles, and `docs/architecture.md` draws it as it is.
 //!
 //! Every file is parsed with `syn`; every path it names (`use` trees,
-//! qualified paths, paths inside macro calls) is resolved to the module
-//! that defines the item, following `pub use` re-exports. A reference from
-//! anywhere inside module `a` to anything inside its sibling `b` is an edge
-//! `a → b` among the children of their common parent; at every level of the
-//! tree those edges must form no cycle. A module using its parent or its own
-//! children is not an edge (that is how a module and its parts speak).
-//! Test-only code (`#[cfg(test)]`) is left out: it is not architecture.
+//! qualified paths, paths inside macro calls; `crate::`, `super::`,
+//! `self::` and a child module's bare name alike) is resolved to the module
+//! that defines the item, following `pub use` re-exports. So is every
+//! method call on `self`, on a field of `self` and through `Self::`: to the
+//! module whose `impl` block defines that method, so that the `impl Guard`
+//! blocks of different files depend on each other as their calls do. A
+//! reference from anywhere inside module `a` to anything inside its sibling
+//! `b` is an edge `a → b` among the children of their common parent; at
+//! every level of the tree those edges must form no cycle. A module using
+//! its parent or its own children is not an edge (that is how a module and
+//! its parts speak). Test-only code (`#[cfg(test)]`) is left out: it is
+//! not architecture. Method calls on other receivers (a local, a
+//! parameter) are not resolved: the checker has no types.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,6 +29,13 @@ struct Module {
     reexports: BTreeMap<String, Vec<String>>,
     /// Absolute paths named by the module's code, with how they were written.
     references: Vec<(Vec<String>, String)>,
+    /// Methods its inherent `impl` blocks define, as (type, method).
+    methods: BTreeSet<(String, String)>,
+    /// Methods its code calls on a type it knows (`self`, a field of
+    /// `self`, `Self::`), as (type, method, as written).
+    calls: Vec<(String, String, String)>,
+    /// Its structs' fields: (struct, field) → the type they hold.
+    fields: BTreeMap<(String, String), String>,
 }
 
 type Tree = BTreeMap<Vec<String>, Module>;
@@ -42,7 +55,16 @@ fn load(tree: &mut Tree, path: Vec<String>, file: &Path) {
     };
     let mut module = Module { file: file.to_path_buf(), ..Module::default() };
     let mut inline = Vec::new();
-    let mut visitor = Collector { at: &path, out: &mut module.references };
+    // Its child modules first: a path may start with one's bare name.
+    let declared: BTreeSet<String> = parsed
+        .items
+        .iter()
+        .filter_map(|i| match i {
+            syn::Item::Mod(m) if !is_test(&m.attrs) => Some(m.ident.to_string()),
+            _ => None,
+        })
+        .collect();
+    let mut visitor = Collector { at: &path, children: &declared, impl_ty: None, out: &mut module.references, calls: Vec::new() };
     for item in &parsed.items {
         if item_is_test(item) {
             continue;
@@ -56,7 +78,7 @@ fn load(tree: &mut Tree, path: Vec<String>, file: &Path) {
                 let mut leaves = Vec::new();
                 use_leaves(&u.tree, Vec::new(), &mut leaves);
                 for (segments, name) in leaves {
-                    let absolute = absolute(&path, &segments);
+                    let absolute = absolute(&path, &declared, &segments);
                     let public = !matches!(u.vis, syn::Visibility::Inherited);
                     match (&absolute, name) {
                         (Some(abs), Some(name)) if public => {
@@ -75,19 +97,41 @@ fn load(tree: &mut Tree, path: Vec<String>, file: &Path) {
                     }
                 }
             }
+            syn::Item::Impl(i) if i.trait_.is_none() => {
+                if let Some(ty) = type_name(&i.self_ty) {
+                    for f in &i.items {
+                        if let syn::ImplItem::Fn(f) = f
+                            && !is_test(&f.attrs)
+                        {
+                            module.methods.insert((ty.clone(), f.sig.ident.to_string()));
+                        }
+                    }
+                }
+                visitor.visit_item(item);
+            }
+            syn::Item::Struct(st) => {
+                for field in &st.fields {
+                    if let (Some(name), Some(ty)) = (&field.ident, type_name(&field.ty)) {
+                        module.fields.insert((st.ident.to_string(), name.to_string()), ty);
+                    }
+                }
+            }
             other => visitor.visit_item(other),
         }
     }
+    module.calls = std::mem::take(&mut visitor.calls);
     for m in inline {
         // An inline module (rare outside tests) counts as part of this one.
         module.children.insert(m.ident.to_string());
         let mut child = path.clone();
         child.push(m.ident.to_string());
         let mut sub = Module { file: file.to_path_buf(), ..Module::default() };
-        let mut v = Collector { at: &child, out: &mut sub.references };
+        let none = BTreeSet::new();
+        let mut v = Collector { at: &child, children: &none, impl_ty: None, out: &mut sub.references, calls: Vec::new() };
         for item in m.content.iter().flat_map(|(_, items)| items) {
             v.visit_item(item);
         }
+        sub.calls = v.calls;
         tree.insert(child, sub);
     }
     let children: Vec<String> = module.children.iter().filter(|c| !tree.contains_key(&[path.clone(), vec![(*c).clone()]].concat())).cloned().collect();
@@ -130,9 +174,10 @@ fn use_leaves(tree: &syn::UseTree, prefix: Vec<String>, out: &mut Vec<(Vec<Strin
     }
 }
 
-/// `segments` as written in module `at`, made absolute, if it names
-/// something of this crate (`crate::`, `super::`, `self::`).
-fn absolute(at: &[String], segments: &[String]) -> Option<Vec<String>> {
+/// `segments` as written in module `at` (whose child modules are
+/// `children`), made absolute, if it names something of this crate
+/// (`crate::`, `super::`, `self::`, or a child module by its bare name).
+fn absolute(at: &[String], children: &BTreeSet<String>, segments: &[String]) -> Option<Vec<String>> {
     let mut base = at.to_vec();
     let mut rest = segments;
     match rest.first().map(String::as_str) {
@@ -147,24 +192,89 @@ fn absolute(at: &[String], segments: &[String]) -> Option<Vec<String>> {
                 rest = &rest[1..];
             }
         }
+        Some(child) if children.contains(child) => {}
         _ => return None,
     }
     Some([base, rest.to_vec()].concat())
 }
 
-/// Collects the crate paths a module's items name.
+/// The name of the type `ty` holds, looking through references, smart
+/// pointers and `Option` (`&Arc<Guard>` → `Guard`).
+fn type_name(ty: &syn::Type) -> Option<String> {
+    match ty {
+        syn::Type::Reference(r) => type_name(&r.elem),
+        syn::Type::Paren(p) => type_name(&p.elem),
+        syn::Type::Path(p) => {
+            let last = p.path.segments.last()?;
+            let wrapper = matches!(last.ident.to_string().as_str(), "Arc" | "Rc" | "Box" | "Option" | "Mutex" | "RwLock" | "OnceLock" | "OnceCell");
+            match (&last.arguments, wrapper) {
+                (syn::PathArguments::AngleBracketed(args), true) => args.args.iter().find_map(|a| match a {
+                    syn::GenericArgument::Type(t) => type_name(t),
+                    _ => None,
+                }),
+                _ => Some(last.ident.to_string()),
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Collects the crate paths a module's items name, and the methods its
+/// code calls on a receiver whose type it knows.
 struct Collector<'a> {
     at: &'a [String],
+    children: &'a BTreeSet<String>,
+    /// The type of the `impl` block being read, if any.
+    impl_ty: Option<String>,
     out: &'a mut Vec<(Vec<String>, String)>,
+    /// (type, method, as written) for `self.m()`, `Self::m()`;
+    /// (`field@Type`, method, as written) for `self.field.m()`, resolved
+    /// once every struct is known.
+    calls: Vec<(String, String, String)>,
+}
+
+/// Whether `e` is the path `self`.
+fn is_self(e: &syn::Expr) -> bool {
+    matches!(e, syn::Expr::Path(p) if p.path.is_ident("self"))
 }
 
 impl<'ast> Visit<'ast> for Collector<'_> {
     fn visit_path(&mut self, p: &'ast syn::Path) {
         let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
-        if let Some(abs) = absolute(self.at, &segments) {
+        if let Some(abs) = absolute(self.at, self.children, &segments) {
             self.out.push((abs, segments.join("::")));
         }
+        if let (Some(ty), [first, method]) = (&self.impl_ty, segments.as_slice())
+            && first == "Self"
+        {
+            self.calls.push((ty.clone(), method.clone(), format!("Self::{method}")));
+        }
         syn::visit::visit_path(self, p);
+    }
+
+    fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
+        if is_test(&i.attrs) {
+            return;
+        }
+        let outer = std::mem::replace(&mut self.impl_ty, type_name(&i.self_ty));
+        syn::visit::visit_item_impl(self, i);
+        self.impl_ty = outer;
+    }
+
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        if let Some(ty) = &self.impl_ty {
+            let method = call.method.to_string();
+            match &*call.receiver {
+                r if is_self(r) => self.calls.push((ty.clone(), method.clone(), format!("self.{method}()"))),
+                syn::Expr::Field(f) if is_self(&f.base) => {
+                    if let syn::Member::Named(field) = &f.member {
+                        self.calls.push((format!("{field}@{ty}"), method.clone(), format!("self.{field}.{method}()")));
+                    }
+                }
+                _ => {}
+            }
+        }
+        syn::visit::visit_expr_method_call(self, call);
     }
 
     fn visit_macro(&mut self, m: &'ast syn::Macro) {
@@ -186,7 +296,7 @@ impl<'ast> Visit<'ast> for Collector<'_> {
                 segments.push(next.to_string());
                 j += 3;
             }
-            if let Some(abs) = absolute(self.at, &segments) {
+            if let Some(abs) = absolute(self.at, self.children, &segments) {
                 self.out.push((abs, segments.join("::")));
             }
         }
@@ -241,12 +351,27 @@ fn resolve(tree: &Tree, path: &[String], depth: u32) -> Vec<String> {
     at
 }
 
+/// The modules that define method `method` of type `ty` in an inherent
+/// `impl` block; for `field@Type`, of the type that field of `Type` holds.
+fn method_homes(tree: &Tree, ty: &str, method: &str) -> Vec<Vec<String>> {
+    let ty = match ty.split_once('@') {
+        Some((field, owner)) => match tree.values().find_map(|m| m.fields.get(&(owner.to_string(), field.to_string()))) {
+            Some(held) => held.clone(),
+            None => return Vec::new(),
+        },
+        None => ty.to_string(),
+    };
+    let key = (ty, method.to_string());
+    tree.iter().filter(|(_, m)| m.methods.contains(&key)).map(|(path, _)| path.clone()).collect()
+}
+
 /// The edges among siblings: (parent, from, to) → examples of references.
 fn edges(tree: &Tree) -> BTreeMap<(Vec<String>, String, String), Vec<String>> {
     let mut edges: BTreeMap<(Vec<String>, String, String), Vec<String>> = BTreeMap::new();
     for (from, module) in tree {
-        for (path, written) in &module.references {
-            let to = resolve(tree, path, 0);
+        let paths = module.references.iter().map(|(path, written)| (resolve(tree, path, 0), written.clone()));
+        let calls = module.calls.iter().flat_map(|(ty, method, written)| method_homes(tree, ty, method).into_iter().map(move |home| (home, written.clone())));
+        for (to, written) in paths.chain(calls) {
             let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
             if common < from.len() && common < to.len() {
                 let key = (from[..common].to_vec(), from[common].clone(), to[common].clone());
@@ -378,6 +503,7 @@ fn the_checker_sees_a_cycle_through_a_reexport() {
         children: children.iter().map(|c| c.to_string()).collect(),
         reexports: reexports.iter().map(|(n, p)| (n.to_string(), p.iter().map(|s| s.to_string()).collect())).collect(),
         references: refs.iter().map(|r| (r.iter().map(|s| s.to_string()).collect(), r.join("::"))).collect(),
+        ..Module::default()
     };
     let mut tree = Tree::new();
     tree.insert(vec![], module("lib.rs", &["a"], &[], &[]));
@@ -388,6 +514,39 @@ fn the_checker_sees_a_cycle_through_a_reexport() {
     let found = cycles(&tree);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].starts_with("in crate::a: x → y → x"), "{}", found[0]);
+}
+
+#[test]
+fn the_checker_sees_a_cycle_through_method_calls_across_impl_blocks() {
+    // `impl G` in two sibling files, each calling a method the other defines
+    // (one on `self`, one through a field holding a `G`), and a third
+    // calling a method of its own: one cycle, x ⇄ y.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::write(src.join("lib.rs"), "mod a;\n").unwrap();
+    std::fs::create_dir(src.join("a")).unwrap();
+    std::fs::write(src.join("a/mod.rs"), "mod x;\nmod y;\nmod z;\npub struct G;\npub struct H { g: std::sync::Arc<G> }\n").unwrap();
+    std::fs::write(src.join("a/x.rs"), "impl super::G { fn f(&self) { self.g() } }\n").unwrap();
+    std::fs::write(src.join("a/y.rs"), "impl super::G { fn g(&self) {} }\nimpl super::H { fn h(&self) { self.g.f() } }\n").unwrap();
+    std::fs::write(src.join("a/z.rs"), "impl super::G { fn k(&self) { Self::l(); self.k() } fn l() {} }\n").unwrap();
+    let found = cycles(&crate_tree(src));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("in crate::a: x → y → x"), "{}", found[0]);
+    assert!(found[0].contains("self.g()") && found[0].contains("self.g.f()"), "the calls are named: {}", found[0]);
+}
+
+#[test]
+fn the_checker_follows_a_bare_reexport_of_a_child_module() {
+    // `pub use x::X;` (no `self::`) in `a`, and `y` naming `super::X`: y → x.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::write(src.join("lib.rs"), "mod a;\n").unwrap();
+    std::fs::create_dir(src.join("a")).unwrap();
+    std::fs::write(src.join("a/mod.rs"), "mod x;\nmod y;\npub use x::X;\n").unwrap();
+    std::fs::write(src.join("a/x.rs"), "pub struct X;\nfn f() { let _ = super::y::Y; }\n").unwrap();
+    std::fs::write(src.join("a/y.rs"), "pub struct Y;\nfn g() -> super::X { super::X }\n").unwrap();
+    let found = cycles(&crate_tree(src));
+    assert_eq!(found.len(), 1, "{found:?}");
 }
 
 /// Every `fn` in the files under `dir` with more than `max` parameters
@@ -449,7 +608,38 @@ fn the_guard_reads_by_protocol_step_in_short_files() {
         .collect();
     assert!(long.is_empty(), "guard files over 300 lines:\n{}", long.join("\n"));
     // The protocol's steps, each in its own file, in the order docs/guard.md tells them.
-    for step in ["admit.rs", "hold/mod.rs", "send.rs", "drive.rs", "reconcile.rs", "finish.rs", "recover.rs", "claim.rs"] {
+    for step in ["admit.rs", "hold/mod.rs", "start.rs", "claim.rs", "send.rs", "drive.rs", "attempt.rs", "reconcile.rs", "finish.rs", "recover.rs"] {
         assert!(guard.join(step).exists(), "src/guard/{step} is missing");
     }
+}
+
+/// The layers of the picture in `docs/architecture.md`, top to bottom: the
+/// top-level modules each line of its drawing names.
+fn drawn_layers() -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/architecture.md")).unwrap();
+    let drawing = doc.split("```").nth(1).expect("docs/architecture.md draws the modules in its first code block");
+    drawing
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('│') && !l.starts_with('├'))
+        .map(|l| l.split("  ").next().unwrap().split(['─', '·']).map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect())
+        .collect()
+}
+
+#[test]
+fn the_architecture_picture_draws_the_module_graph() {
+    let tree = host_tree();
+    let layers = drawn_layers();
+    let layer_of = |m: &str| layers.iter().position(|l| l.iter().any(|n| n == m));
+    let top: Vec<String> = tree[&Vec::new()].children.iter().cloned().collect();
+    let undrawn: Vec<&String> = top.iter().filter(|m| layer_of(m).is_none()).collect();
+    assert!(undrawn.is_empty(), "modules of host/src the picture in docs/architecture.md leaves out: {undrawn:?}");
+    let drawn_only: Vec<&String> = layers.iter().flatten().filter(|m| !top.contains(m)).collect();
+    assert!(drawn_only.is_empty(), "the picture in docs/architecture.md draws modules host/src does not have: {drawn_only:?}");
+    let upward: Vec<String> = edges(&tree)
+        .into_iter()
+        .filter(|((parent, from, to), _)| parent.is_empty() && layer_of(to) <= layer_of(from))
+        .map(|((_, from, to), examples)| format!("{from} → {to} ({})", examples[0]))
+        .collect();
+    assert!(upward.is_empty(), "docs/architecture.md draws these below what they use, or beside it:\n{}", upward.join("\n"));
 }

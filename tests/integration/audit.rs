@@ -2,12 +2,10 @@
 //! under the example config, FAIL (exit 1) with the reason for each hostile
 //! fixture, JSON checked against the documented schema, and the grant history.
 
-use crate::common::{shared_cache, wasm};
+use crate::common::{BIN, shared_cache, stdout_json, wasm};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
@@ -26,10 +24,6 @@ fn example_config(dir: &Path, extra: &str) -> PathBuf {
 
 fn audit(config: &Path, args: &[&str]) -> Output {
     Command::new(BIN).arg("audit").arg("--config").arg(config).args(args).env("TOOLGUARD_LOG", "error").output().unwrap()
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// Checks `report` against `docs/audit.schema.json`.
@@ -57,7 +51,7 @@ fn the_shipped_plugins_pass_under_the_example_config() {
     let keys = "keys         payments: header Idempotency-Key, form-field metadata[toolguard_key] (toolguard format)";
     assert!(text.contains(keys), "where the host puts its key, for the reviewer:\n{text}");
 
-    let report = json(&audit(&config, &["--json"]));
+    let report = stdout_json(&audit(&config, &["--json"]));
     assert_schema(&report);
     assert_eq!(report["verdict"], "PASS");
     let payments = report["components"].as_array().unwrap().iter().find(|c| c["plugin"] == "payments").unwrap();
@@ -91,7 +85,7 @@ fn an_irreversible_tool_whose_arguments_can_vary_without_naming_another_action_i
     };
     // As shipped: the refund takes an id, an amount and an enumerated reason,
     // all required; `greet` takes free text but is read-only (never held).
-    let report = json(&audit(&config, &["--json"]));
+    let report = stdout_json(&audit(&config, &["--json"]));
     for plugin in ["payments", "template"] {
         assert!(!notes_of(&report, plugin).contains("vary without naming"), "{plugin}: {}", notes_of(&report, plugin));
     }
@@ -100,7 +94,7 @@ fn an_irreversible_tool_whose_arguments_can_vary_without_naming_another_action_i
     std::fs::write(&config, text).unwrap();
     let out = audit(&config, &["--json"]);
     assert_eq!(out.status.code(), Some(0), "a note, not a failure");
-    let report = json(&out);
+    let report = stdout_json(&out);
     assert_schema(&report);
     let notes = notes_of(&report, "template");
     assert!(notes.contains("irreversible tool `greet` takes arguments that can vary without naming another action: `/name` (free text)"), "{notes}");
@@ -113,7 +107,7 @@ fn an_irreversible_tool_whose_arguments_can_vary_without_naming_another_action_i
         1,
     );
     std::fs::write(&config, text).unwrap();
-    let report = json(&audit(&config, &["--json"]));
+    let report = stdout_json(&audit(&config, &["--json"]));
     assert_schema(&report);
     assert!(!notes_of(&report, "template").contains("vary without naming"), "{}", notes_of(&report, "template"));
     let template = report["components"].as_array().unwrap().iter().find(|c| c["plugin"] == "template").unwrap();
@@ -131,7 +125,7 @@ fn each_hostile_fixture_fails_naming_its_reason() {
     let args: Vec<&str> = std::iter::once("--json").chain(paths.iter().map(String::as_str)).collect();
     let out = audit(&config, &args);
     assert_eq!(out.status.code(), Some(1), "any FAIL exits non-zero");
-    let report = json(&out);
+    let report = stdout_json(&out);
     assert_schema(&report);
     assert_eq!(report["verdict"], "FAIL");
     let reasons = |plugin: &str| -> String {
@@ -168,7 +162,7 @@ fn a_pin_mismatch_fails_and_a_matching_pin_passes() {
     let stats = wasm("text-stats").display().to_string();
     let wrong = format!("\n[plugins.pinned]\ncomponent = {stats:?}\n[policy.plugins.pinned]\nsha256 = \"{}\"\n", "0".repeat(64));
     let config = example_config(dir.path(), &wrong);
-    let report = json(&audit(&config, &["--json"]));
+    let report = stdout_json(&audit(&config, &["--json"]));
     let pinned = report["components"].as_array().unwrap().iter().find(|c| c["plugin"] == "pinned").unwrap().clone();
     assert_eq!(pinned["pin"]["status"], "mismatch");
     assert!(pinned["reasons"][0].as_str().unwrap().contains("does not match the pin"));
@@ -197,7 +191,7 @@ fn the_grant_history_records_what_ran_with_which_grants() {
     };
     call("c1");
     call("c2");
-    let history = json(&audit(&config, &["--history", "--json"]));
+    let history = stdout_json(&audit(&config, &["--history", "--json"]));
     let entries = history.as_array().unwrap();
     assert_eq!(entries.len(), 3, "one entry per plugin; an unchanged reload adds none: {history}");
     let payments = entries.iter().find(|e| e["plugin"] == "payments").unwrap();
@@ -209,7 +203,7 @@ fn the_grant_history_records_what_ran_with_which_grants() {
     let text = std::fs::read_to_string(&config).unwrap().replace("max_sends_per_call = 2", "max_sends_per_call = 1");
     std::fs::write(&config, text).unwrap();
     call("c3");
-    let history = json(&audit(&config, &["--history", "--json"]));
+    let history = stdout_json(&audit(&config, &["--history", "--json"]));
     let payments: Vec<&Value> = history.as_array().unwrap().iter().filter(|e| e["plugin"] == "payments").collect();
     assert_eq!(payments.len(), 2);
     assert_eq!(payments[1]["grants"]["budgets"]["max_sends_per_call"], 1);

@@ -1,12 +1,9 @@
 //! The real `toolguard` binary: `tools` and `call` round trips, exit
 //! statuses, JSON errors, plugin output in the logs, config errors.
 
-use crate::common::{shared_cache, wasm};
-use serde_json::Value;
+use crate::common::{BIN, shared_cache, stdout_json, wasm};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
 
 /// The repository's example config, moved into `dir` with its own data dir
 /// and the shared compile cache, plus the misbehave fixture.
@@ -25,10 +22,6 @@ fn example_config(dir: &Path) -> PathBuf {
 
 fn toolguard(args: &[&str]) -> Output {
     Command::new(BIN).args(args).env("TOOLGUARD_HOST_SECRET", "s3cr3t-value").env_remove("TOOLGUARD_LOG").output().expect("run toolguard")
-}
-
-fn stdout_json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// `toolguard call` with a fresh tool-call id each time.

@@ -1,19 +1,14 @@
 //! The real binary with the guard: `demo`, `call` against the sandbox, the
 //! `ledger` commands, and `sandbox` standalone.
 
+use crate::common::{BIN, stdout_json};
 use crate::payments::{Downstream, PI, config_text, refund_args};
 use serde_json::Value;
 use std::io::BufRead;
 use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
-
 fn toolguard(args: &[&str]) -> Output {
     Command::new(BIN).args(args).env_remove("TOOLGUARD_LOG").output().expect("run toolguard")
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 #[test]
@@ -59,14 +54,14 @@ async fn call_then_read_the_ledger_through_the_cli() {
     let first = call("c1", 300).await.unwrap();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let again = call("c1", 300).await.unwrap();
-    assert_eq!(json(&again), json(&first), "a replay through a new process returns the same result");
+    assert_eq!(stdout_json(&again), stdout_json(&first), "a replay through a new process returns the same result");
     assert!(String::from_utf8_lossy(&again.stderr).contains("replayed"), "and says so");
     assert_eq!(sandbox.refunds().len(), 1);
     let conflict = call("c1", 301).await.unwrap();
     assert_eq!(conflict.status.code(), Some(1));
-    assert_eq!(json(&conflict)["kind"], "conflict");
+    assert_eq!(stdout_json(&conflict)["kind"], "conflict");
 
-    let list = json(&toolguard(&["ledger", "list", "--config", &cfg, "--json"]));
+    let list = stdout_json(&toolguard(&["ledger", "list", "--config", &cfg, "--json"]));
     let rows = list.as_array().unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["call"]["call_id"], "c1");
@@ -75,17 +70,17 @@ async fn call_then_read_the_ledger_through_the_cli() {
     assert_eq!(sandbox.refunds()[0].metadata["toolguard_key"], key);
     assert_eq!(rows[0]["attempts"][0]["state"], "succeeded");
 
-    let unknown = json(&toolguard(&["ledger", "list", "--config", &cfg, "--state", "unknown", "--json"]));
+    let unknown = stdout_json(&toolguard(&["ledger", "list", "--config", &cfg, "--state", "unknown", "--json"]));
     assert_eq!(unknown, Value::Array(vec![]));
     let table = toolguard(&["ledger", "list", "--config", &cfg, "--session", "ops"]);
     assert!(String::from_utf8_lossy(&table.stdout).contains(&key));
 
-    let shown = json(&toolguard(&["ledger", "show", "--config", &cfg, &key]));
+    let shown = stdout_json(&toolguard(&["ledger", "show", "--config", &cfg, &key]));
     assert_eq!(shown["attempt"]["request"]["method"], "POST");
     assert_eq!(shown["call"]["session"], "ops");
-    let by_call = json(&toolguard(&["ledger", "show", "--config", &cfg, "c1"]));
+    let by_call = stdout_json(&toolguard(&["ledger", "show", "--config", &cfg, "c1"]));
     assert_eq!(by_call[0]["attempts"][0]["key"], key.as_str());
-    let direct = json(&toolguard(&["ledger", "show", "--config", &cfg, "c1", "--session", "ops"]));
+    let direct = stdout_json(&toolguard(&["ledger", "show", "--config", &cfg, "c1", "--session", "ops"]));
     assert_eq!(direct, by_call, "a look-up in its session finds the same call");
     let elsewhere = toolguard(&["ledger", "show", "--config", &cfg, "c1", "--session", "other"]);
     assert_eq!(elsewhere.status.code(), Some(1), "not in that session");

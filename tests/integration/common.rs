@@ -7,6 +7,18 @@ use toolguard::config::Limits;
 use toolguard::config::{ComponentSource, EngineConfig, PluginConfig};
 use toolguard::{CallError, CallRequest, Runtime};
 
+/// The `toolguard` binary the tests build (with its test hooks).
+pub const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
+
+/// What a `toolguard` command printed on stdout, as JSON. Output that is
+/// not JSON fails the test, showing what the command printed on both
+/// streams. (A process killed mid-answer may have printed part of one:
+/// read such output with `serde_json::from_slice` and expect nothing.)
+pub fn stdout_json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
 /// Where the build script put the plugin components.
 pub const WASM_DIR: &str = env!("TOOLGUARD_WASM_DIR");
 

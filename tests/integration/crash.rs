@@ -3,153 +3,13 @@
 //! failpoint) mid-call, then restarted. Edge cases 8 and 9, `toolguard
 //! recover`, and the torture harness.
 
-use crate::payments::{Downstream, config_text};
-use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-use toolguard::ledger::{AttemptState, Ledger, Resolution};
-use toolguard_sandbox::{Fault, Mode, Sandbox};
-
-const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
-/// The payment intent crash tests refund against: large, so every trial fits.
-pub const PI: &str = "pi_crash";
-
-/// A sandbox (on its own runtime, so plain `#[test]`s can drive processes)
-/// and a config file for child hosts.
-pub struct World {
-    pub sandbox: Sandbox,
-    pub config: PathBuf,
-    pub dir: tempfile::TempDir,
-    /// Whether each tool call gives the refund's reason in its own words
-    /// (the refund's action declared as its intent and amount).
-    pub reworded: bool,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl World {
-    pub fn new() -> Self {
-        Self::with(torture_downstream())
-    }
-
-    /// A world whose payments downstream has the knobs of `d`.
-    pub fn with(d: Downstream) -> Self {
-        Self::build(d, None)
-    }
-
-    /// [`World::new`] with the sandbox serving HTTPS under `pki`'s CA, which the host trusts.
-    pub fn over_https(pki: &crate::tls::Pki) -> Self {
-        Self::build(torture_downstream(), Some(pki))
-    }
-
-    fn build(d: Downstream, tls: Option<&crate::tls::Pki>) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let retention = toolguard_sandbox::DEFAULT_RETENTION;
-        let sandbox = match tls {
-            Some(pki) => rt.block_on(Sandbox::start_tls("127.0.0.1:0", Mode::Stripe, retention, pki.server(false))),
-            None => rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, retention)),
-        }
-        .unwrap();
-        sandbox.add_payment_intent(PI, u64::MAX / 4);
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("toolguard.toml");
-        let trust = tls.map(|pki| format!("tls = {{ ca_file = {:?}, platform_roots = false }}", pki.ca_file.display().to_string()));
-        let text = match &trust {
-            Some(extra) => crate::tls::tls_config_text(&sandbox.url(), &dir.path().join("data"), &d, extra),
-            None => config_text(&sandbox.url(), &dir.path().join("data"), &d),
-        };
-        std::fs::write(&config, text).unwrap();
-        Self { sandbox, config, dir, reworded: false, _rt: rt }
-    }
-
-    /// [`World::new`] whose refunds give their reason in words that depend
-    /// on the tool-call id (a model's repeat rarely says it the same way),
-    /// with the refund's action declared as `/payment_intent` and `/amount_cents`.
-    pub fn in_other_words() -> Self {
-        let w = Self::with(Downstream { refund_action: Some(crate::payments::INTENT_AND_AMOUNT), ..torture_downstream() });
-        Self { reworded: true, ..w }
-    }
-
-    /// `toolguard call` refunding `amount` cents under `call_id`, started.
-    pub fn spawn_refund(&self, call_id: &str, amount: u64, failpoint: Option<&str>) -> Child {
-        const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
-        let reason = if self.reworded { REASONS[call_id.bytes().map(usize::from).sum::<usize>() % 3] } else { REASONS[0] };
-        self.spawn_refund_saying(call_id, amount, reason, failpoint)
-    }
-
-    /// [`World::spawn_refund`] giving `reason`.
-    pub fn spawn_refund_saying(&self, call_id: &str, amount: u64, reason: &str, failpoint: Option<&str>) -> Child {
-        let args = format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"{reason}"}}"#);
-        spawn_call(&self.config, ["crash", call_id, "refund"], &args, failpoint)
-    }
-
-    /// Runs a refund to completion; its stdout as JSON, and whether it succeeded.
-    pub fn refund(&self, call_id: &str, amount: u64) -> (bool, Value) {
-        let out = self.spawn_refund(call_id, amount, None).wait_with_output().unwrap();
-        (out.status.success(), stdout_json(&out))
-    }
-
-    /// Runs `toolguard ARGS… --config <this world's config>`.
-    pub fn toolguard(&self, args: &[&str]) -> Output {
-        Command::new(BIN).args(args).args(["--config", self.config.to_str().unwrap()]).env("TOOLGUARD_LOG", "warn").output().unwrap()
-    }
-
-    /// The host's ledger, read-only (no host is running).
-    pub fn ledger(&self) -> Ledger {
-        Ledger::open_read_only(&ledger_dir(self.dir.path())).unwrap()
-    }
-
-    /// Refunds at the sandbox of exactly `amount` cents.
-    pub fn refunds_of(&self, amount: u64) -> usize {
-        self.sandbox.refunds().iter().filter(|r| r.amount == amount).count()
-    }
-
-    /// POSTs the sandbox received for a refund of `amount` cents.
-    pub fn posts_of(&self, amount: u64) -> Vec<toolguard_sandbox::Observed> {
-        let body = format!("amount={amount}&");
-        self.sandbox.requests().into_iter().filter(|r| r.method == "POST" && r.body.contains(&body)).collect()
-    }
-}
-
-/// The torture's downstream: patient, and a budget for thousands of refunds
-/// in one session within the hour.
-fn torture_downstream() -> Downstream {
-    Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, ..Downstream::default() }
-}
-
-/// `toolguard call` of `[session, call id, tool]` with `args` under
-/// `config`, started, aborting at `failpoint` if one is named.
-pub fn spawn_call(config: &Path, [session, call_id, tool]: [&str; 3], args: &str, failpoint: Option<&str>) -> Child {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["call", "--config", config.to_str().unwrap(), "--session", session, "--call-id", call_id, tool, args])
-        .env("TOOLGUARD_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(point) = failpoint {
-        cmd.env("TOOLGUARD_FAILPOINT", point);
-    }
-    cmd.spawn().expect("spawn toolguard")
-}
-
-pub fn ledger_dir(root: &Path) -> PathBuf {
-    root.join("data").join("ledger")
-}
-
-pub fn stdout_json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-}
-
-/// Waits until `done()` or the deadline; true if it happened.
-pub fn wait_for(deadline: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    done()
-}
+use crate::common::{BIN, stdout_json};
+use crate::payments::Downstream;
+use crate::world::{PI, World, wait_for};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use toolguard::ledger::{AttemptState, Resolution};
+use toolguard_sandbox::Fault;
 
 #[test]
 fn e08_crash_after_the_attempt_is_written_before_it_is_sent() {
@@ -437,4 +297,48 @@ fn a_client_that_hung_up_before_its_answer_left_was_not_told() {
         assert_eq!(repeat["structuredContent"]["detail"]["earlier_outcome"]["result"]["refund_id"], refund.as_str(), "round {round}: {repeat}");
         assert_eq!(resumed["structuredContent"]["refund_id"], refund.as_str(), "round {round}: {resumed}");
     }
+}
+
+/// `toolguard call` records that its caller was told as the last thing it
+/// does, then exits at once. A harness that trusts only a clean exit kills
+/// it right after the first byte of the answer — in some trials at once, in
+/// the others once the ledger shows the answer recorded as told, the moment
+/// a process that lived on after that record would be at its most exposed.
+/// Whenever the kill took the clean exit, the ledger must not say the caller
+/// was told, so the harness's blind repeat under a new id is held with the
+/// first refund: one refund per trial, counted at the provider.
+#[test]
+fn a_kill_right_after_the_answer_never_finds_it_recorded_as_told_without_a_clean_exit() {
+    use std::io::Read as _;
+    let w = World::new();
+    let told = |call_id: &str| {
+        toolguard::ledger::Ledger::open_read_only(&crate::world::ledger_dir(w.dir.path()))
+            .ok()
+            .and_then(|l| l.call(crate::world::SESSION, call_id).ok().flatten())
+            .is_some_and(|c| c.reported != toolguard::ledger::records::Reported::Nothing)
+    };
+    let (mut clean, mut killed) = (0, 0);
+    for trial in 0..12u64 {
+        let (call_id, amount) = (format!("x{trial}"), 900 + trial);
+        let mut child = w.spawn_refund(&call_id, amount, None);
+        let mut first = [0u8; 1];
+        child.stdout.as_mut().unwrap().read_exact(&mut first).expect("the answer's first byte");
+        if trial % 2 == 1 {
+            // Until the told record shows, or the process is gone.
+            wait_for(Duration::from_secs(30), || told(&call_id) || child.try_wait().unwrap().is_some());
+        }
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        if status.success() {
+            clean += 1;
+        } else {
+            killed += 1;
+            // No clean exit: the harness has no answer, and repeats the call blindly.
+            let (ok, answer) = w.refund(&format!("{call_id}-again"), amount);
+            assert!(!ok && answer["kind"] == "held", "trial {trial}: a blind repeat after a kill that took the clean exit ran: {answer}");
+            assert!(answer["detail"]["earlier_outcome"].is_object(), "trial {trial}: held with the first refund: {answer}");
+        }
+        assert_eq!(w.refunds_of(amount), 1, "trial {trial}: one refund");
+    }
+    println!("answer-then-exit: {clean} clean exits, {killed} killed after the first byte");
 }

@@ -140,7 +140,7 @@ fn under_two_hosts(what: &str, calls: u64, chaos: impl FnOnce(String, Arc<Atomic
     // The hosts' takeover passes (every 2 s) settle what a lost connection left.
     let ledger = Ledger::connect(&ledger).unwrap();
     let unsettled = || [AttemptState::Pending, AttemptState::Unknown].iter().map(|s| ledger.attempts_in_state(*s).unwrap().len()).sum::<usize>();
-    let settled = crate::crash::wait_for(Duration::from_secs(30), || unsettled() == 0);
+    let settled = crate::world::wait_for(Duration::from_secs(30), || unsettled() == 0);
 
     let refunds = sandbox.refunds();
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();

@@ -34,9 +34,9 @@
 //! (`TOOLGUARD_TORTURE_SEED` replays a run).
 
 use crate::common::{Mcp, Server, fresh_postgres_database, serve_http};
-use crate::crash::wait_for;
 use crate::payments::{Downstream, PI};
 use crate::torture::{Rng, env_u64};
+use crate::world::wait_for;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

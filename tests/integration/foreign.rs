@@ -4,8 +4,9 @@
 //! same guarantees as the Rust plugins — counted at the sandbox, or at a
 //! listener that must never see a connection.
 
-use crate::common::{Mcp, serve_http, shared_cache};
-use crate::payments::{Downstream, PI, config_text};
+use crate::common::{BIN, Mcp, serve_http, shared_cache, stdout_json};
+use crate::payments::Downstream;
+use crate::world::{PI, World};
 use serde_json::{Value, json};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -13,9 +14,7 @@ use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use toolguard_sandbox::{Fault, Mode, Sandbox};
-
-const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
+use toolguard_sandbox::Fault;
 
 /// A plugin as its toolchain built it (unsealed).
 fn built(name: &str) -> PathBuf {
@@ -39,42 +38,6 @@ pub(crate) fn sealed(name: &str) -> PathBuf {
 
 fn toolguard(args: &[&str]) -> Output {
     Command::new(BIN).args(args).env_remove("TOOLGUARD_LOG").output().expect("run toolguard")
-}
-
-fn stdout_json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-}
-
-/// A sandbox, and a config with the Rust payments plugin plus `extra` TOML.
-pub(crate) struct World {
-    pub(crate) sandbox: Sandbox,
-    pub(crate) config: PathBuf,
-    /// The data directory's parent (the ledger is `data/ledger` in it).
-    pub(crate) dir: tempfile::TempDir,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl World {
-    pub(crate) fn new(d: &Downstream, extra: &str) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
-        sandbox.add_payment_intent(PI, 1_000_000);
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("toolguard.toml");
-        let extra = extra.replace("{url}", &sandbox.url());
-        std::fs::write(&config, format!("{}\n{extra}", config_text(&sandbox.url(), &dir.path().join("data"), d))).unwrap();
-        Self { sandbox, config, dir, _rt: rt }
-    }
-
-    fn call(&self, call_id: &str, tool: &str, args: &Value) -> (bool, Value, String) {
-        let out = toolguard(&["call", "--config", self.config.to_str().unwrap(), "--session", "s1", "--call-id", call_id, tool, &args.to_string()]);
-        (out.status.success(), stdout_json(&out), String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-
-    fn refunds_of(&self, amount: u64) -> usize {
-        self.sandbox.refunds().iter().filter(|r| r.amount == amount).count()
-    }
 }
 
 /// The Python payments plugin, sealed, with its tools prefixed `py_`.
@@ -109,7 +72,7 @@ fn refund(amount: u64) -> Value {
 
 #[test]
 fn a_python_refund_tool_refunds_once_replays_and_conflicts() {
-    let w = World::new(&Downstream::default(), &python_payments());
+    let w = World::with_extra(Downstream::default(), &python_payments());
     let (ok, first, log) = w.call("k1", "py_refund", &refund(500));
     assert!(ok, "{first}\n{log}");
     assert_eq!(first["status"], "succeeded", "{first}");
@@ -151,7 +114,7 @@ fn a_python_refund_tool_refunds_once_replays_and_conflicts() {
 #[test]
 fn a_python_refund_whose_outcome_is_unknown_holds_the_blind_repeat() {
     let d = Downstream { timeout_ms: 500, reconcile_ms: 200, ..Downstream::default() };
-    let w = World::new(&d, &python_payments());
+    let w = World::with_extra(d, &python_payments());
     w.sandbox.set_list_lag(Duration::from_secs(600));
     w.sandbox.inject(Fault::DelayAfterCommit { ms: 2_000 });
     let (ok, first, _) = w.call("k1", "py_refund", &refund(700));
@@ -169,7 +132,7 @@ fn a_python_refund_whose_outcome_is_unknown_holds_the_blind_repeat() {
 #[test]
 fn a_python_reconciliation_reads_past_the_first_page_of_refunds() {
     let d = Downstream { reconcile_ms: 200, ..Downstream::default() };
-    let w = World::new(&d, &python_payments());
+    let w = World::with_extra(d, &python_payments());
     // Committed behind a 500, and not listed yet: unknown …
     w.sandbox.set_list_lag(Duration::from_secs(600));
     w.sandbox.inject(Fault::HiddenCommit500);
@@ -200,7 +163,7 @@ fn a_python_reconciliation_reads_past_the_first_page_of_refunds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_refund_over_mcp_refunds_once() {
-    let w = tokio::task::spawn_blocking(|| World::new(&Downstream::default(), &python_payments())).await.unwrap();
+    let w = tokio::task::spawn_blocking(|| World::with_extra(Downstream::default(), &python_payments())).await.unwrap();
     let server = serve_http(&w.config, &[]);
     let mcp = Mcp::connect(&server.url).await;
     let first = mcp.call("py_refund", "m1", refund(800)).await.unwrap();
@@ -214,7 +177,7 @@ async fn a_python_refund_over_mcp_refunds_once() {
 
 #[test]
 fn a_plain_python_build_is_refused_until_sealed_and_filesystem_is_inert() {
-    let w = World::new(&Downstream::default(), &ungranted("raw", &built("py_socket")));
+    let w = World::with_extra(Downstream::default(), &ungranted("raw", &built("py_socket")));
     let out = toolguard(&["tools", "--config", w.config.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stdout_json(&out)["message"].as_str().unwrap_or_default().to_string();
@@ -244,7 +207,7 @@ fn counting_listener() -> (u16, std::sync::Arc<AtomicUsize>) {
 fn a_sealed_python_socket_reaches_nothing_and_the_host_keeps_serving() {
     let (port, seen) = counting_listener();
     let extra = format!("{}{}", ungranted("sock", &sealed("py_socket")), python_payments());
-    let w = World::new(&Downstream::default(), &extra);
+    let w = World::with_extra(Downstream::default(), &extra);
     let (ok, v, log) = w.call("c1", "connect", &json!({ "host": "127.0.0.1", "port": port }));
     assert!(!ok, "{v}");
     assert!(v["message"].as_str().unwrap_or_default().contains("trap"), "the sealed socket call trapped: {v}");
@@ -258,7 +221,7 @@ fn a_sealed_python_socket_reaches_nothing_and_the_host_keeps_serving() {
 
 #[test]
 fn a_javascript_tool_runs_with_its_console_real_time_and_randomness() {
-    let w = World::new(&Downstream::default(), &ungranted("jstext", &sealed("js_text")));
+    let w = World::with_extra(Downstream::default(), &ungranted("jstext", &sealed("js_text")));
     let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     let (ok, a, log) = w.call("j1", "js_text_stats", &json!({ "text": "one two\nthree elephants" }));
     assert!(ok, "{a}\n{log}");
@@ -275,7 +238,7 @@ fn a_javascript_tool_runs_with_its_console_real_time_and_randomness() {
 #[test]
 fn a_sealed_javascript_fetch_reaches_nothing() {
     let (port, seen) = counting_listener();
-    let w = World::new(&Downstream::default(), &ungranted("jsfetch", &sealed("js_fetch")));
+    let w = World::with_extra(Downstream::default(), &ungranted("jsfetch", &sealed("js_fetch")));
     let (ok, v, log) = w.call("f1", "fetch_itself", &json!({ "url": format!("http://127.0.0.1:{port}/v1/refunds") }));
     assert!(log.contains("calling fetch"), "{log}");
     assert!(!ok || v["outcome"] != "answered", "fetch must not get an answer: {v}");
@@ -285,7 +248,7 @@ fn a_sealed_javascript_fetch_reaches_nothing() {
 
 #[test]
 fn the_audit_shows_inert_and_sealed_imports_and_the_policy_can_deny_them() {
-    let w = World::new(&Downstream::default(), &python_payments());
+    let w = World::with_extra(Downstream::default(), &python_payments());
     let out = toolguard(&["audit", "--config", w.config.to_str().unwrap(), "--json"]);
     let report = stdout_json(&out);
     let py = report["components"].as_array().unwrap().iter().find(|c| c["plugin"] == "pypay").expect("pypay audited").clone();
@@ -374,7 +337,7 @@ fn ticket(subject: &str) -> Value {
 
 #[test]
 fn a_javascript_ticket_tool_against_a_desk_that_ignores_keys_opens_one_ticket() {
-    let w = World::new(&Downstream::default(), &js_tickets());
+    let w = World::with_extra(Downstream::default(), &js_tickets());
     let tickets = |subject: &str| w.sandbox.tickets().into_iter().filter(|t| t.subject == subject).collect::<Vec<_>>();
     let posts = |subject: &str| w.sandbox.requests().into_iter().filter(|r| r.method == "POST" && r.body.contains(subject)).count();
 
@@ -403,7 +366,7 @@ fn a_javascript_ticket_tool_against_a_desk_that_ignores_keys_opens_one_ticket() 
 
 #[test]
 fn a_typescript_ticket_left_unknown_is_held_conflicts_and_is_reconciled_later() {
-    let w = World::new(&Downstream::default(), &js_tickets());
+    let w = World::with_extra(Downstream::default(), &js_tickets());
     let tickets = || w.sandbox.tickets().into_iter().filter(|t| t.subject == "lost").collect::<Vec<_>>();
     let posts = || w.sandbox.requests().into_iter().filter(|r| r.method == "POST").count();
     // The desk opens the ticket, answers after the deadline, and its search
@@ -441,7 +404,7 @@ fn a_typescript_ticket_left_unknown_is_held_conflicts_and_is_reconciled_later() 
 
 #[test]
 fn a_ticket_left_to_an_operator_is_looked_up_once_a_pass_not_for_a_whole_window() {
-    let w = World::new(&Downstream::default(), &js_tickets());
+    let w = World::with_extra(Downstream::default(), &js_tickets());
     let recover = || {
         let out = toolguard(&["recover", "--config", w.config.to_str().unwrap()]);
         (out.status.success(), stdout_json(&out))
@@ -477,7 +440,7 @@ fn a_ticket_left_to_an_operator_is_looked_up_once_a_pass_not_for_a_whole_window(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_ticket_and_the_read_only_examples_answer_over_mcp() {
     let extra = format!("{}{}{}", js_tickets(), ungranted("pytext", &sealed("py_text")), ungranted("jstext", &sealed("js_text")));
-    let w = tokio::task::spawn_blocking(move || World::new(&Downstream::default(), &extra)).await.unwrap();
+    let w = tokio::task::spawn_blocking(move || World::with_extra(Downstream::default(), &extra)).await.unwrap();
     let server = serve_http(&w.config, &[]);
     let mcp = Mcp::connect(&server.url).await;
     let first = mcp.call("create_ticket", "m1", ticket("mcp")).await.unwrap();
@@ -506,7 +469,7 @@ fn sdk_examples() -> String {
 
 #[test]
 fn each_language_sdk_derives_the_schema_the_host_enforces() {
-    let w = World::new(&Downstream::default(), &sdk_examples());
+    let w = World::with_extra(Downstream::default(), &sdk_examples());
     let out = toolguard(&["tools", "--config", w.config.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     let tools = stdout_json(&out);
@@ -572,7 +535,7 @@ fn a_quickjs_tool_with_several_memories_loads_without_a_seal_and_runs() {
     }]);
     assert!(needs.memories >= 2, "a QuickJS build has several memories: {needs:?}");
     let extra = format!("\n[plugins.qjs]\ncomponent = {:?}\ntool_prefix = \"qjs_\"\n[policy.plugins.qjs]\n", component.display().to_string());
-    let w = World::new(&Downstream::default(), &extra);
+    let w = World::with_extra(Downstream::default(), &extra);
     let (ok, v, log) = w.call("q1", "qjs_js_text_stats", &json!({ "text": "alpha beta\ngamma" }));
     assert!(ok, "{v}\n{log}");
     assert_eq!((v["words"].as_i64(), v["lines"].as_i64(), v["longest_word"].as_str()), (Some(3), Some(2), Some("alpha")), "{v}");
@@ -580,7 +543,7 @@ fn a_quickjs_tool_with_several_memories_loads_without_a_seal_and_runs() {
 
 #[test]
 fn a_component_using_the_async_abi_is_refused_saying_how_to_build_it() {
-    let w = World::new(&Downstream::default(), &ungranted("qjsasync", &built("qjs_async")));
+    let w = World::with_extra(Downstream::default(), &ungranted("qjsasync", &built("qjs_async")));
     let out = toolguard(&["tools", "--config", w.config.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stdout_json(&out)["message"].as_str().unwrap_or_default().to_string();

@@ -3,9 +3,9 @@
 //! server, and two `serve --http` hosts over one PostgreSQL ledger. Every
 //! test counts refunds at the sandbox.
 
-use crate::common::{Mcp, Server, fresh_postgres_database, serve_http};
-use crate::crash::{PI, World, stdout_json, wait_for};
+use crate::common::{Mcp, Server, fresh_postgres_database, serve_http, stdout_json};
 use crate::payments::{Downstream, INTENT_AND_AMOUNT, config_text};
+use crate::world::{PI, World, wait_for};
 use serde_json::Value;
 use std::time::Duration;
 use toolguard::ledger::AttemptState;

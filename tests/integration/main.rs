@@ -1,5 +1,15 @@
 //! Integration tests of the toolguard host: one test binary (wasmtime and
 //! RocksDB make every binary large), one module per area.
+//!
+//! They crash, fail and skew real `toolguard` processes through its test
+//! hooks, which only the `test-hooks` feature compiles in: run them with
+//! `./dev.sh test` (or `cargo test --features toolguard/test-hooks`).
+
+#[cfg(not(feature = "test-hooks"))]
+compile_error!(
+    "the integration tests drive toolguard's test hooks (failpoints, a skewed clock), which only the `test-hooks` feature compiles in: \
+     run them with `./dev.sh test`, or `cargo test --features toolguard/test-hooks`"
+);
 
 mod architecture;
 mod audit;
@@ -13,6 +23,7 @@ mod fleet_chaos;
 mod fleet_torture;
 mod foreign;
 mod guard_boundary;
+mod guard_damaged;
 mod guard_edges;
 mod hold;
 mod hold_cli;
@@ -28,6 +39,8 @@ mod recovery_edges;
 mod retention;
 mod sandbox_limits;
 mod security;
+mod shipped;
 mod tls;
 mod torture;
 mod upgrade;
+mod world;

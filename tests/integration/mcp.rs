@@ -7,14 +7,12 @@
 //! cache and exports `TOOLGUARD_NODE`, `TOOLGUARD_CONFORMANCE`,
 //! `TOOLGUARD_CONFORMANCE_2026` and `TOOLGUARD_PYTHON`.
 
-use crate::common::{serve_http, shared_cache, wasm};
+use crate::common::{BIN, serve_http, shared_cache, wasm};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use toolguard_sandbox::config::{KEY_HEADER_ONLY, PaymentsConfig};
 use toolguard_sandbox::{Mode, Sandbox};
-
-const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
 
 fn tool(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set: run the tests with ./dev.sh test, which installs the MCP clients"))
@@ -369,7 +367,7 @@ fn a_principal_at_its_call_cap_is_told_busy_and_another_principal_is_served() {
     sandbox.inject(Fault::PauseAfterCommit);
     std::thread::scope(|scope| {
         let slow = [("m1", 101), ("m2", 102)].map(|(id, amount)| scope.spawn(move || refund(MALLORY, id, amount)));
-        assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 2), "mallory's two refunds reached the provider");
+        assert!(crate::world::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 2), "mallory's two refunds reached the provider");
         let third = refund(MALLORY, "m3", 103);
         assert!(third.contains(r#""kind":"busy""#), "mallory's third call is refused at once: {third}");
         assert_eq!(posts(), 2, "and it never reached the provider");
@@ -403,7 +401,7 @@ fn a_refund_in_flight_when_its_session_is_closed_is_held_with_its_refund_on_repe
     sandbox.inject(Fault::PauseAfterCommit);
     let in_flight = std::thread::scope(|scope| {
         let call = scope.spawn(|| refund(&first, "a1"));
-        assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
+        assert!(crate::world::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
         let second = open();
         sandbox.release();
         (call.join().unwrap(), second)
@@ -692,7 +690,7 @@ fn a_request_reusing_an_id_still_in_flight_is_refused_and_the_first_is_answered(
     sandbox.inject(Fault::PauseAfterCommit);
     std::thread::scope(|scope| {
         let first = scope.spawn(|| refund("a1", 301));
-        assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the first refund reached the provider");
+        assert!(crate::world::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the first refund reached the provider");
         let (status, _, body) = refund("b1", 302);
         assert_eq!(status, 409, "the second request under id 7 is refused: {body}");
         assert!(body.contains("request id 7 is already in flight") && body.contains("\"id\":null"), "with a JSON-RPC error naming the id: {body}");
@@ -749,11 +747,11 @@ fn a_cancelled_refund_runs_once_untold_and_its_repeat_is_held_with_its_refund() 
     answer_to(1);
     sandbox.inject(Fault::PauseAfterCommit);
     writeln!(stdin, "{}", refund_request(5, "c1", 401)).unwrap();
-    assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
+    assert!(crate::world::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
     writeln!(stdin, r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":5,"reason":"timed out"}}}}"#).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
     sandbox.release();
-    assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.refunds().len() == 1), "the cancelled call ran to its end");
+    assert!(crate::world::wait_for(std::time::Duration::from_secs(20), || sandbox.refunds().len() == 1), "the cancelled call ran to its end");
     let made = sandbox.refunds()[0].id.clone();
 
     writeln!(stdin, "{}", refund_request(6, "c2", 401)).unwrap();
@@ -781,14 +779,14 @@ fn a_refund_cancelled_over_http_runs_once_and_its_repeat_is_held_with_its_refund
     sandbox.inject(Fault::PauseAfterCommit);
     std::thread::scope(|scope| {
         let first = scope.spawn(|| send(&server.url, &in_session(&session), refund_request(5, "h1", 402)));
-        assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
+        assert!(crate::world::wait_for(std::time::Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
         let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5,"reason":"timed out"}}"#;
         assert_eq!(post(&server.url, &in_session(&session), cancel.into()), 202);
         let (_, _, told) = first.join().unwrap();
         assert!(!told.contains("\"result\""), "the cancelled request's stream ended without an answer: {told}");
         sandbox.release();
     });
-    assert!(crate::crash::wait_for(std::time::Duration::from_secs(20), || sandbox.refunds().len() == 1), "the cancelled call ran to its end");
+    assert!(crate::world::wait_for(std::time::Duration::from_secs(20), || sandbox.refunds().len() == 1), "the cancelled call ran to its end");
     let repeat = send(&server.url, &in_session(&session), refund_request(6, "h2", 402)).2;
     assert!(repeat.contains(r#""kind":"held""#) && repeat.contains(&sandbox.refunds()[0].id), "held, with the refund: {repeat}");
     assert_eq!(sandbox.refunds().len(), 1, "one refund in all");

@@ -3,8 +3,9 @@
 //! never takes away the hold rule's protection. Refunds are counted at the
 //! sandbox.
 
-use crate::crash::{World, ledger_dir, stdout_json};
+use crate::common::stdout_json;
 use crate::payments::Downstream;
+use crate::world::{World, ledger_dir};
 use serde_json::Value;
 use std::time::Duration;
 use toolguard::ledger::{Ledger, records::now_ms};

@@ -3,15 +3,14 @@
 //! through the real binary where it was found that way — and counted at the
 //! sandbox: what must not leave the host never reaches it.
 
-use crate::crash::{PI, World, stdout_json};
+use crate::common::{BIN, stdout_json};
 use crate::payments::{Downstream, harness, rogue_args};
+use crate::world::{PI, World};
 use serde_json::{Value, json};
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 use toolguard::ErrorKind;
 use toolguard::ledger::{AttemptState, Resolution};
-
-const BIN: &str = env!("CARGO_BIN_EXE_toolguard");
 
 /// `toolguard call` of the rogue plugin's `send_all` with `requests`, the
 /// arguments on stdin (they may be larger than a command line takes).

@@ -26,7 +26,7 @@
 //! toolguard --test integration torture -- --nocapture` runs more and prints
 //! the tally (`TOOLGUARD_TORTURE_SEED` replays a run).
 
-use crate::crash::{World, wait_for};
+use crate::world::{World, wait_for};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use toolguard::ledger::AttemptState;
@@ -59,7 +59,8 @@ impl Rng {
 /// The refund a killed `toolguard call` printed before it died, if it got
 /// that far: then its caller was told.
 fn printed(out: &std::process::Output) -> Option<serde_json::Value> {
-    Some(crate::crash::stdout_json(out)).filter(|v| v.get("refund_id").is_some())
+    // Killed, it may have printed nothing or part of its answer: then none.
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).ok().filter(|v| v.get("refund_id").is_some())
 }
 
 /// The seed of a run: `TOOLGUARD_TORTURE_SEED` to replay one, else the clock.
@@ -157,7 +158,7 @@ fn torture(w: World, trials: u64, over: &str) {
                     Some(_) => {
                         let out = child.wait_with_output().unwrap();
                         assert!(out.status.success(), "trial {trial}: {}", String::from_utf8_lossy(&out.stderr));
-                        ack = Some(crate::crash::stdout_json(&out));
+                        ack = Some(crate::common::stdout_json(&out));
                         acknowledged += 1;
                         format!("finished before the kill (acknowledged){faulty}")
                     }

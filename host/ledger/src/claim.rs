@@ -14,7 +14,9 @@ pub enum Claim {
         /// Whether it is in the ledger yet.
         persisted: bool,
     },
-    /// It completed before: replay its outcome.
+    /// It completed before: replay its outcome. (A record that says so
+    /// without an outcome is damaged: it is handed back as it is, for the
+    /// host to refuse, never claimed and run over.)
     Completed(CallRecord),
     /// It was made before with another tool or arguments.
     Conflict(CallRecord),
@@ -31,7 +33,7 @@ impl Claim {
         match existing {
             None => Self::Run { record: call.clone(), persisted: false },
             Some(r) if r.tool != call.tool || r.args_digest != call.args_digest => Self::Conflict(r),
-            Some(r) if r.state == CallState::Completed && r.outcome.is_some() => Self::Completed(r),
+            Some(r) if r.state == CallState::Completed => Self::Completed(r),
             Some(r) if r.superseded_by.is_some() => Self::Superseded(r),
             Some(r) => Self::Run { record: r, persisted: true },
         }

@@ -4,7 +4,6 @@
 //! shared by a fleet it is the PostgreSQL server's, so hosts whose clocks
 //! disagree still agree on when a claim lapses (`docs/fleet.md`, "One clock").
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// What is added to this host's clock to read the ledger's: zero until a
@@ -16,17 +15,28 @@ pub fn now_ms() -> u64 {
     u64::try_from(host_ms() + OFFSET_MS.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
-/// This host's clock in milliseconds since the Unix epoch, set off by
-/// `TOOLGUARD_CLOCK_SKEW_MS` (a test-only fault: a host whose clock is wrong).
+/// This host's clock in milliseconds since the Unix epoch (in the tests'
+/// build, set off by `TOOLGUARD_CLOCK_SKEW_MS`: a host whose clock is wrong).
 pub(crate) fn host_ms() -> i64 {
     let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     ms + skew_ms()
 }
 
 /// `TOOLGUARD_CLOCK_SKEW_MS`, read once; zero when unset or not a number.
+/// A test-only fault: it exists only with the `test-hooks` cargo feature
+/// (the build `./dev.sh test` makes), so no environment can skew the leases
+/// and retention of a shipped host.
+#[cfg(feature = "test-hooks")]
 fn skew_ms() -> i64 {
-    static SKEW: OnceLock<i64> = OnceLock::new();
+    static SKEW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
     *SKEW.get_or_init(|| std::env::var("TOOLGUARD_CLOCK_SKEW_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0))
+}
+
+/// A build without test hooks reads the host's clock as it is.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+fn skew_ms() -> i64 {
+    0
 }
 
 /// One reading of a server's clock: ours before the question, the server's

@@ -31,7 +31,9 @@ pub use claim::Claim;
 pub use error::LedgerError;
 pub use postgres::DEFAULT_POOL_SIZE;
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
-pub use rocks::{DEFAULT_BLOCK_CACHE_MIB, simulate_slow_fsync};
+pub use rocks::DEFAULT_BLOCK_CACHE_MIB;
+#[cfg(any(test, feature = "bench"))]
+pub use rocks::simulate_slow_fsync;
 pub use write::{Charge, EpisodeOp, LedgerWrite, Prior, Superseding};
 
 use backend::{Backend, Pending};

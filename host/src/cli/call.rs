@@ -5,6 +5,13 @@
 //! Several `toolguard call`s may run at once on one data directory: the
 //! first to open the ledger holds it and serves the others' calls over a
 //! local socket while it runs ([`crate::local`]).
+//!
+//! The record that the caller was told is the last thing the process does:
+//! it then exits at once, without tearing anything down (nothing durable is
+//! left to do). A process that lived on after that record would leave a
+//! window in which a kill takes the clean exit from a caller that trusts
+//! only one, while the ledger says it was told — and its blind repeat would
+//! run instead of being held (`docs/guard.md`, "The hold rule").
 
 use crate::local::{self, HandOff};
 use crate::runtime::StartError;
@@ -12,13 +19,11 @@ use crate::{CallError, CallOutput, CallRequest, Config, Runtime};
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// How long a `toolguard call` that holds the ledger stays, after its own
-/// call, for calls handed to it: until none arrived for this long.
-const LINGER: Duration = Duration::from_millis(300);
-
-/// Runs the call and prints its outcome; returns the exit status.
+/// Runs the call, prints its outcome, records that the caller was told it
+/// and exits the process with the call's exit status; returns the status
+/// only for an answer that was not run (bad input, a config error).
 pub async fn run(config: &Path, session: String, call_id: String, tool: String, args: String) -> u8 {
     let args_json = if args == "-" {
         let mut text = String::new();
@@ -40,7 +45,7 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
     let deadline = Instant::now() + super::LEDGER_WAIT;
     loop {
         match Runtime::from_config(&config).await {
-            Ok(runtime) => return hold_and_call(Arc::new(runtime), socket, digest, &request).await,
+            Ok(runtime) => hold_and_call(Arc::new(runtime), socket, digest, &request).await,
             Err(StartError::LedgerBusy(why)) => {
                 if let Some(path) = &socket {
                     match local::hand_over(path, &digest, &request).await {
@@ -48,9 +53,10 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
                             let answer = handed.answer.clone();
                             let (printed, code) = print(&answer);
                             if printed {
+                                // The holder records it as told, then closes.
                                 handed.delivered().await;
                             }
-                            return code;
+                            super::exit_now(code);
                         }
                         Err(HandOff::Refused(message)) => return super::config_error(message),
                         Err(HandOff::NoHolder) => {}
@@ -67,8 +73,9 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
 }
 
 /// This process holds the ledger: it serves calls handed to it while it
-/// runs its own, and stays until they are done.
-async fn hold_and_call(runtime: Arc<Runtime>, socket: Option<std::path::PathBuf>, digest: String, request: &CallRequest) -> u8 {
+/// runs its own; once its own is answered it takes no more, finishes those
+/// it took, records that its caller was told, and exits at once.
+async fn hold_and_call(runtime: Arc<Runtime>, socket: Option<std::path::PathBuf>, digest: String, request: &CallRequest) -> ! {
     let listener = socket.and_then(|path| match local::Listener::start(path, runtime.clone(), digest) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -78,14 +85,15 @@ async fn hold_and_call(runtime: Arc<Runtime>, socket: Option<std::path::PathBuf>
     });
     let answer = runtime.call(request).await;
     let (printed, code) = print(&answer);
+    if let Some(listener) = listener {
+        listener.finish().await;
+    }
+    super::flush_traces();
     if printed {
         crate::guard::failpoint("after-print");
         runtime.report(request, &answer).await;
     }
-    if let Some(listener) = listener {
-        listener.until_idle(LINGER).await;
-    }
-    code
+    super::exit_now(code)
 }
 
 /// Prints the answer; whether it got out, and the exit status.

@@ -82,43 +82,6 @@ enum Command {
         #[arg(long)]
         history: bool,
     },
-    /// Measure: the disk's fsync bound, guarded calls at 1–256 in flight, the
-    /// guard's CPU path, sandboxes, replays, MCP over HTTP, memory.
-    Bench {
-        /// Where to measure (the data directory's filesystem).
-        #[arg(long, default_value = ".toolguard/bench")]
-        dir: PathBuf,
-        /// A short run (about 1/20 of the work) that checks the benchmarks work.
-        #[arg(long)]
-        quick: bool,
-        /// Also print the figures as JSON at the end.
-        #[arg(long)]
-        json: bool,
-        /// Run only these benchmarks, by letter (e.g. `bd`); (a) always runs,
-        /// (i) — the ledger filled with millions of calls — only when named.
-        #[arg(long, default_value = "")]
-        only: String,
-        /// (i) also on this PostgreSQL database (a postgres:// URL; its toolguard tables are filled).
-        #[arg(long)]
-        postgres: Option<String>,
-        /// (i) on the PostgreSQL database alone, without RocksDB (needs `--postgres`).
-        #[arg(long, requires = "postgres")]
-        postgres_only: bool,
-        /// (j): the Python and JavaScript plugins built by plugins/build-foreign.sh
-        /// [default: $TOOLGUARD_FOREIGN_PLUGINS]; without them (j) measures Rust alone.
-        #[arg(long)]
-        foreign: Option<PathBuf>,
-        /// (k): another MCP server to measure beside toolguard on an equal
-        /// read-only tool, as a command line that speaks MCP on stdio.
-        #[arg(long)]
-        anchor: Option<String>,
-        /// (k): the anchor's tool equal to `text_stats`.
-        #[arg(long, default_value = "text-stats")]
-        anchor_tool: String,
-        /// (k): its arguments as JSON, `{text}` where the text goes.
-        #[arg(long, default_value = r#"{"text":{text}}"#)]
-        anchor_args: String,
-    },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
         /// The config file.
@@ -200,7 +163,9 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let traces = init_logging(runtime.handle().clone());
+    if let Some(provider) = init_logging(runtime.handle().clone()) {
+        let _ = TRACES.set(provider);
+    }
     let code = runtime.block_on(async {
         match cli.command {
             Command::Demo => demo::run().await,
@@ -210,11 +175,6 @@ pub fn main() -> ExitCode {
             // The ledger's client blocks (PostgreSQL's runs its own runtime).
             Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
-            Command::Bench { dir, quick, json, only, postgres, postgres_only, foreign, anchor, anchor_tool, anchor_args } => {
-                let foreign = foreign.or_else(|| std::env::var_os("TOOLGUARD_FOREIGN_PLUGINS").map(PathBuf::from));
-                let anchor = anchor.map(|command| crate::bench::anchor::Anchor { command, tool: anchor_tool, args: anchor_args });
-                bench(dir, BenchRun { quick, json, only }, crate::bench::Sources { postgres, postgres_only, foreign, anchor }).await
-            }
             Command::Seal { input, output } => seal::run(&input, &output),
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
             Command::Sandbox { addr, mode, api_key, uuid_keys } => {
@@ -227,11 +187,39 @@ pub fn main() -> ExitCode {
             }
         }
     });
-    if let Some(provider) = traces {
+    if let Some(provider) = TRACES.get() {
         // Sends what is still batched.
         let _ = provider.shutdown();
     }
     ExitCode::from(code)
+}
+
+/// The trace exporter, when a collector is configured.
+static TRACES: std::sync::OnceLock<opentelemetry_sdk::trace::SdkTracerProvider> = std::sync::OnceLock::new();
+
+/// Sends the spans still batched to the collector, if there is one (before
+/// [`exit_now`], which would drop them).
+fn flush_traces() {
+    if let Some(provider) = TRACES.get() {
+        let _ = tokio::task::block_in_place(|| provider.force_flush());
+    }
+}
+
+/// Ends the process at once with `code`: stdout and stderr flushed, nothing
+/// torn down (no destructor runs; the ledger is left as a kill would leave
+/// it, which it is built to survive). For `toolguard call` once the record
+/// that its caller was told has been written: nothing durable is left to
+/// do, and every moment the process lived on would be one in which a kill
+/// takes the clean exit from a caller that trusts only one, while the
+/// ledger says that caller was told.
+fn exit_now(code: u8) -> ! {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` ends the process without running atexit handlers or
+    // destructors; nothing here relies on them (stdio is flushed above, and
+    // every ledger write the caller relies on has landed).
+    unsafe { libc::_exit(i32::from(code)) }
 }
 
 /// Logs go to stderr (stdout carries results). `TOOLGUARD_LOG` takes an
@@ -461,30 +449,6 @@ async fn prune_every(ledger: crate::ledger::Ledger, retention: crate::config::Re
             Err(e) => tracing::warn!(error = %e, "the pruning pass stopped"),
         }
         tokio::time::sleep(every).await;
-    }
-}
-
-/// How `toolguard bench` was asked to run.
-struct BenchRun {
-    quick: bool,
-    json: bool,
-    only: String,
-}
-
-/// Runs the benchmarks; exit 1 only if one could not run (targets are reported, not enforced).
-async fn bench(dir: PathBuf, run: BenchRun, sources: crate::bench::Sources) -> u8 {
-    let scale = crate::bench::Scale { factor: if run.quick { 0.05 } else { 1.0 } };
-    match crate::bench::run(dir, scale, crate::bench::Selection(run.only), sources).await {
-        Ok(figures) => {
-            if run.json {
-                print_json(&serde_json::to_value(&figures).unwrap_or_default());
-            }
-            0
-        }
-        Err(e) => {
-            eprintln!("toolguard bench: {e:#}");
-            EXIT_CALL_FAILED
-        }
     }
 }
 

@@ -2,27 +2,12 @@
 //! classified, an unknown outcome reconciled ([`super::reconcile`]), and
 //! what came of it recorded. Sends and recovery both drive attempts here.
 
+use super::attempt::{Drive, Driven, settle, settled_durability};
 use super::transport::Outcome;
-use super::{Guard, Reconciler, Unsettled, failpoint, wire};
-use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, Resolution, StoredResponse, now_ms};
+use super::{Guard, Unsettled, failpoint, wire};
+use crate::ledger::records::{AttemptRecord, AttemptState, StoredResponse, now_ms};
 use crate::ledger::{Durability, LedgerWrite, Prior};
-use crate::policy::Downstream;
 use std::time::Duration;
-
-/// One attempt to drive, and what driving it needs to know.
-pub(super) struct Drive<'a> {
-    /// As the ledger holds it (the caller read or just wrote it); updated in place.
-    pub attempt: &'a mut AttemptRecord,
-    /// Where it goes.
-    pub downstream: &'a Downstream,
-    /// Its plugin's `reconcile`, if it has one.
-    pub reconciler: Option<&'a dyn Reconciler>,
-    /// The tool call it belongs to.
-    pub call: &'a CallRecord,
-    /// An earlier try may have reached the downstream (it was found pending
-    /// or unknown).
-    pub possibly_sent: bool,
-}
 
 /// What a running tool call keeps while its sends are driven.
 #[derive(Default)]
@@ -52,16 +37,6 @@ impl Progress {
     }
 }
 
-/// How driving an attempt ended.
-pub(super) enum Driven {
-    /// A definitive answer (from the downstream or found by reconciliation).
-    Answered(StoredResponse),
-    /// It may have taken effect; what the plugin and model are told.
-    Unsettled(Unsettled),
-    /// Nothing reached the downstream.
-    NotSent(String),
-}
-
 impl Guard {
     /// Sends (or re-sends, same key) `d.attempt` if that is safe, reconciles
     /// an unknown outcome, and records what came of it.
@@ -86,6 +61,9 @@ impl Guard {
         let driven = async {
             let prior = Prior::Was(d.attempt.state);
             let (durability, mut driven) = self.attempt_once(&mut d, progress.as_deref_mut()).await;
+            if let Driven::Damaged(_) = driven {
+                return driven;
+            }
             crate::metrics::attempt(&d.downstream.name, d.attempt.state);
             let _written = crate::phases::time(crate::phases::Phase::OutcomeWrite);
             let write = LedgerWrite::new().attempt_over(d.attempt.clone(), prior);
@@ -123,6 +101,12 @@ impl Guard {
     /// what the sender is told.
     async fn attempt_once(&self, d: &mut Drive<'_>, progress: Option<&mut Progress>) -> (Durability, Driven) {
         let downstream = d.downstream;
+        // Parsed before it was first recorded; a stored one that does not
+        // parse was damaged or written by something else since.
+        let url = match url::Url::parse(&d.attempt.request.url) {
+            Ok(url) => url,
+            Err(e) => return (Durability::Buffered, Driven::Damaged(damaged(d.attempt, &format!("its stored URL does not parse ({e})")))),
+        };
         let age = Duration::from_millis(now_ms().saturating_sub(d.attempt.created_ms));
         let may_resend = !d.possibly_sent || (downstream.honours_keys && age < downstream.retention);
         let outcome = if may_resend {
@@ -130,7 +114,6 @@ impl Guard {
                 let on_the_wire = AttemptRecord { tries: d.attempt.tries + 1, ..d.attempt.clone() };
                 progress.in_flight = Some(Unsettled::of(&on_the_wire, "the invocation was cut off while the request was on its way"));
             }
-            let url = url::Url::parse(&d.attempt.request.url).expect("stored URLs were parsed before they were stored");
             let wire = wire::build(&d.attempt.request, url, downstream, Some(&d.attempt.key));
             let http = crate::phases::time(crate::phases::Phase::Http);
             let outcome = super::transport::perform(self.client(downstream), downstream, &wire, &mut d.attempt.tries).await;
@@ -178,13 +161,17 @@ impl Guard {
     }
 }
 
-/// Records a definitive answer on `attempt`.
-pub(super) fn settle(attempt: &mut AttemptRecord, state: AttemptState, response: StoredResponse, resolution: Option<Resolution>) -> Driven {
-    attempt.state = state;
-    attempt.response = Some(response.clone());
-    attempt.last_error = None;
-    attempt.resolution = resolution;
-    Driven::Answered(response)
+/// What the caller of a send is told of attempt `a`, whose record is
+/// damaged in the way `what` says: not sent, left as it is, for an operator.
+fn damaged(a: &AttemptRecord, what: &str) -> Unsettled {
+    let message = format!(
+        "the ledger's record of attempt `{}` (step {} of tool call `{}`) is damaged or was written by something other than \
+         toolguard: {what}. It was not sent again and the record was left as it is; an earlier try may have taken effect. \
+         Do not repeat it under a new tool-call id: an operator must check the provider's state and settle the attempt \
+         (`toolguard ledger show {}`, then `toolguard ledger resolve`)",
+        a.key, a.step, a.call_id, a.key
+    );
+    Unsettled { message, ..Unsettled::of(a, what) }
 }
 
 /// What came of writing the outcomes of attempts `keys` (if any): on
@@ -203,12 +190,6 @@ pub(super) fn outcomes_written<K: AsRef<str>, E: std::fmt::Display>(keys: &[K], 
             }
         }
     }
-}
-
-/// Outcomes of key-honouring downstreams may be buffered: a lost one is
-/// recovered by re-sending the same key. Others must be synced.
-pub(super) fn settled_durability(d: &Downstream) -> Durability {
-    if d.honours_keys { Durability::Buffered } else { Durability::Synced }
 }
 
 fn header<'a>(r: &'a StoredResponse, name: &str) -> Option<&'a str> {

@@ -50,10 +50,29 @@ async fn the_next_holder_of_a_calls_lock_waits_for_its_queued_completion() {
 /// answers every refund, its ledger in `dir`; its completions wait `wait`
 /// for their reports.
 async fn refund_host(dir: &std::path::Path, wait: Duration) -> crate::Runtime {
-    let provider = crate::bench::guarded::null_provider().await.unwrap();
-    let rt = crate::bench::guarded::refund_host(dir, &provider).await.unwrap();
+    let (provider, _) = counting_provider().await;
+    let rt = payments_host(dir, &provider).await;
     rt.guard().unwrap().deferrals.wait_us.store(wait.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
     rt
+}
+
+/// A host with the payments plugin granted `provider`, its data in `dir`.
+async fn payments_host(dir: &std::path::Path, provider: &str) -> crate::Runtime {
+    use toolguard_sandbox::config::{KEY_HEADER_ONLY, PaymentsConfig};
+    let payments = PaymentsConfig { methods: vec!["POST"], key: KEY_HEADER_ONLY.into(), ..PaymentsConfig::new(provider, "builtin:payments") };
+    let config = crate::Config::parse(&format!("data_dir = \"data\"\n{}", payments.toml()), "<test>", dir).unwrap();
+    crate::Runtime::from_config(&config).await.unwrap()
+}
+
+/// A refund of one cent under `call_id`, in session `bench`.
+fn refund(call_id: &str) -> crate::CallRequest {
+    crate::CallRequest {
+        session: "bench".into(),
+        call_id: call_id.into(),
+        tool: "refund".into(),
+        args_json: r#"{"payment_intent":"pi_bench","amount_cents":1,"reason":"duplicate"}"#.into(),
+        principal: None,
+    }
 }
 
 /// The call `call_id` as the ledger of `rt` holds it.
@@ -68,7 +87,7 @@ async fn an_irreversible_calls_completion_rides_with_the_report_of_what_its_call
     use crate::ledger::records::Reported;
     let dir = tempfile::tempdir().unwrap();
     let rt = refund_host(dir.path(), Duration::from_secs(3600)).await;
-    let request = crate::bench::guarded::refund("c1".into(), 1);
+    let request = refund("c1");
     let answer = rt.call(&request).await;
     assert!(answer.is_ok(), "{answer:?}");
     assert_ne!(stored(&rt, "c1").await.state, CallState::Completed, "the completion waits for the report");
@@ -90,7 +109,7 @@ async fn an_irreversible_calls_completion_rides_with_the_report_of_what_its_call
 async fn a_completion_whose_report_never_comes_lands_alone() {
     let dir = tempfile::tempdir().unwrap();
     let rt = refund_host(dir.path(), Duration::from_millis(1)).await;
-    assert!(rt.call(&crate::bench::guarded::refund("c1".into(), 1)).await.is_ok());
+    assert!(rt.call(&refund("c1")).await.is_ok());
     // No report: the watcher queues it once it has waited.
     for _ in 0..1000 {
         let call = stored(&rt, "c1").await;
@@ -108,7 +127,7 @@ async fn a_completion_whose_report_never_comes_lands_alone() {
 async fn the_next_holder_of_the_lock_lands_a_deferred_completion_first() {
     let dir = tempfile::tempdir().unwrap();
     let rt = refund_host(dir.path(), Duration::from_secs(3600)).await;
-    assert!(rt.call(&crate::bench::guarded::refund("c1".into(), 1)).await.is_ok());
+    assert!(rt.call(&refund("c1")).await.is_ok());
     assert_ne!(stored(&rt, "c1").await.state, CallState::Completed);
     let held = rt.guard().unwrap().lock_call("bench", "c1").await;
     assert_eq!(stored(&rt, "c1").await.state, CallState::Completed, "the lock was handed over only once the completion had landed");
@@ -122,7 +141,7 @@ fn a_host_that_goes_away_lands_the_completions_waiting_for_their_reports() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let rt = refund_host(dir.path(), Duration::from_secs(3600)).await;
-        assert!(rt.call(&crate::bench::guarded::refund("c1".into(), 1)).await.is_ok());
+        assert!(rt.call(&refund("c1")).await.is_ok());
         assert_ne!(stored(&rt, "c1").await.state, CallState::Completed);
     });
     drop(runtime);
@@ -155,23 +174,23 @@ async fn an_identical_call_before_the_report_is_held_with_the_outcome_and_sends_
     use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
     let (provider, refunds) = counting_provider().await;
-    let rt = crate::bench::guarded::refund_host(dir.path(), &provider).await.unwrap();
+    let rt = payments_host(dir.path(), &provider).await;
     rt.guard().unwrap().deferrals.wait_us.store(3_600_000_000, std::sync::atomic::Ordering::Relaxed);
-    let first = crate::bench::guarded::refund("c1".into(), 1);
+    let first = refund("c1");
     let answer = rt.call(&first).await;
     assert!(answer.is_ok(), "{answer:?}");
     assert_eq!(refunds.load(SeqCst), 1);
     // The model repeats the refund under a new id before the first answer
     // was recorded as told: its completion still waits for the report.
     // (It waits, up to its hold wait, for the first answer to be told.)
-    let repeat = rt.call(&crate::bench::guarded::refund("c2".into(), 1)).await.unwrap_err();
+    let repeat = rt.call(&refund("c2")).await.unwrap_err();
     assert_eq!(repeat.kind, ErrorKind::Held, "{repeat}");
     assert!(repeat.detail.as_ref().is_some_and(|d| d.get("earlier_outcome").is_some()), "held with the first call's outcome: {repeat:?}");
     assert_eq!(refunds.load(SeqCst), 1, "the repeat sent nothing");
     assert_eq!(stored(&rt, "c1").await.state, CallState::Completed, "the repeat landed the first call's completion before deciding");
     // Once the caller was told, an identical call is a new action.
     rt.report(&first, &answer).await;
-    assert!(rt.call(&crate::bench::guarded::refund("c3".into(), 1)).await.is_ok());
+    assert!(rt.call(&refund("c3")).await.is_ok());
     assert_eq!(refunds.load(SeqCst), 2);
 }
 

@@ -23,10 +23,12 @@
 //! (`fetch`, unrecorded), [`tls`] (each downstream's HTTP client).
 
 mod admit;
+mod attempt;
 mod claim;
 mod direct;
 mod drive;
 mod effects;
+mod failpoints;
 mod finish;
 mod hold;
 mod landing;
@@ -36,20 +38,22 @@ mod reconcile;
 pub mod recover;
 mod replay;
 mod send;
+mod start;
 pub mod tls;
 pub mod transport;
 mod unconfirmed;
 mod upgrade;
 pub mod wire;
 
-pub use admit::Admission;
+pub use attempt::{Reconciled, Reconciler};
 pub use direct::fetch;
 pub(crate) use direct::send_unguarded;
+pub(crate) use failpoints::{failpoint, write_failpoint};
 pub use hold::DEFAULT_HOLD_WAIT;
 pub use message::{Request, Response, SendError, Unsettled};
-pub use reconcile::{Reconciled, Reconciler};
 pub use recover::{Pace, RecoveryReport, ToolRules, pause_ms};
 pub use send::CallGuard;
+pub use start::Admission;
 
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::Ledger;
@@ -206,37 +210,6 @@ fn internal(e: crate::ledger::LedgerError) -> CallError {
         return CallError::new(ErrorKind::Transport, format!("the ledger is unavailable ({e}); nothing was run"));
     }
     CallError::new(ErrorKind::Internal, format!("{e}; nothing was run"))
-}
-
-/// Test-only crash points: when `TOOLGUARD_FAILPOINT` names this point, the
-/// process aborts here, as a `kill -9` would; `panic:NAME` panics here
-/// instead (a bug in the host, which must fail only the call it hit).
-/// Unset, it costs one lookup.
-pub(crate) fn failpoint(name: &str) {
-    let Some(point) = failpoint_setting() else { return };
-    if point == name {
-        eprintln!("toolguard: failpoint `{name}` reached; aborting");
-        std::process::abort();
-    }
-    if point.strip_prefix("panic:") == Some(name) {
-        panic!("failpoint `{name}` reached");
-    }
-}
-
-/// Whether `TOOLGUARD_FAILPOINT` is `KIND:NAME` for this `kind` and point
-/// `name` — a ledger write made to go wrong there (tests only; unset,
-/// never): `conflict`, the conditional write fails as if another writer had
-/// won the race; `lost-ack`, the write lands and its caller is told it
-/// failed, as when a connection drops between a commit and its
-/// acknowledgement; `fail`, the write fails without landing.
-pub(crate) fn write_failpoint(kind: &str, name: &str) -> bool {
-    failpoint_setting().and_then(|p| p.strip_prefix(kind)).and_then(|p| p.strip_prefix(':')) == Some(name)
-}
-
-/// `TOOLGUARD_FAILPOINT`, read once.
-fn failpoint_setting() -> Option<&'static str> {
-    static POINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    POINT.get_or_init(|| std::env::var("TOOLGUARD_FAILPOINT").ok()).as_deref()
 }
 
 /// The message of a caught panic.

@@ -2,42 +2,11 @@
 //! `reconcile` export, within the downstream's reconcile window — before
 //! anyone is told it is unknown.
 
-use super::drive::{Drive, Driven, settle, settled_durability};
+use super::attempt::{Drive, Driven, Reconciled, Reconciler, settle, settled_durability};
 use super::{Guard, Unsettled};
 use crate::ledger::Durability;
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, Resolution, StoredResponse};
-use serde_json::Value;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::{Duration, Instant};
-
-/// What looking an attempt up at its provider found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reconciled {
-    /// The provider has it; the response it stands for.
-    Found(StoredResponse),
-    /// The provider has no record of it.
-    NotFound,
-    /// The look-up failed or could not tell; why.
-    StillUnknown(String),
-}
-
-impl Reconciled {
-    /// Its name in the reconciliation metric.
-    fn label(&self) -> &'static str {
-        match self {
-            Self::Found(_) => "found",
-            Self::NotFound => "not-found",
-            Self::StillUnknown(_) => "still-unknown",
-        }
-    }
-}
-
-/// Looks attempts up at their provider: a plugin's `reconcile` export.
-pub trait Reconciler: Send + Sync {
-    /// Looks `attempt`, made by `tool` with canonical `args`, up.
-    fn reconcile<'a>(&'a self, tool: &'a str, args: &'a Value, attempt: &'a AttemptRecord) -> Pin<Box<dyn Future<Output = Reconciled> + Send + 'a>>;
-}
 
 impl Guard {
     /// Marks `d.attempt` unknown (for `reason`) and looks it up at the

@@ -4,8 +4,8 @@
 //! key while the downstream still keeps keys, else reconciled by its plugin.
 //! Nothing here ever mints a key.
 
+use super::attempt::{Drive, Driven};
 use super::claim::blocking;
-use super::drive::{Drive, Driven};
 use super::{Guard, Reconciler};
 use crate::ledger::records::now_ms;
 use crate::ledger::{AttemptRecord, AttemptState, CallRecord, Claim, Resolution};
@@ -264,6 +264,7 @@ impl Guard {
         Ok(match driven {
             Driven::Answered(_) => Resolved::Settled,
             Driven::Unsettled(info) if attempt.resolution == Some(Resolution::ReconciledNotFound) => Resolved::NeedsOperator(info.message),
+            Driven::Damaged(info) => Resolved::NeedsOperator(info.message),
             Driven::Unsettled(info) => Resolved::Unresolved(info.message),
             Driven::NotSent(why) => Resolved::Unresolved(why),
         })

@@ -5,8 +5,9 @@
 //! key: a settled one replays its response, an unsettled one is re-driven
 //! with its own key.
 
+use super::attempt::{Drive, Driven};
 use super::claim::Held;
-use super::drive::{Drive, Driven, Progress, Recorded, outcomes_written};
+use super::drive::{Progress, Recorded, outcomes_written};
 use super::unconfirmed::{self, Unwritten, ledger_down};
 use super::{CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
 use crate::keys;
@@ -198,7 +199,7 @@ impl CallGuard {
                 self.open_steps.retain(|(_, info)| info.step != step);
                 Ok(response.into())
             }
-            Driven::Unsettled(info) => {
+            Driven::Unsettled(info) | Driven::Damaged(info) => {
                 match self.open_steps.iter_mut().find(|(_, open)| open.step == step) {
                     Some((_, open)) => *open = info.clone(),
                     None => self.open_steps.push((attempt.fingerprint.clone(), info.clone())),

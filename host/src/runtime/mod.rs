@@ -185,12 +185,14 @@ impl Runtime {
         self.core.guard.get()
     }
 
-    /// The same runtime with its guard bypassed, for `toolguard bench`'s
+    /// The same runtime with its guard bypassed, for `toolguard-bench`'s
     /// baseline only: irreversible calls are neither admitted nor recorded,
     /// and `send` goes straight to HTTP under the plugin's grants — no key,
-    /// no ledger. Crate-private and set by no configuration: a served or
-    /// embedded host can never run this way.
-    pub(crate) fn unguarded_for_bench(mut self) -> Self {
+    /// no ledger. It exists only with the `bench` feature (which only the
+    /// bench crate turns on) and is set by no configuration: a shipped,
+    /// served or embedded host can never run this way.
+    #[cfg(feature = "bench")]
+    pub fn unguarded_for_bench(mut self) -> Self {
         self.unguarded = true;
         self
     }

@@ -44,6 +44,7 @@ mod retention;
 #[cfg(test)]
 mod tests;
 mod writer;
+#[cfg(any(test, feature = "bench"))]
 pub use writer::simulate_slow_fsync;
 
 use crate::error::failed;

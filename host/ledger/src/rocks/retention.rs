@@ -23,9 +23,16 @@ impl Rocks {
             if *k == *start {
                 continue;
             }
-            let (at, unit) = k.split_at(8);
-            let at_ms = u64::from_be_bytes(at.try_into().expect("split at 8"));
-            out.push(RetireEntry { at_ms, unit: String::from_utf8_lossy(unit).into_owned() });
+            // time (8 bytes, big-endian) ‖ unit; anything shorter was not written by toolguard.
+            let Some((at, unit)) = k.split_first_chunk::<8>() else {
+                return Err(failed(format!(
+                    "the retire index holds a damaged entry ({} bytes, key {}): it was left as it is and pruning stopped at it. \
+                     Restore the ledger from a backup, or delete that key from the `{CF_RETIRE}` column family",
+                    k.len(),
+                    hex::encode(&k)
+                )));
+            };
+            out.push(RetireEntry { at_ms: u64::from_be_bytes(*at), unit: String::from_utf8_lossy(unit).into_owned() });
             if out.len() >= limit {
                 break;
             }

@@ -679,3 +679,16 @@ fn a_ledger_with_families_a_newer_toolguard_added_is_refused_before_anything_in_
     assert!(err.contains("calls_v9") && err.contains("newer toolguard") && err.contains("matching toolguard"), "says why and what to do: {err}");
     assert_eq!(DB::list_cf(&Options::default(), dir.path()).unwrap(), before, "no family of this build was put back");
 }
+
+#[test]
+fn a_damaged_retire_index_key_stops_pruning_with_its_name_and_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    // Shorter than the 8-byte time every entry starts with: not written by toolguard.
+    ledger.db.put_cf(ledger.cf(CF_RETIRE), [0x01, 0x02, 0x03], b"").unwrap();
+    let err = ledger.retire_page_of(u64::MAX, None, 16).expect_err("a damaged key is an error, not a panic");
+    let message = format!("{err:?}");
+    assert!(message.contains("damaged entry") && message.contains("010203") && message.contains(CF_RETIRE), "{message}");
+    let kept = ledger.db.get_cf(ledger.cf(CF_RETIRE), [0x01, 0x02, 0x03]).unwrap();
+    assert!(kept.is_some(), "the damaged key is left as it is");
+}

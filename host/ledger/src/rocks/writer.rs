@@ -253,9 +253,12 @@ pub(super) const INLINE_FSYNC_MAX: Duration = Duration::from_micros(500);
 fn sync_wal(db: &DB, fsync_micros: &AtomicU64) -> Result<(), String> {
     let started = Instant::now();
     let result = db.flush_wal(true).map_err(|e| e.to_string());
-    let extra = SLOW_FSYNC_MICROS.load(Relaxed);
-    if extra > 0 {
-        std::thread::sleep(Duration::from_micros(extra));
+    #[cfg(any(test, feature = "bench"))]
+    {
+        let extra = SLOW_FSYNC_MICROS.load(Relaxed);
+        if extra > 0 {
+            std::thread::sleep(Duration::from_micros(extra));
+        }
     }
     let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     let average = fsync_micros.load(Relaxed);
@@ -263,12 +266,15 @@ fn sync_wal(db: &DB, fsync_micros: &AtomicU64) -> Result<(), String> {
     result
 }
 
-/// `toolguard bench`'s slow-disk mode: extra time every fsync of the WAL
+/// `toolguard-bench`'s slow-disk mode: extra time every fsync of the WAL
 /// takes, as if the disk's fsync were that much slower (0: off).
+#[cfg(any(test, feature = "bench"))]
 static SLOW_FSYNC_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Makes every fsync of the WAL by this process's sync threads take
-/// `extra` longer (`Duration::ZERO` turns it off). For `toolguard bench` only.
+/// `extra` longer (`Duration::ZERO` turns it off). Only with the `bench`
+/// feature (the bench crate's): the shipped ledger has no such mode.
+#[cfg(any(test, feature = "bench"))]
 pub fn simulate_slow_fsync(extra: Duration) {
     SLOW_FSYNC_MICROS.store(extra.as_micros() as u64, Relaxed);
 }

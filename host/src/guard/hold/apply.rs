@@ -5,8 +5,8 @@
 use super::answer::{earlier_outcome, sends_outcome};
 use super::{Decision, Executor, Next, new_call};
 use crate::error::{CallError, ErrorKind};
-use crate::guard::admit::{conflict, expired};
 use crate::guard::claim::CLAIM_POLL;
+use crate::guard::start::{conflict, damaged, expired};
 use crate::guard::{BUDGET_WINDOW_MS, Budget, CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
 use crate::ledger::records::{CallRecord, EpisodeRecord, now_ms};
 use crate::ledger::{Charge, Durability, EpisodeOp, LedgerWrite, Superseding};
@@ -20,7 +20,7 @@ impl Guard {
             Decision::Conflict(first) => Err(conflict(&id.call_id, &first)),
             Decision::Expired(at) => Err(expired(&id.call_id, at)),
             Decision::Damaged(message) => Err(CallError::new(ErrorKind::Internal, message)),
-            Decision::Replay(record) => Ok(Next::Admitted(self.replay(record))),
+            Decision::Replay(record) => Ok(Next::Admitted(self.replay(record)?)),
             Decision::Run(record, persisted) => Ok(Next::Run(record, persisted)),
             Decision::Open(n) => {
                 let call = new_call(id, n, false);
@@ -61,8 +61,8 @@ impl Guard {
                         Ok(Next::Settle(record))
                     }
                     Executor::Completed(record) => {
-                        let outcome = record.outcome.clone().expect("completed calls carry their outcome");
-                        Err(self.answer(id, n, &record.call_id, earlier_outcome(&outcome)).await?)
+                        let Some(outcome) = &record.outcome else { return Err(damaged(&record)) };
+                        Err(self.answer(id, n, &record.call_id, earlier_outcome(outcome)).await?)
                     }
                     Executor::Settled(record, attempts) => Err(self.answer(id, n, &record.call_id, sends_outcome(&attempts)).await?),
                 }

@@ -14,8 +14,8 @@
 mod answer;
 mod apply;
 
-use super::admit::Started;
 use super::claim::{CLAIM_POLL, Held};
+use super::start::Started;
 use super::{Admission, CallIdentity, CallRules, Guard, internal};
 use crate::error::CallError;
 use crate::ledger::records::{CallRecord, CallState, EpisodeRecord, now_ms};
@@ -210,7 +210,8 @@ impl Guard {
         // The first two arms are [`decides_alone`]'s: keep them together.
         match (seen.call, seen.episode) {
             (Some(c), _) if c.tool != id.tool || c.args_digest != id.args_digest => Decision::Conflict(c),
-            (Some(c), _) if c.state == CallState::Completed && c.outcome.is_some() => Decision::Replay(c),
+            // A completed record without its outcome is refused there, untouched.
+            (Some(c), _) if c.state == CallState::Completed => Decision::Replay(c),
             // Recorded before episodes existed (schema 1): it runs as it always did.
             (Some(c), None) if c.episode.is_none() => Decision::Run(c, true),
             (Some(c), Some(e)) if e.executor == c.call_id => Decision::Run(c, true),
@@ -236,7 +237,8 @@ impl Guard {
     fn executor_state(&self, session: &str, call_id: &str, record: Option<CallRecord>, attempts: Vec<AttemptRecord>) -> Executor {
         let running = self.in_progress(session, call_id) || (self.ledger.shared() && record.as_ref().is_some_and(|r| r.leased_elsewhere(&self.host, now_ms())));
         match record {
-            Some(r) if r.state == CallState::Completed && r.outcome.is_some() => Executor::Completed(r),
+            // One without its outcome (damaged) is refused there, never superseded or settled.
+            Some(r) if r.state == CallState::Completed => Executor::Completed(r),
             _ if running => Executor::Running,
             record if sent_nothing(&attempts) => Executor::Idle(record),
             Some(r) if attempts.iter().any(|a| a.state.is_unsettled()) => Executor::Unsettled(r),
@@ -265,5 +267,5 @@ fn new_call(id: &CallIdentity, episode: u64, follower: bool) -> CallRecord {
 /// be read: it was first made with another tool or arguments (a conflict),
 /// or it completed (a replay). The first two arms of [`Guard::decide`].
 fn decides_alone(call: &CallRecord, tool: &str, args_digest: &str) -> bool {
-    call.tool != tool || call.args_digest != args_digest || (call.state == CallState::Completed && call.outcome.is_some())
+    call.tool != tool || call.args_digest != args_digest || call.state == CallState::Completed
 }

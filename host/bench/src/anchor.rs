@@ -101,16 +101,16 @@ fn measure(server: &mut Stdio2, tool: &str, args: &str, n: usize) -> anyhow::Res
 ///
 /// # Errors
 /// A server could not start or a call failed.
-pub fn stdio_calls(dir: &Path, scale: Scale, anchor: Option<&Anchor>) -> anyhow::Result<Vec<Figure>> {
+pub fn stdio_calls(dir: &Path, scale: Scale, host: &Path, anchor: Option<&Anchor>) -> anyhow::Result<Vec<Figure>> {
     let scratch = tempfile::tempdir_in(dir)?;
     let config = scratch.path().join("toolguard.toml");
     std::fs::write(
         &config,
         "data_dir = \"data\"\n[plugins.text-stats]\ncomponent = \"builtin:text-stats\"\n[policy.plugins.text-stats.tools]\ntext_stats = { effect = \"read-only\" }\n",
     )?;
-    let mut command = Command::new(std::env::current_exe()?);
+    let mut command = Command::new(host);
     command.arg("serve").arg("--config").arg(&config);
-    let n = scale.n(5_000);
+    let n = scale.n(super::described::K_CALLS);
     let text = serde_json::to_string(TEXT)?;
     let mut ours = Stdio2::start(command)?;
     let (stats, cpu) = measure(&mut ours, "text_stats", &format!(r#"{{"text":{text}}}"#), n)?;

@@ -9,11 +9,11 @@ use super::disk::Bound;
 use super::guarded::{call_as_a_client, drive, null_provider, refund, refund_host};
 use super::threads::{ROLES, Role, Snapshot};
 use super::{Figure, Scale, Stats, ms, us};
-use crate::Runtime;
-use crate::phases::{self, Phase};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use toolguard::Runtime;
+use toolguard::phases::{self, Phase};
 
 /// One measured run of calls.
 pub(crate) struct Run {
@@ -42,7 +42,7 @@ pub(crate) async fn measure_calls(
     rt: &Arc<Runtime>,
     in_flight: usize,
     total: usize,
-    request: impl Fn(usize) -> crate::CallRequest + Send + Sync + 'static,
+    request: impl Fn(usize) -> toolguard::CallRequest + Send + Sync + 'static,
 ) -> anyhow::Result<Run> {
     let rt = rt.clone();
     let answered = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total)));
@@ -78,12 +78,12 @@ pub async fn throughput(dir: &std::path::Path, bound: &Bound, scale: Scale) -> a
     let mut figures = super::guarded::baselines(&scratch.path().join("baseline-ledger"), &provider, bound, scale).await?;
     let ledger = guarded.guard().expect("the bench host has a guard").ledger().clone();
     for in_flight in [1usize, 8, 64, 256] {
-        let total = scale.n(if in_flight == 1 { 300 } else { 8_000 });
+        let total = scale.n(if in_flight == 1 { super::described::B_ONE } else { super::described::B_MANY });
         // Unmeasured first: each side fills its instance pool and opens its
         // HTTP connections at this concurrency (a cold start of 2,000 calls
         // once halved the unguarded rate, flattering the ratio).
         for (rt, side) in [(&unguarded, "u"), (&guarded, "g")] {
-            measure(rt, in_flight, scale.n(in_flight * 16).min(total), &format!("warm-{side}{in_flight}-")).await?;
+            measure(rt, in_flight, scale.n(in_flight * super::described::B_WARM_PER_WORKER).min(total), &format!("warm-{side}{in_flight}-")).await?;
         }
         let u = measure(&unguarded, in_flight, total, &format!("u{in_flight}-")).await?;
         let (syncs, synced, pool_reads) = (ledger.wal_syncs().unwrap_or(0), ledger.write_counts().0, ledger.pool_reads());
@@ -175,8 +175,8 @@ fn by_role(label: &str, g: &Run, u: &Run) -> Vec<Figure> {
 /// ~30 per cent of the memtable budget per 10,000 guarded calls): the cost a
 /// host serving without pause pays, which the 8,000-call runs above only
 /// begin to include.
-async fn sustained(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, ledger: &crate::ledger::Ledger, scale: Scale) -> anyhow::Result<Vec<Figure>> {
-    let total = scale.n(100_000);
+async fn sustained(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, ledger: &toolguard::ledger::Ledger, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+    let total = scale.n(super::described::B_SUSTAINED);
     let u = measure(unguarded, 64, total, "su-").await?;
     let pool_reads = ledger.pool_reads();
     let g = measure(guarded, 64, total, "sg-").await?;
@@ -232,9 +232,9 @@ async fn by_phase(guarded: &Arc<Runtime>, unguarded: &Arc<Runtime>, scale: Scale
 async fn slow_disk(guarded: &Arc<Runtime>, bound: &Bound, scale: Scale, extra: Duration) -> anyhow::Result<Figure> {
     let sync_of_64 = 64.0 / bound.batch64_records_per_sec + extra.as_secs_f64();
     let limit = 64.0 / sync_of_64;
-    crate::ledger::simulate_slow_fsync(extra);
+    toolguard::ledger::simulate_slow_fsync(extra);
     let run = measure(guarded, 64, scale.n(3_000), &format!("s{}-", extra.as_millis())).await;
-    crate::ledger::simulate_slow_fsync(Duration::ZERO);
+    toolguard::ledger::simulate_slow_fsync(Duration::ZERO);
     let run = run?;
     Ok(Figure::new(format!("(b) guarded, 64 in flight, fsync slowed by {} ms", extra.as_millis()), run.per_sec, "calls/s")
         .against(format!("batched bound of that disk ({limit:.0} rec/s)"), run.per_sec / limit)

@@ -9,9 +9,9 @@
 
 use super::super::ms;
 use super::super::unguarded::measure_calls;
-use crate::Runtime;
-use crate::phases::{self, Phase};
 use std::sync::Arc;
+use toolguard::Runtime;
+use toolguard::phases::{self, Phase};
 
 /// Rounds of turns; each host measured once per round.
 const ROUNDS: usize = 4;
@@ -60,8 +60,8 @@ impl Turns {
 /// Refund `i` of `session`: a new action, as every session of a turn is
 /// new ([`super::measured_session`]), so no measurement repeats an earlier
 /// one's action (which would make it a second episode, with more to read).
-fn fresh(session: &str, i: usize) -> crate::CallRequest {
-    crate::CallRequest { session: session.to_string(), ..super::super::guarded::refund(format!("c{i}"), i) }
+fn fresh(session: &str, i: usize) -> toolguard::CallRequest {
+    toolguard::CallRequest { session: session.to_string(), ..super::super::guarded::refund(format!("c{i}"), i) }
 }
 
 /// One turn of `host`: `one` calls at 1 in flight (with the phase clocks),

@@ -5,15 +5,15 @@
 
 use super::disk::Bound;
 use super::{Figure, Scale, Stats, ms, us};
-use crate::keys;
-use crate::ledger::records::{AttemptRecord, CallRecord, StoredBody, StoredRequest};
-use crate::ledger::{Durability, Ledger, LedgerWrite, Prior};
-use crate::{CallRequest, Config, Runtime};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use toolguard::keys;
+use toolguard::ledger::records::{AttemptRecord, CallRecord, StoredBody, StoredRequest};
+use toolguard::ledger::{Durability, Ledger, LedgerWrite, Prior};
+use toolguard::{CallRequest, Config, Runtime};
 
 /// A provider that answers every refund at once with the same object.
 pub(crate) async fn null_provider() -> anyhow::Result<String> {
@@ -30,7 +30,7 @@ pub(crate) async fn null_provider() -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move {
-        crate::mcp::listen::serve_on(listener, app, crate::config::McpConfig::default().max_connections).await;
+        toolguard::mcp::listen::serve_on(listener, app, toolguard::config::McpConfig::default().max_connections).await;
     });
     Ok(url)
 }
@@ -159,7 +159,7 @@ fn attempt(ledger: &Ledger, call: &CallRecord) -> AttemptRecord {
     let input = keys::KeyInput { session: &call.session, call_id: &call.call_id, tool: &call.tool, args_digest: &call.args_digest, step: 0, generation: 0 };
     let key = keys::mint(ledger.secret(), input);
     let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, b"payment_intent=pi_bench&amount=1500");
-    let send = crate::ledger::records::PlannedSend { step: 0, generation: 0, fingerprint, downstream: "payments".into(), request };
+    let send = toolguard::ledger::records::PlannedSend { step: 0, generation: 0, fingerprint, downstream: "payments".into(), request };
     AttemptRecord::pending(call, key, send)
 }
 
@@ -170,7 +170,7 @@ fn attempt(ledger: &Ledger, call: &CallRecord) -> AttemptRecord {
 pub async fn cpu_path(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
     let scratch = tempfile::tempdir_in(dir)?;
     let ledger = Ledger::open(&scratch.path().join("ledger"))?;
-    let n = scale.n(50_000);
+    let n = scale.n(super::described::C_ROUNDS);
     let per_call = tokio::task::spawn_blocking(move || -> anyhow::Result<Duration> {
         let args = json!({ "payment_intent": "pi_bench", "amount_cents": 1500, "reason": "requested_by_customer" });
         // The guard holds the call's record already; each call here differs in its id.
@@ -202,7 +202,7 @@ pub async fn cpu_path(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
 pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
     let provider = null_provider().await?;
     let scratch = tempfile::tempdir_in(dir)?;
-    let distinct = scale.n(5_000);
+    let distinct = scale.n(super::described::E_COLD);
     let runtime = Arc::new(refund_host(scratch.path(), &provider).await?);
     let rt = runtime.clone();
     drive(8, distinct, move |i| {
@@ -210,7 +210,7 @@ pub async fn replays(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<
         async move { call_as_a_client(&rt, &refund(format!("e{i}"), i)).await.map(|_| ()) }
     })
     .await?;
-    let total = scale.n(200_000);
+    let total = scale.n(super::described::E_WARM);
     let rt = runtime.clone();
     let (_, wall) = drive(8, total, move |_| replay(rt.clone(), refund("e0".into(), 0))).await?;
     let warm = total as f64 / wall.as_secs_f64();

@@ -1,14 +1,14 @@
 //! (h) what `toolguard serve` costs when there is little to do: the real
-//! binary in its own process, its CPU time read from `/proc/PID/stat`, idle
+//! binary (the one a default build makes) in its own process, its CPU time read from `/proc/PID/stat`, idle
 //! and then serving one guarded refund per second over MCP.
 
 use super::guarded::{null_provider, refund_config};
 use super::unguarded::cpu_of_stat;
 use super::{Figure, Scale};
-use crate::mcp::client::McpClient;
 use std::io::BufRead as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use toolguard::mcp::client::McpClient;
 
 /// A served host, killed when dropped.
 struct Served(Child);
@@ -27,9 +27,9 @@ impl Served {
     }
 }
 
-/// Starts `toolguard serve --http` on `config`; the server and its MCP URL.
-fn serve(config: &std::path::Path) -> anyhow::Result<(Served, String)> {
-    let mut child = Command::new(std::env::current_exe()?)
+/// Starts `host serve --http` on `config`; the server and its MCP URL.
+fn serve(host: &std::path::Path, config: &std::path::Path) -> anyhow::Result<(Served, String)> {
+    let mut child = Command::new(host)
         .args(["serve", "--http", "127.0.0.1:0", "--config"])
         .arg(config)
         .stdin(Stdio::null())
@@ -52,12 +52,12 @@ fn serve(config: &std::path::Path) -> anyhow::Result<(Served, String)> {
 ///
 /// # Errors
 /// The server could not start or a call failed.
-pub async fn serve_cpu(dir: &std::path::Path, scale: Scale) -> anyhow::Result<Vec<Figure>> {
+pub async fn serve_cpu(dir: &std::path::Path, scale: Scale, host: &std::path::Path) -> anyhow::Result<Vec<Figure>> {
     let provider = null_provider().await?;
     let scratch = tempfile::tempdir_in(dir)?;
     let config = scratch.path().join("toolguard.toml");
     std::fs::write(&config, refund_config(&provider))?;
-    let (served, url) = serve(&config)?;
+    let (served, url) = serve(host, &config)?;
     // Let start-up settle (recovery pass, first instantiations).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let window = Duration::from_secs_f64((10.0 * scale.factor).max(2.0));

@@ -5,13 +5,13 @@
 use super::disk::Bound;
 use super::guarded::drive;
 use super::{Figure, Scale, Stats, ms, us};
-use crate::config::{ComponentSource, EngineConfig, PluginConfig};
-use crate::mcp::client::McpClient;
-use crate::{CallRequest, Config, Runtime};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use toolguard::config::{ComponentSource, EngineConfig, PluginConfig};
+use toolguard::mcp::client::McpClient;
+use toolguard::{CallRequest, Config, Runtime};
 
 /// (d): `greet` (the template plugin) on a host without a ledger: argument
 /// checks, a fresh store and instance, one invoke, result checks.
@@ -21,8 +21,8 @@ use std::time::Duration;
 pub async fn fresh_sandbox(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result<Vec<Figure>> {
     let mut runtime = Runtime::new(&EngineConfig::default(), dir.join("compiled"))?;
     let plugin = PluginConfig {
-        name: "template".into(),
-        component: ComponentSource::Builtin("template".into()),
+        name: super::described::D_PLUGIN.into(),
+        component: ComponentSource::Builtin(super::described::D_PLUGIN.into()),
         limits: Default::default(),
         settings: Default::default(),
         tool_prefix: String::new(),
@@ -30,7 +30,7 @@ pub async fn fresh_sandbox(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::R
     };
     runtime.add_plugin(&plugin).await?;
     let runtime = Arc::new(runtime);
-    let n = scale.n(5_000);
+    let n = scale.n(super::described::D_CALLS);
     let rt = runtime.clone();
     let (mut samples, _) = drive(1, n, move |i| {
         let rt = rt.clone();
@@ -38,7 +38,7 @@ pub async fn fresh_sandbox(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::R
             let req = CallRequest {
                 session: "bench".into(),
                 call_id: format!("d{i}"),
-                tool: "greet".into(),
+                tool: super::described::D_TOOL.into(),
                 args_json: r#"{"name":"bench"}"#.into(),
                 principal: None,
             };
@@ -75,11 +75,11 @@ pub async fn mcp_http(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     let scratch = tempfile::tempdir_in(dir)?;
     let runtime = Arc::new(stats_host(scratch.path(), 1).await?);
     let addr: std::net::SocketAddr = "127.0.0.1:0".parse()?;
-    let app = crate::mcp::http::router(crate::mcp::McpHost::new(runtime, Default::default()), addr)?;
+    let app = toolguard::mcp::http::router(toolguard::mcp::McpHost::new(runtime, Default::default()), addr)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    let url = format!("http://{}{}", listener.local_addr()?, crate::mcp::http::PATH);
+    let url = format!("http://{}{}", listener.local_addr()?, toolguard::mcp::http::PATH);
     tokio::spawn(async move {
-        crate::mcp::listen::serve_on(listener, app, crate::config::McpConfig::default().max_connections).await;
+        toolguard::mcp::listen::serve_on(listener, app, toolguard::config::McpConfig::default().max_connections).await;
     });
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = Arc::new(McpClient::connect(&url).await?);
@@ -152,14 +152,14 @@ pub async fn memory(dir: &Path, scale: Scale) -> anyhow::Result<Vec<Figure>> {
             }
         }
     };
-    drive(64, scale.n(10_000), calls(0)).await?;
+    drive(64, scale.n(super::described::G_LOADED), calls(0)).await?;
     let in_flight_peak = peak.load(Ordering::Relaxed);
     // Memtables fill and flush in cycles of some 20k calls here, so a single
     // reading depends on the phase. Compare high-water marks instead: over a
     // window of 30k calls once warm (the replay cache, the instance pool and
     // glibc's arenas are full by then), and over the soak's last 30k calls.
-    let window = scale.n(30_000);
-    let soak = scale.n(100_000);
+    let window = scale.n(super::described::G_WINDOW);
+    let soak = scale.n(super::described::G_SOAK);
     peak.store(rss(), Ordering::Relaxed);
     drive(64, window, calls(1_000_000)).await?;
     let before = peak.load(Ordering::Relaxed);

@@ -1,6 +1,12 @@
-//! `toolguard bench`: the figures of `docs/benchmarks.md`, each printed with
+//! `toolguard-bench`: the figures of `docs/benchmarks.md`, each printed with
 //! a ratio to a baseline measured in the same run (the disk's own fsync
 //! rate above all). Benchmarks report targets; nothing here asserts them.
+//!
+//! A crate of its own, beside the host: the shipped `toolguard` has no
+//! benchmark in it. What the benchmarks need from the host — the unguarded
+//! baseline runtime, the per-phase clocks, a slowed fsync — exists only with
+//! toolguard's `bench` feature, which this crate turns on. (h) and (k)
+//! measure the real `toolguard` binary, the one a default build makes.
 //!
 //! - [`disk`]: (a) sequential synced appends and batches of 64 — the bound.
 //! - [`unguarded`]: (b) guarded calls against the same calls unguarded at
@@ -14,6 +20,7 @@
 //! - [`anchor`]: (k) MCP `tools/call` over stdio, against another MCP server on an equal tool.
 
 pub mod anchor;
+pub mod described;
 pub mod disk;
 pub mod growth;
 pub mod guarded;
@@ -35,7 +42,7 @@ pub struct Scale {
 }
 
 /// Where the optional inputs of some benchmarks come from.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Sources {
     /// (i) also on this PostgreSQL database.
     pub postgres: Option<String>,
@@ -45,6 +52,8 @@ pub struct Sources {
     pub foreign: Option<PathBuf>,
     /// (k): another MCP server to measure beside toolguard.
     pub anchor: Option<anchor::Anchor>,
+    /// (h), (k): the `toolguard` binary to run as a server.
+    pub host: PathBuf,
 }
 
 /// Which benchmarks to run, by letter (`a`–`k`); (a) always runs: the others
@@ -146,7 +155,7 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection, sources: Sources) 
         }
         figures.extend(f);
     };
-    println!("toolguard bench — build profile: {}, data dir: {}\n", profile(), dir.display());
+    println!("toolguard-bench — build profile: {}, data dir: {}\n", profile(), dir.display());
     let bound = disk::measure(&dir, scale).await?;
     report(bound.figures());
     // (g) first: RSS is the process's, and the other benchmarks leave theirs behind.
@@ -169,7 +178,7 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection, sources: Sources) 
         report(host::mcp_http(&dir, &bound, scale).await?);
     }
     if only.has('h') {
-        report(idle::serve_cpu(&dir, scale).await?);
+        report(idle::serve_cpu(&dir, scale, &sources.host).await?);
     }
     if only.has('i') {
         report(growth::growth(&dir, scale, sources.postgres.as_deref(), sources.postgres_only).await?);
@@ -178,8 +187,8 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection, sources: Sources) 
         report(languages::per_language(&dir, scale, sources.foreign.as_deref()).await?);
     }
     if only.has('k') {
-        let (dir, anchor) = (dir.clone(), sources.anchor.clone());
-        report(tokio::task::spawn_blocking(move || anchor::stdio_calls(&dir, scale, anchor.as_ref())).await??);
+        let (dir, host, anchor) = (dir.clone(), sources.host.clone(), sources.anchor.clone());
+        report(tokio::task::spawn_blocking(move || anchor::stdio_calls(&dir, scale, &host, anchor.as_ref())).await??);
     }
     Ok(figures)
 }

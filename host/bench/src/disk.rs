@@ -45,7 +45,7 @@ impl Bound {
 /// The directory cannot hold a scratch file.
 pub async fn measure(dir: &Path, scale: Scale) -> anyhow::Result<Bound> {
     let path = dir.join("fsync-probe");
-    let (n, batches) = (scale.n(400), scale.n(100));
+    let (n, batches) = (scale.n(super::described::A_APPENDS), scale.n(super::described::A_BATCHES));
     let bound = tokio::task::spawn_blocking(move || -> std::io::Result<Bound> {
         let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
         let record = [b'x'; RECORD];

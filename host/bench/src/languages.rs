@@ -8,10 +8,10 @@
 
 use super::guarded::drive;
 use super::{Figure, Scale, Stats, us};
-use crate::config::{ComponentSource, EngineConfig, PluginConfig};
-use crate::{CallRequest, Runtime};
 use std::path::Path;
 use std::sync::Arc;
+use toolguard::config::{ComponentSource, EngineConfig, PluginConfig};
+use toolguard::{CallRequest, Runtime};
 
 /// One language's tool: the plugin that holds it and the tool's name.
 struct Entry {
@@ -41,7 +41,7 @@ fn entries(dir: &Path, foreign: Option<&Path>) -> anyhow::Result<(Vec<Entry>, Ve
             notes.push(Figure::new(format!("(j) {language}: skipped, no {file}.wasm (build it: ./dev.sh test, or --foreign DIR)"), 0.0, ""));
             continue;
         };
-        let (sealed, _) = crate::seal::seal(&std::fs::read(&path)?)?;
+        let (sealed, _) = toolguard::seal::seal(&std::fs::read(&path)?)?;
         let out = dir.join(format!("{file}.sealed.wasm"));
         std::fs::write(&out, sealed)?;
         entries.push(Entry { language, plugin: plugin(file, ComponentSource::File(out)), tool });
@@ -57,7 +57,7 @@ pub async fn per_language(dir: &Path, scale: Scale, foreign: Option<&Path>) -> a
     let scratch = tempfile::tempdir_in(dir)?;
     let (entries, mut figures) = entries(scratch.path(), foreign)?;
     let plugins: Vec<PluginConfig> = entries.iter().map(|e| e.plugin.clone()).collect();
-    let engine = EngineConfig::default().fitted_to(crate::runtime::footprint_of(&plugins));
+    let engine = EngineConfig::default().fitted_to(toolguard::runtime::footprint_of(&plugins));
     let mut runtime = Runtime::new(&engine, dir.join("compiled"))?;
     for p in &plugins {
         runtime.add_plugin(p).await?;
@@ -66,7 +66,7 @@ pub async fn per_language(dir: &Path, scale: Scale, foreign: Option<&Path>) -> a
     let mut rust_p50 = None;
     for entry in &entries {
         let (rt, tool) = (runtime.clone(), entry.tool);
-        let (mut samples, _) = drive(1, scale.n(1_000), move |i| {
+        let (mut samples, _) = drive(1, scale.n(super::described::J_CALLS), move |i| {
             let rt = rt.clone();
             async move {
                 let req = CallRequest {
