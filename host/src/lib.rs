@@ -17,7 +17,8 @@
 //! - [`audit`]: what each component can reach, against the policy.
 //! - [`local`]: handing a call to the process that holds a data directory.
 //! - [`telemetry`]: OpenTelemetry export of the guard's spans.
-//! - [`mcp`]: `toolguard serve`, the tools as an MCP server.
+//! - [`mcp`]: the tools as an MCP server.
+//! - [`serve`]: `toolguard serve`'s lifecycle: MCP, the background passes, hand-overs.
 //! - [`cli`]: the `toolguard` command line.
 #![warn(missing_docs)]
 
@@ -38,6 +39,7 @@ pub mod policy;
 pub mod runtime;
 pub mod schema;
 pub mod seal;
+pub mod serve;
 pub mod telemetry;
 
 pub use config::Config;

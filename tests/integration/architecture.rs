@@ -597,6 +597,20 @@ fn no_function_of_the_host_takes_more_than_five_parameters() {
 }
 
 #[test]
+fn every_file_of_the_host_the_ledger_and_the_bench_is_short() {
+    let host = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let long: Vec<String> = ["src", "ledger/src", "bench/src"]
+        .iter()
+        .flat_map(|dir| rust_files(&host.join(dir)))
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(&f).unwrap().lines().count();
+            (lines > 400).then(|| format!("{}: {lines} lines", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "files over 400 lines (split them by concept, as the guard is):\n{}", long.join("\n"));
+}
+
+#[test]
 fn the_guard_reads_by_protocol_step_in_short_files() {
     let guard = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guard");
     let long: Vec<String> = rust_files(&guard)

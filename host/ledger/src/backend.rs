@@ -78,18 +78,21 @@ pub(crate) trait Backend: Send + Sync {
     fn wal_syncs(&self) -> Option<u64> {
         None
     }
+    #[cfg(any(test, feature = "bench"))]
     /// Finishes the housekeeping a bulk load leaves (RocksDB: flush and
     /// compact everything; PostgreSQL: `VACUUM ANALYZE`).
     fn settle(&self) -> Result<(), BackendError> {
         Ok(())
     }
-    /// `toolguard bench` only: copies every record of session `seed` into
+    #[cfg(feature = "bench")]
+    /// `toolguard-bench` only: copies every record of session `seed` into
     /// sessions `{prefix}{n:05}` for n in `from..=to`, server-side; `false` if
     /// the backend has no such fast path (the bench then writes each copy).
     fn replicate_for_bench(&self, _seed: &str, _prefix: &str, _from: u64, _to: u64) -> Result<bool, BackendError> {
         Ok(false)
     }
-    /// `toolguard bench` only: creates (or, with `create` false, drops with
+    #[cfg(feature = "bench")]
+    /// `toolguard-bench` only: creates (or, with `create` false, drops with
     /// everything in it) the schema `name` beside this ledger's, where a
     /// second ledger can live on the same server; nothing on a backend
     /// without schemas (RocksDB: a second ledger is a second directory).

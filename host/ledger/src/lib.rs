@@ -13,12 +13,16 @@
 #![warn(missing_docs)]
 
 mod backend;
+#[cfg(feature = "bench")]
+mod bench;
 mod checks;
 mod claim;
 mod clock;
+mod commit;
 mod error;
 mod migrate;
 pub mod postgres;
+mod read;
 pub mod records;
 pub mod retention;
 pub mod rocks;
@@ -28,6 +32,7 @@ mod write;
 
 pub use checks::sent_nothing;
 pub use claim::Claim;
+pub use commit::QueuedWrite;
 pub use error::LedgerError;
 pub use postgres::DEFAULT_POOL_SIZE;
 pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
@@ -214,193 +219,6 @@ impl Ledger {
         LedgerError::of(&self.location, e)
     }
 
-    /// Episode `episode` of the action (session, tool, args digest), or its
-    /// latest when `None`.
-    ///
-    /// # Errors
-    /// The read failed or the record is damaged.
-    pub fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, LedgerError> {
-        self.backend.episode(session, tool, args_digest, episode).map_err(|e| self.backend_err(e))
-    }
-
-    /// The call (session, call id), its tombstone and its action's episode,
-    /// in one trip to a backend that answers over a network (PostgreSQL);
-    /// `None` from one whose reads are cheap (RocksDB), whose caller reads
-    /// only what it needs.
-    ///
-    /// # Errors
-    /// The read failed or a record is damaged.
-    pub fn first_look(&self, session: &str, call_id: &str, tool: &str, args_digest: &str) -> Result<Option<FirstLook>, LedgerError> {
-        self.backend.first_look(session, call_id, tool, args_digest).map_err(|e| self.backend_err(e))
-    }
-
-    /// The tool call (session, call id), if recorded.
-    ///
-    /// # Errors
-    /// The read failed or the record is damaged.
-    pub fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, LedgerError> {
-        self.backend.call(session, call_id).map_err(|e| self.backend_err(e))
-    }
-
-    /// The attempt with idempotency key `key`, if recorded.
-    ///
-    /// # Errors
-    /// The read failed or the record is damaged.
-    pub fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, LedgerError> {
-        self.backend.attempt(key).map_err(|e| self.backend_err(e))
-    }
-
-    /// The current attempt at `step` of a tool call (the latest key of that step).
-    ///
-    /// # Errors
-    /// The read failed or the record is damaged.
-    pub fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, LedgerError> {
-        self.backend.attempt_at(session, call_id, step).map_err(|e| self.backend_err(e))
-    }
-
-    /// Settles an unsettled attempt as never sent, on an operator's word; the
-    /// next run of its tool call mints a new key for that step. Synced.
-    ///
-    /// # Errors
-    /// No such attempt, it is already settled, or the write failed.
-    pub fn resolve_not_sent(&self, key: &str, note: &str) -> Result<AttemptRecord, LedgerError> {
-        let mut attempt = self.attempt(key)?.ok_or_else(|| self.err(format!("no attempt with key `{key}`")))?;
-        if !attempt.state.is_unsettled() && attempt.resolution != Some(Resolution::ReconciledNotFound) {
-            return Err(self.err(format!("attempt `{key}` is already settled ({}); nothing to resolve", attempt.state.as_str())));
-        }
-        attempt.state = AttemptState::Failed;
-        attempt.response = None;
-        attempt.resolution = Some(Resolution::OperatorNotSent);
-        attempt.last_error = Some(format!("operator: not sent ({note})"));
-        attempt.updated_ms = records::now_ms();
-        self.commit(LedgerWrite::new().attempt(attempt.clone()), Durability::Synced)?;
-        Ok(attempt)
-    }
-
-    /// The attempts of one tool call, by step.
-    ///
-    /// # Errors
-    /// A read failed or a record is damaged.
-    pub fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        self.backend.attempts_of_call(session, call_id).map_err(|e| self.backend_err(e))
-    }
-
-    /// Tool calls, in (session, call id) order; only those of `session` if given.
-    ///
-    /// # Errors
-    /// A read failed or a record is damaged.
-    pub fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, LedgerError> {
-        self.backend.calls(session).map_err(|e| self.backend_err(e))
-    }
-
-    /// Attempts in `state`.
-    ///
-    /// # Errors
-    /// A read failed or a record is damaged.
-    pub fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, LedgerError> {
-        self.backend.attempts_in_state(state).map_err(|e| self.backend_err(e))
-    }
-
-    /// Every attempt, in key order.
-    ///
-    /// # Errors
-    /// A read failed or a record is damaged.
-    pub fn attempts(&self) -> Result<Vec<AttemptRecord>, LedgerError> {
-        self.backend.attempts().map_err(|e| self.backend_err(e))
-    }
-
-    /// Records that `record.plugin` runs `record.digest` with `record.grants`,
-    /// unless that is already its latest entry. Synced: it is audit evidence.
-    /// Returns whether a new entry was written.
-    ///
-    /// # Errors
-    /// A read or the write failed.
-    pub fn record_grants(&self, record: &GrantRecord) -> Result<bool, LedgerError> {
-        let written = self.backend.record_grants(record).map_err(|e| self.backend_err(e))?;
-        if written {
-            self.counts[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        Ok(written)
-    }
-
-    /// Every grant-history entry, oldest first.
-    ///
-    /// # Errors
-    /// A read failed or a record is damaged.
-    pub fn grant_history(&self) -> Result<Vec<GrantRecord>, LedgerError> {
-        self.backend.grant_history().map_err(|e| self.backend_err(e))
-    }
-
-    /// Applies `write` atomically with the given durability.
-    ///
-    /// # Errors
-    /// The write failed; nothing of it was applied.
-    pub fn commit(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
-        self.backend.commit(&write, durability).map_err(|e| self.backend_err(e))?;
-        self.count(durability);
-        Ok(())
-    }
-
-    /// Runs the reads in `read` without blocking an async worker: on this
-    /// thread when the backend can answer from memory (RocksDB's memtables
-    /// and block cache hold what recent calls wrote), else on the blocking
-    /// pool. `read` may run twice, so it must only read.
-    ///
-    /// # Errors
-    /// Whatever `read` returns.
-    pub async fn read<T: Send + 'static>(&self, read: impl Fn(&Ledger) -> Result<T, LedgerError> + Send + 'static) -> Result<T, LedgerError> {
-        let mut answered = None;
-        if self.backend.read_from_memory(&mut || answered = Some(read(self))) {
-            match answered.expect("read_from_memory ran the read") {
-                Err(e) if e.needs_io() => {}
-                answered => return answered,
-            }
-        }
-        self.pool_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let ledger = self.clone();
-        tokio::task::spawn_blocking(move || read(&ledger)).await.expect("a ledger read panicked")
-    }
-
-    /// [`Ledger::commit`] for async callers: the write goes to the backend's
-    /// writer thread (RocksDB), where writes queued together share one
-    /// batch and one fsync, or to the blocking pool (PostgreSQL).
-    ///
-    /// # Errors
-    /// The write failed; nothing of it was applied.
-    pub async fn commit_async(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
-        self.queue(write, durability).wait().await
-    }
-
-    /// Hands `write` to the backend now and returns without waiting for it.
-    /// On RocksDB, writes are applied in the order they were queued, so a
-    /// later write never lands before an earlier one; on PostgreSQL they run
-    /// at once on the blocking pool, so wait for a write before queueing one
-    /// that must land after it *in the same record*. Call within a Tokio
-    /// runtime.
-    pub fn queue(&self, write: LedgerWrite, durability: Durability) -> QueuedWrite {
-        let waiting = match self.backend.enqueue(&write, durability) {
-            Some(Ok(pending)) => Waiting::Writer(pending),
-            Some(Err(e)) => Waiting::Ready(Err(e)),
-            None => {
-                let backend = self.backend.clone();
-                Waiting::Pool(tokio::task::spawn_blocking(move || backend.commit(&write, durability)))
-            }
-        };
-        QueuedWrite { ledger: self.clone(), durability, waiting }
-    }
-
-    fn count(&self, durability: Durability) {
-        let slot = usize::from(durability == Durability::Buffered);
-        self.counts[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether writes queued with [`Ledger::queue`] land in the order they
-    /// were queued (RocksDB's writer thread), so a write may be queued
-    /// behind one it must follow without waiting for it first.
-    pub fn lands_in_order(&self) -> bool {
-        self.backend.lands_in_order()
-    }
-
     /// Whether other hosts share this ledger (PostgreSQL): then a host claims
     /// a tool call before running it, and lets the claim lapse only by dying.
     pub fn shared(&self) -> bool {
@@ -464,25 +282,6 @@ impl Ledger {
         self.backend.memory_usage()
     }
 
-    /// Finishes the housekeeping a bulk load leaves, as a ledger that grew
-    /// over months has had it done (the bench, after filling a ledger).
-    ///
-    /// # Errors
-    /// The backend failed.
-    pub fn settle(&self) -> Result<(), LedgerError> {
-        self.backend.settle().map_err(|e| self.backend_err(e))
-    }
-
-    /// `toolguard bench` only: see `Backend::replicate_for_bench`.
-    pub fn replicate_for_bench(&self, seed: &str, prefix: &str, from: u64, to: u64) -> Result<bool, LedgerError> {
-        self.backend.replicate_for_bench(seed, prefix, from, to).map_err(|e| self.backend_err(e))
-    }
-
-    /// `toolguard bench` only: see `Backend::bench_schema`.
-    pub fn bench_schema(&self, name: &str, create: bool) -> Result<(), LedgerError> {
-        self.backend.bench_schema(name, create).map_err(|e| self.backend_err(e))
-    }
-
     /// fsyncs of the write-ahead log by this process (RocksDB), if known:
     /// synced writes per fsync is the group-commit batch size.
     pub fn wal_syncs(&self) -> Option<u64> {
@@ -503,70 +302,6 @@ impl Ledger {
         use std::sync::atomic::Ordering::Relaxed;
         (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed))
     }
-}
-
-/// A write handed to the ledger's backend ([`Ledger::queue`]): it is
-/// applied whether or not anyone waits for it; waiting tells how it went.
-#[must_use = "wait for the write, or its failure goes unseen"]
-pub struct QueuedWrite {
-    ledger: Ledger,
-    durability: Durability,
-    waiting: Waiting,
-}
-
-enum Waiting {
-    Writer(Pending),
-    Pool(tokio::task::JoinHandle<Result<(), BackendError>>),
-    /// Applied or failed already (or refused before it was queued).
-    Ready(Result<(), BackendError>),
-}
-
-impl QueuedWrite {
-    /// Waits until the write is applied (and synced, if it is to be).
-    ///
-    /// # Errors
-    /// The write failed; nothing of it was applied.
-    pub async fn wait(mut self) -> Result<(), LedgerError> {
-        self.landed().await
-    }
-
-    /// The write's result if it has landed (applied, and synced if it is
-    /// to be), without waiting: `None` while it has not. Once it has
-    /// returned a result, it returns it again on every call.
-    pub fn try_wait(&mut self) -> Option<Result<(), LedgerError>> {
-        match self.poll_landed(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
-            std::task::Poll::Ready(written) => Some(written),
-            std::task::Poll::Pending => None,
-        }
-    }
-
-    /// [`QueuedWrite::wait`] without giving the write up: cancelled, it
-    /// can be waited for again; landed, it returns the same result again.
-    ///
-    /// # Errors
-    /// The write failed; nothing of it was applied.
-    pub async fn landed(&mut self) -> Result<(), LedgerError> {
-        std::future::poll_fn(|cx| self.poll_landed(cx)).await
-    }
-
-    fn poll_landed(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), LedgerError>> {
-        let polled = match &mut self.waiting {
-            Waiting::Writer(pending) => pending.as_mut().poll(cx),
-            Waiting::Pool(task) => std::pin::Pin::new(task).poll(cx).map(|r| r.unwrap_or_else(|e| Err(pool_panic(&e)))),
-            Waiting::Ready(written) => return std::task::Poll::Ready(written.clone().map_err(|e| self.ledger.backend_err(e))),
-        };
-        // Just come from the backend: counted here, once, if it landed.
-        polled.map(|written| {
-            self.waiting = Waiting::Ready(written.clone());
-            written.map_err(|e| self.ledger.backend_err(e))?;
-            self.ledger.count(self.durability);
-            Ok(())
-        })
-    }
-}
-
-fn pool_panic(e: &tokio::task::JoinError) -> BackendError {
-    BackendError::Failed(format!("the ledger write panicked: {e}"))
 }
 
 /// Where a ledger lives.

@@ -40,7 +40,7 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
         Err(e) => return super::config_error(e.to_string()),
     };
     let request = CallRequest { session, call_id, tool, args_json, principal: None };
-    let socket = super::ledger_dir(&config).and_then(local::socket_path);
+    let socket = config.ledger_dir().and_then(local::socket_path);
     let digest = local::config_digest(&config);
     let deadline = Instant::now() + super::LEDGER_WAIT;
     loop {

@@ -8,16 +8,20 @@
 //! Relative paths are resolved against the directory of the file they are in.
 
 mod engine;
+mod ledger;
 pub mod limits;
 mod mcp;
+mod raw;
 
 pub use engine::{DEFAULT_COMPONENT_FOOTPRINT, DEFAULT_MEMORY_CEILING_MB, DEFAULT_POOL_INSTANCES, EngineConfig, Footprint};
+pub use ledger::Retention;
+use ledger::{RETENTION_MARGIN_HOURS, ledger_cache, ledger_location, ledger_pool};
 pub use limits::{LimitOverrides, Limits};
 pub use mcp::{McpConfig, McpToken, MissingCallId, valid_principal};
+use raw::{RawConfig, parse_toml};
 
 use crate::ledger::LedgerLocation;
 use crate::policy::{Downstreams, PluginPolicy, Policy, RawPolicy};
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -54,34 +58,6 @@ pub struct Config {
     /// How long the ledger keeps final records (`[retention]`); `None`
     /// keeps everything.
     pub retention: Option<Retention>,
-}
-
-/// The ledger's retention (`[retention]`, `docs/ledger.md`, "Retention").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Retention {
-    /// Final records older than this many hours are pruned: at least the
-    /// longest downstream `retention_hours` plus [`RETENTION_MARGIN_HOURS`].
-    pub hours: u64,
-    /// How often `toolguard serve` prunes, in minutes (default 10).
-    #[serde(default = "default_prune_minutes")]
-    pub every_minutes: u64,
-}
-
-/// Hours a record is kept beyond the longest downstream `retention_hours`:
-/// room for the hold rule's waits (seconds) and clocks a little apart.
-pub const RETENTION_MARGIN_HOURS: u64 = 1;
-
-fn default_prune_minutes() -> u64 {
-    10
-}
-
-impl Retention {
-    /// The shortest `hours` the downstreams allow.
-    pub fn minimum_hours(downstreams: &Downstreams) -> u64 {
-        let longest = downstreams.values().map(|d| d.retention.as_secs().div_ceil(3600)).max().unwrap_or(0);
-        longest + RETENTION_MARGIN_HOURS
-    }
 }
 
 /// Where a plugin's component comes from.
@@ -132,94 +108,15 @@ pub struct ConfigError {
     pub message: String,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    #[serde(default = "default_data_dir")]
-    data_dir: PathBuf,
-    ledger: Option<String>,
-    ledger_url_env: Option<String>,
-    ledger_cache_mib: Option<u64>,
-    ledger_pool: Option<u32>,
-    compile_cache: Option<PathBuf>,
-    #[serde(default)]
-    engine: EngineConfig,
-    #[serde(default)]
-    limits: LimitOverrides,
-    #[serde(default)]
-    plugins: BTreeMap<String, RawPlugin>,
-    policy: Option<RawPolicy>,
-    policy_file: Option<PathBuf>,
-    #[serde(default)]
-    mcp: McpConfig,
-    retention: Option<Retention>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPlugin {
-    component: String,
-    #[serde(default)]
-    limits: LimitOverrides,
-    #[serde(default)]
-    config: BTreeMap<String, String>,
-    #[serde(default)]
-    tool_prefix: String,
-}
-
-/// Where the ledger lives: `ledger` (a PostgreSQL URL or a directory), or
-/// the URL in the environment variable `ledger_url_env` (keeps a password
-/// out of the file), else `<data_dir>/ledger`.
-fn ledger_location(
-    ledger: Option<String>,
-    url_env: Option<String>,
-    data_dir: &Path,
-    resolve: &dyn Fn(&Path) -> PathBuf,
-) -> Result<LedgerLocation, (&'static str, String)> {
-    let is_url = |s: &str| s.starts_with("postgres://") || s.starts_with("postgresql://");
-    match (ledger, url_env) {
-        (Some(_), Some(_)) => Err(("ledger_url_env", "give `ledger` or `ledger_url_env`, not both".into())),
-        (None, None) => Ok(LedgerLocation::Dir(data_dir.join("ledger"))),
-        (Some(l), None) if is_url(&l) => Ok(LedgerLocation::Postgres(l)),
-        (Some(l), None) if l.contains("://") => {
-            Err(("ledger", format!("`{}` is not a ledger toolguard knows: use postgres://… or a directory", crate::ledger::postgres::redacted(&l))))
-        }
-        (Some(l), None) => Ok(LedgerLocation::Dir(resolve(Path::new(&l)))),
-        (None, Some(name)) => match std::env::var(&name) {
-            Ok(url) if is_url(&url) => Ok(LedgerLocation::Postgres(url)),
-            Ok(_) => Err(("ledger_url_env", format!("${name} does not hold a postgres:// URL"))),
-            Err(_) => Err(("ledger_url_env", format!("${name} is not set; export the ledger's postgres:// URL in it"))),
-        },
-    }
-}
-
-/// The block cache of a RocksDB ledger: 1 MiB to 64 GiB; PostgreSQL's is
-/// the server's own (`shared_buffers`).
-fn ledger_cache(mib: Option<u64>, ledger: &LedgerLocation) -> Result<u64, String> {
-    match (mib, ledger) {
-        (None, _) => Ok(crate::ledger::DEFAULT_BLOCK_CACHE_MIB),
-        (Some(_), LedgerLocation::Postgres(_)) => {
-            Err("sizes a RocksDB ledger's cache; a PostgreSQL ledger caches in the server (its `shared_buffers`): remove it".into())
-        }
-        (Some(m), LedgerLocation::Dir(_)) if (1..=65_536).contains(&m) => Ok(m),
-        (Some(m), LedgerLocation::Dir(_)) => Err(format!("{m} is out of range: give 1 to 65536 (MiB)")),
-    }
-}
-
-fn ledger_pool(size: Option<u32>, ledger: &LedgerLocation) -> Result<u32, String> {
-    match (size, ledger) {
-        (None, _) => Ok(crate::ledger::DEFAULT_POOL_SIZE),
-        (Some(_), LedgerLocation::Dir(_)) => Err("sizes a PostgreSQL ledger's connection pool; a RocksDB ledger has none: remove it".into()),
-        (Some(n), LedgerLocation::Postgres(_)) if (1..=1_000).contains(&n) => Ok(n),
-        (Some(n), LedgerLocation::Postgres(_)) => Err(format!("{n} is out of range: give 1 to 1000 (connections)")),
-    }
-}
-
-fn default_data_dir() -> PathBuf {
-    PathBuf::from(".toolguard")
-}
-
 impl Config {
+    /// The directory of its embedded (RocksDB) ledger; `None` on PostgreSQL.
+    pub fn ledger_dir(&self) -> Option<&Path> {
+        match &self.ledger {
+            crate::ledger::LedgerLocation::Dir(dir) => Some(dir),
+            crate::ledger::LedgerLocation::Postgres(_) => None,
+        }
+    }
+
     /// Reads and validates the config file at `path`.
     ///
     /// # Errors
@@ -387,30 +284,6 @@ fn check_limits(l: &Limits, engine: &EngineConfig) -> Result<(), (&'static str, 
         ));
     }
     Ok(())
-}
-
-/// Deserialises `text` (named `file` in errors), naming the offending field.
-fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
-    let err = |field: String, message: String| ConfigError { file: file.into(), field, message };
-    let de = toml::Deserializer::parse(text).map_err(|e| err(".".into(), describe_toml_error(text, &e)))?;
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        err(field, describe_toml_error(text, e.inner()))
-    })
-}
-
-/// A TOML error as one line, with the line and column it points at.
-fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
-    let message = e.message().trim_end().to_string();
-    match e.span() {
-        Some(span) => {
-            let before = &text[..span.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-            format!("{message} (line {line}, column {column})")
-        }
-        None => message,
-    }
 }
 
 #[cfg(test)]

@@ -16,27 +16,26 @@ mod footprint;
 mod inert_fs;
 mod invoke;
 pub mod limits;
+mod load;
 pub mod outbound;
 mod plugin;
 mod reconcile;
+mod recovery;
 mod sandbox;
 pub mod state;
 pub mod wasi;
 
 pub use engine::Allocator;
 pub use footprint::Footprint;
+pub use load::footprint_of;
 pub use plugin::{Effect, ToolInfo};
 
-use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
+use crate::config::EngineConfig;
 use crate::error::{CallError, ErrorKind, LoadError};
-use crate::guard::{Guard, Pace, Reconciler, RecoveryReport, ToolRules};
+use crate::guard::{Guard, RecoveryReport};
 use crate::policy::{Downstreams, EffectivePolicy};
-use bindings::{Plugin, PluginPre};
-use context::PluginContext;
-use outbound::Mode;
 use plugin::LoadedPlugin;
-use sandbox::{Core, Slot};
-use sha2::{Digest, Sha256};
+use sandbox::Core;
 use state::HostState;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -197,182 +196,6 @@ impl Runtime {
         self
     }
 
-    /// Resolves every attempt left pending or unknown (see
-    /// [`crate::guard::recover`]). Safe alongside calls: it takes each call's lock.
-    ///
-    /// # Errors
-    /// There is no guard, or the ledger cannot be read.
-    pub async fn recover(&self) -> Result<RecoveryReport, String> {
-        self.recover_at(Pace::All).await
-    }
-
-    /// A fleet's takeover pass: [`Runtime::recover`], but only for attempts
-    /// no host has tried for a tenth of their age ([`Pace::Due`]).
-    ///
-    /// # Errors
-    /// There is no guard, or the ledger cannot be read.
-    pub async fn takeover_pass(&self) -> Result<RecoveryReport, String> {
-        self.recover_at(Pace::Due).await
-    }
-
-    /// Resolves the unsettled attempts `pace` picks.
-    async fn recover_at(&self, pace: Pace) -> Result<RecoveryReport, String> {
-        let guard = self.guard().ok_or("no guard is set, so there is no ledger to recover")?;
-        let rules_for = |tool: &str| -> Option<ToolRules> {
-            let (index, _) = self.tools.get(tool)?;
-            let plugin = &self.plugins[*index];
-            let reconciler = reconcile::PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>);
-            Some(ToolRules { grants: plugin.ctx.grants.clone(), reconciler })
-        };
-        guard.recover(&rules_for, pace).await.map_err(|e| e.to_string())
-    }
-
-    /// Records each plugin's digest and effective policy in the ledger's
-    /// grant history (only what changed since its last entry).
-    async fn record_grants(&self) -> Result<(), String> {
-        let Some(guard) = self.guard() else { return Ok(()) };
-        let now = crate::ledger::records::now_ms();
-        let records: Vec<crate::ledger::GrantRecord> = self
-            .plugins
-            .iter()
-            .map(|p| crate::ledger::GrantRecord { plugin: p.ctx.name.to_string(), digest: p.digest.clone(), grants: p.policy.to_record(), recorded_ms: now })
-            .collect();
-        let ledger = guard.ledger().clone();
-        tokio::task::spawn_blocking(move || records.iter().try_for_each(|r| ledger.record_grants(r).map(|_| ())))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
-    }
-
-    /// What the start-up recovery pass of [`Runtime::from_config`] did.
-    pub fn recovery(&self) -> Option<&RecoveryReport> {
-        self.recovery.as_ref()
-    }
-
-    /// A runtime with every plugin of `config` loaded, once a recovery pass
-    /// has resolved every unsettled attempt it can: a one-shot command then
-    /// acts on a settled ledger ([`Runtime::recovery`] says what it did).
-    ///
-    /// # Errors
-    /// The engine cannot be set up, any plugin is refused (all refusals are
-    /// listed), or the pass cannot read the ledger.
-    pub async fn from_config(config: &Config) -> Result<Self, StartError> {
-        let mut runtime = Self::from_config_recovering_later(config).await?;
-        runtime.recovery = Some(runtime.recover().await.map_err(StartError::Guard)?);
-        Ok(runtime)
-    }
-
-    /// [`Runtime::from_config`] without the recovery pass, for a server that
-    /// answers at once and runs [`Runtime::recover`] alongside: the pass and
-    /// every call take a call's lock, so a call the pass has not reached yet
-    /// drives its own unsettled attempts with their keys, and a repeat under
-    /// a new id is held by the hold rule as after any crash.
-    ///
-    /// # Errors
-    /// The engine cannot be set up, or any plugin is refused (all refusals are listed).
-    pub async fn from_config_recovering_later(config: &Config) -> Result<Self, StartError> {
-        let engine = config.engine.fitted_to(footprint_of(&config.plugins));
-        let mut runtime = Self::new(&engine, config.compile_cache.clone())?.with_downstreams(config.downstreams.clone());
-        let owned = config.clone();
-        let ledger = tokio::task::spawn_blocking(move || owned.open_ledger(false))
-            .await
-            .map_err(|e| StartError::Guard(e.to_string()))?
-            .map_err(|e| if e.is_busy() { StartError::LedgerBusy(e.to_string()) } else { StartError::Guard(e.to_string()) })?;
-        runtime.set_guard(Guard::new(ledger, config.downstreams.clone()).map_err(StartError::Guard)?);
-        let mut refused = Vec::new();
-        for plugin in &config.plugins {
-            if let Err(e) = runtime.add_plugin(plugin).await {
-                refused.push(e);
-            }
-        }
-        if !refused.is_empty() {
-            return Err(StartError::Plugins(refused));
-        }
-        runtime.record_grants().await.map_err(StartError::Guard)?;
-        Ok(runtime)
-    }
-
-    /// Loads one plugin. A refused plugin leaves the runtime as it was.
-    ///
-    /// # Errors
-    /// Why the plugin was refused; see [`LoadError`].
-    pub async fn add_plugin(&mut self, config: &PluginConfig) -> Result<(), LoadError> {
-        let name = config.name.clone();
-        let bytes = read_component(config)?;
-        let digest = hex::encode(Sha256::digest(&bytes));
-        if let Some(expected) = &config.policy.sha256
-            && *expected != digest
-        {
-            return Err(LoadError::DigestMismatch { plugin: name, expected: expected.clone(), actual: digest });
-        }
-        // One validating parse serves both checks (a Python component is ~18 MB).
-        let imports = crate::imports::component_imports(&bytes).map_err(|reason| LoadError::NotAComponent { plugin: name.clone(), reason })?;
-        let forbidden = crate::imports::forbidden(&imports);
-        if !forbidden.is_empty() {
-            return Err(LoadError::ForbiddenImports { plugin: name, imports: forbidden });
-        }
-        let denied: Vec<String> = imports
-            .into_iter()
-            .chain(crate::seal::record_of(&bytes).map(|r| r.sealed).unwrap_or_default())
-            .filter(|i| config.policy.denies_import(i).is_some())
-            .collect();
-        if !denied.is_empty() {
-            return Err(LoadError::DeniedImports { plugin: name, imports: denied });
-        }
-        let footprint = Footprint::of(&bytes).map_err(|reason| LoadError::NotAComponent { plugin: name.clone(), reason })?;
-        if self.core.allocator == Allocator::Pooling {
-            check_room(&name, footprint, self.core.room)?;
-        }
-        let link_error = |e: String| LoadError::Link { plugin: config.name.clone(), reason: with_hint(e) };
-        let (engine, cache, hash) = (self.core.engine.clone(), self.compile_cache.clone(), digest.clone());
-        let component = tokio::task::spawn_blocking(move || compile::load(&engine, &bytes, &hash, &cache))
-            .await
-            .map_err(|e| link_error(e.to_string()))?
-            .map_err(|e| link_error(format!("{e:#}")))?;
-        let pre = self.linker.instantiate_pre(&component).map_err(|e| link_error(format!("{e:#}")))?;
-        let pre = PluginPre::new(pre).map_err(|e| link_error(format!("{e:#}")))?;
-        let reconcile = reconcile::find_export(&component);
-        // Its tools' classes join the effective policy once `describe` has told them.
-        let policy = EffectivePolicy::of(&config.policy, Vec::new(), &self.downstreams);
-        let ctx = Arc::new(PluginContext {
-            name: name.as_str().into(),
-            tool_prefix: config.tool_prefix.as_str().into(),
-            settings: config.settings.clone(),
-            limits: config.limits,
-            footprint,
-            grants: policy.rules.clone(),
-        });
-        let mut loaded = LoadedPlugin { ctx, digest, pre, reconcile, policy: Arc::new(policy) };
-
-        // One sandbox: describe, and check the reconcile export's type if there is one.
-        let (specs, _) = self
-            .core
-            .sandboxed(&loaded, Mode::NoCall, Slot::Invoke, move |store, instance| {
-                Box::pin(async move {
-                    if let Some(func) = &reconcile {
-                        reconcile::typed(store, &instance, func)
-                            .map_err(|e| wasmtime::Error::msg(format!("its {} export has the wrong type: {e}", reconcile::RECONCILER_INTERFACE)))?;
-                    }
-                    Plugin::new(&mut *store, &instance)?.toolguard_plugin_tool().call_describe(store).await
-                })
-            })
-            .await;
-        let specs = specs.map_err(|f| LoadError::Describe { plugin: name.clone(), reason: f.to_string() })?;
-        let tools = plugin::check_specs(&name, &config.tool_prefix, specs, &config.policy)?;
-        for tool in &tools {
-            if let Some((other, _)) = self.tools.get(&tool.name) {
-                let first = self.plugins[*other].ctx.name.to_string();
-                return Err(LoadError::DuplicateTool { tool: tool.name.clone(), first, second: name });
-            }
-        }
-        Arc::make_mut(&mut loaded.policy).tools = tools.iter().map(ToolInfo::class).collect();
-        let index = self.plugins.len();
-        self.plugins.push(Arc::new(loaded));
-        self.tools.extend(tools.into_iter().map(|t| (t.name.clone(), (index, t))));
-        tracing::debug!(plugin = %name, "loaded");
-        Ok(())
-    }
-
     /// Runs one tool call. Arguments are checked before any instance exists;
     /// with a guard, a completed call is replayed and a changed one refused.
     ///
@@ -436,55 +259,5 @@ impl Runtime {
     /// Whether `plugin` has any outbound grant (reaches beyond the host).
     pub fn has_grants(&self, plugin: &str) -> bool {
         self.plugins.iter().any(|p| &*p.ctx.name == plugin && !p.ctx.grants.is_empty())
-    }
-}
-
-/// A link or compile error, with what to do when the cause is a known toolchain setting.
-fn with_hint(reason: String) -> String {
-    if reason.contains("component model async") {
-        // wasmtime is built without component-model-async (README: crates).
-        format!(
-            "{reason}. The component uses the component model's async ABI, which toolguard does not enable: build it synchronous (componentize-qjs --sync; wit-bindgen without async exports)"
-        )
-    } else {
-        reason
-    }
-}
-
-/// The most any of `plugins` takes from the pool (unreadable ones count as
-/// nothing here; loading them reports why).
-pub fn footprint_of(plugins: &[PluginConfig]) -> Footprint {
-    plugins.iter().filter_map(|p| read_component(p).ok()).filter_map(|bytes| Footprint::of(&bytes).ok()).fold(Footprint::default(), Footprint::max)
-}
-
-/// Refuses a component the pool has no room for, naming the setting to raise.
-fn check_room(plugin: &str, need: Footprint, room: Footprint) -> Result<(), LoadError> {
-    let over = [
-        (need.core_instances, room.core_instances, "core instances", "component_core_instances"),
-        (need.memories, room.memories, "linear memories", "component_memories"),
-        (need.tables, room.tables, "tables", "component_tables"),
-    ];
-    match over.into_iter().find(|(need, room, _, _)| need > room) {
-        None => Ok(()),
-        Some((need, room, what, setting)) => Err(LoadError::TooBig {
-            plugin: plugin.into(),
-            reason: format!(
-                "it needs {need} {what} per instance and the instance pool holds {room} per component; \
-                 set [engine] {setting} = {need} (a host started from its config sizes the pool to its plugins)"
-            ),
-        }),
-    }
-}
-
-fn read_component(config: &PluginConfig) -> Result<Vec<u8>, LoadError> {
-    match &config.component {
-        ComponentSource::Builtin(b) => crate::builtin::component(b).map(<[u8]>::to_vec).ok_or_else(|| LoadError::Read {
-            plugin: config.name.clone(),
-            path: format!("builtin:{b}"),
-            reason: "no such builtin plugin".into(),
-        }),
-        ComponentSource::File(path) => {
-            std::fs::read(path).map_err(|e| LoadError::Read { plugin: config.name.clone(), path: path.display().to_string(), reason: e.to_string() })
-        }
     }
 }

@@ -37,146 +37,34 @@
 //! ([`Writer::sync_now`]), and is left to the sync thread otherwise. Reads
 //! from async callers may be answered from memory only ([`memory_only`]).
 
+mod backend;
 mod index;
 mod keys;
 mod latest;
+#[cfg(test)]
+mod layout_tests;
+mod options;
 mod retention;
 #[cfg(test)]
 mod tests;
 mod writer;
+#[cfg(test)]
+mod writer_tests;
+pub use options::DEFAULT_BLOCK_CACHE_MIB;
+use options::*;
 #[cfg(any(test, feature = "bench"))]
 pub use writer::simulate_slow_fsync;
 
 use crate::error::failed;
 use keys::*;
-use writer::{Job, Now, Ticket, Writer};
+use writer::Writer;
 
-use super::backend::Pending;
-use super::retention::{LedgerStats, Removal, RetireEntry};
-use super::{
-    AttemptRecord, AttemptState, Backend, BackendError, CallRecord, CallState, Claim, Durability, EpisodeOp, EpisodeRecord, GrantRecord, LedgerWrite, checks,
-};
-use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
+use super::retention::RetireEntry;
+use super::{AttemptRecord, Backend, BackendError, CallRecord, CallState, EpisodeOp, EpisodeRecord, LedgerWrite, checks};
+use rocksdb::{Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch};
 use std::cell::Cell;
 use std::path::Path;
 use std::sync::Arc;
-
-/// Memory all memtables together may use before RocksDB flushes them.
-const LEDGER_MEMTABLE_BUDGET: usize = 32 << 20;
-
-/// The default memory for data, index and filter blocks read from table
-/// files, in MiB, shared by all column families (RocksDB's own default is
-/// 32 MiB per family); `ledger_cache_mib` in the config sets it. The two
-/// families keyed by a hash have a cache of their own of the same size
-/// ([`Caches`]).
-pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 8;
-
-/// The families keyed by a hash, whose index and filter partitions are all
-/// pinned, in a block cache of their own ([`Caches`]).
-const PINNED_CFS: [&str; 2] = [CF_LATEST, CF_EXPIRED];
-
-/// The block caches of a ledger.
-struct Caches {
-    /// Every family's blocks but those of `pinned`'s families.
-    shared: Cache,
-    /// The families keyed by a hash (`latest_episode`, `expired`), whose
-    /// index and filter partitions are all pinned: ~1.4 bytes per action or
-    /// tombstone, which outgrow any fixed cache (14 MB at 10 M actions).
-    /// In the shared cache they took all of it, and every block any other
-    /// family loaded was evicted the moment its read ended: at 10 M calls
-    /// each guarded call made two reads memory could not answer
-    /// (docs/benchmarks.md, (i)). Here they crowd only their own families'
-    /// data blocks.
-    pinned: Cache,
-}
-
-/// How many table files flushed from memtables (level 0) a family gathers
-/// before RocksDB compacts them into the level below (its default is 4).
-const L0_COMPACTION_TRIGGER: i32 = 8;
-
-/// The options of family `name`.
-fn cf_options(name: &str, caches: &Caches) -> Options {
-    let pinned = PINNED_CFS.contains(&name);
-    let mut table = BlockBasedOptions::default();
-    table.set_block_cache(if pinned { &caches.pinned } else { &caches.shared });
-    // Index and filter blocks count against the cache instead of growing
-    // with the number of table files.
-    table.set_cache_index_and_filter_blocks(true);
-    // A lookup of a key that is not there (every new tool call, every new
-    // step) skips the table's data blocks.
-    table.set_bloom_filter(10.0, false);
-    // Partitioned: a lookup loads one 4 KiB partition of a table's index and
-    // filter, not the whole of them (megabytes for a large table), so a
-    // ledger of millions of calls costs what a small one does in a cache
-    // this size (docs/benchmarks.md, (i)). The top levels stay pinned, and
-    // index and filter blocks go to the cache's high-priority pool, ahead of
-    // data blocks.
-    table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
-    table.set_partition_filters(true);
-    table.set_metadata_block_size(4096);
-    table.set_pin_top_level_index_and_filter(true);
-    table.set_cache_index_and_filter_blocks_with_high_priority(true);
-    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
-    if pinned {
-        // Keyed by a hash, so each admission's lookup of a new action (or of
-        // a new call's tombstone) lands in a random partition of every
-        // level: unpinned, a ledger of millions read a partition from the
-        // disk for nearly every new action (admission 18 → 54 µs at 1 M
-        // calls, 77 at 10 M). Pinned, all of them stay in memory, ~1.4 bytes
-        // per action or tombstone (docs/benchmarks.md, (i)).
-        table.set_partition_pinning_tier(rocksdb::BlockBasedTablePinningTier::All);
-    }
-    let mut o = Options::default();
-    o.set_write_buffer_size(8 << 20);
-    // Keys are (session, call id), not time-ordered: every compaction of
-    // level 0 rewrites the overlapping part of the level below, nearly all of
-    // it. Compacting 8 flushed files at once instead of RocksDB's 4 halves
-    // how often that happens: the flushes and compactions of a host serving
-    // without pause fell from ~31 to ~21 µs of CPU per guarded call
-    // (docs/benchmarks.md), for point lookups that check up to 8 young
-    // files' pinned filters instead of 4.
-    o.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER);
-    o.set_block_based_table_factory(&table);
-    // Records are JSON: LZ4 at every level. ZSTD at the bottom took ~30 %
-    // less disk, but keys are not in time order, so every compaction of
-    // level 0 rewrites (and recompresses) the level below, which grows with
-    // the ledger: ZSTD made RocksDB's background CPU per call grow ~2x as
-    // fast (docs/benchmarks.md). Compression runs in flushes and
-    // compactions, off the write path.
-    o.set_compression_type(rocksdb::DBCompressionType::Lz4);
-    // The blocks a memtable flush writes (data, index and filter) go into
-    // the block cache as they are written (`prepopulate_block_cache`, which
-    // the Rust binding has no setter for: set over the table options above,
-    // keeping them and the shared cache). Without it the first read to meet
-    // a freshly flushed table — the newest records, the likeliest to be
-    // read — could not be answered from memory and went to the blocking
-    // pool: ~0.1 of the guard's reads per call at 64 in flight
-    // (docs/benchmarks.md).
-    let mut o = o.get_options_from_string("block_based_table_factory={prepopulate_block_cache=kFlushOnly}").expect("a valid option string");
-    if name == CF_EPISODES {
-        // Finding an action's latest episode without its `latest_episode`
-        // entry scans the action's prefix, which without a prefix filter
-        // seeks into the memtables and every table file even when the action
-        // has none. With the action as the prefix, the memtable's prefix
-        // bloom and each table's filter skip them instead. Only
-        // [`Rocks::latest_episode`]'s fallback seeks by prefix (a read-only
-        // open of an older ledger, an action whose latest episode was
-        // pruned); every other read seeks in total order ([`read_options`]).
-        o.set_prefix_extractor(rocksdb::SliceTransform::create("toolguard.episode-action", episode_action, Some(is_episode_key)));
-        o.set_memtable_prefix_bloom_ratio(0.1);
-    }
-    o
-}
-
-/// The action part of an episode key: all but its 8-byte episode number.
-fn episode_action(key: &[u8]) -> &[u8] {
-    &key[..key.len().saturating_sub(8)]
-}
-
-/// Whether `key` is long enough to be an episode key.
-fn is_episode_key(key: &[u8]) -> bool {
-    key.len() > 8
-}
 
 /// A RocksDB ledger database.
 pub(crate) struct Rocks {
@@ -209,17 +97,6 @@ pub(crate) fn memory_only<T>(f: impl FnOnce() -> T) -> T {
     }
     let _reset = Reset(MEMORY_ONLY.replace(true));
     f()
-}
-
-/// Read options in total order (a family's prefix filter is never used to
-/// skip data), answered from memory only on a [`memory_only`] thread.
-fn read_options() -> ReadOptions {
-    let mut o = ReadOptions::default();
-    o.set_total_order_seek(true);
-    if MEMORY_ONLY.get() {
-        o.set_read_tier(rocksdb::ReadTier::BlockCache);
-    }
-    o
 }
 
 fn db_error(e: &rocksdb::Error) -> BackendError {
@@ -403,216 +280,6 @@ impl Rocks {
         }
         Ok(batch)
     }
-}
-
-impl Backend for Rocks {
-    fn meta(&self, create: bool) -> Result<(String, [u8; 32]), BackendError> {
-        let meta = self.cf(CF_META);
-        let schema = match self.db.get_cf(meta, b"schema").map_err(failed)? {
-            Some(v) => String::from_utf8_lossy(&v).into_owned(),
-            None if create => {
-                let mut batch = WriteBatch::default();
-                batch.put_cf(meta, b"secret", super::new_secret()?);
-                batch.put_cf(meta, b"schema", super::SCHEMA);
-                self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)?;
-                super::SCHEMA.to_string()
-            }
-            None => return Err("the ledger has no schema record".into()),
-        };
-        let secret = self.db.get_cf(meta, b"secret").map_err(failed)?;
-        let secret = secret.as_deref().and_then(|s| s.try_into().ok()).ok_or("the key secret is missing or damaged")?;
-        Ok((schema, secret))
-    }
-
-    fn set_schema(&self, version: &str) -> Result<(), BackendError> {
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_META), b"schema", version);
-        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)
-    }
-
-    fn episode(&self, session: &str, tool: &str, args_digest: &str, episode: Option<u64>) -> Result<Option<EpisodeRecord>, BackendError> {
-        match episode {
-            Some(n) => self.get_json(CF_EPISODES, &episode_key(session, tool, args_digest, n)),
-            // An action has a few episodes at most: the last of them is the latest.
-            None => self.latest_episode(session, tool, args_digest),
-        }
-    }
-
-    fn call(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, BackendError> {
-        self.get_json(CF_CALLS, &call_key(session, call_id))
-    }
-
-    fn attempt(&self, key: &str) -> Result<Option<AttemptRecord>, BackendError> {
-        self.get_json(CF_ATTEMPTS, key.as_bytes())
-    }
-
-    fn attempt_at(&self, session: &str, call_id: &str, step: u32) -> Result<Option<AttemptRecord>, BackendError> {
-        let mut index = call_key(session, call_id);
-        index.extend_from_slice(&step.to_be_bytes());
-        match self.db.get_cf_opt(self.cf(CF_CALL_ATTEMPTS), index, &read_options()).map_err(|e| db_error(&e))? {
-            Some(key) => self.attempt(&String::from_utf8_lossy(&key)),
-            None => Ok(None),
-        }
-    }
-
-    fn attempts_of_call(&self, session: &str, call_id: &str) -> Result<Vec<AttemptRecord>, BackendError> {
-        let keys = self.scan(CF_CALL_ATTEMPTS, &call_key(session, call_id), |_, v| Some(String::from_utf8_lossy(v).into_owned()))?;
-        self.attempts_by_key(&keys)
-    }
-
-    fn calls(&self, session: Option<&str>) -> Result<Vec<CallRecord>, BackendError> {
-        let prefix = session.map(session_prefix).unwrap_or_default();
-        Self::records(&self.scan(CF_CALLS, &prefix, |_, v| Some(v.to_vec()))?)
-    }
-
-    fn attempts_in_state(&self, state: AttemptState) -> Result<Vec<AttemptRecord>, BackendError> {
-        // Only unsettled attempts are indexed ([`Rocks::index`]).
-        if !state.is_unsettled() {
-            return Ok(self.attempts()?.into_iter().filter(|a| a.state == state).collect());
-        }
-        let keys = self.scan(CF_BY_STATE, &[state.tag()], |k, _| Some(String::from_utf8_lossy(&k[1..]).into_owned()))?;
-        Ok(self.attempts_by_key(&keys)?.into_iter().filter(|a| a.state == state).collect())
-    }
-
-    fn attempts(&self) -> Result<Vec<AttemptRecord>, BackendError> {
-        Self::records(&self.scan(CF_ATTEMPTS, &[], |_, v| Some(v.to_vec()))?)
-    }
-
-    fn record_grants(&self, record: &GrantRecord) -> Result<bool, BackendError> {
-        let mut prefix = record.plugin.as_bytes().to_vec();
-        prefix.push(0);
-        let history: Vec<GrantRecord> = self.scan(CF_GRANT_HISTORY, &prefix, |_, v| serde_json::from_slice(v).ok())?;
-        if !checks::grants_changed(history.last(), record) {
-            return Ok(false);
-        }
-        let mut key = prefix;
-        key.extend_from_slice(&record.recorded_ms.to_be_bytes());
-        let value = serde_json::to_vec(record).map_err(failed)?;
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_GRANT_HISTORY), key, value);
-        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)?;
-        Ok(true)
-    }
-
-    fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError> {
-        let mut all: Vec<GrantRecord> = Self::records(&self.scan(CF_GRANT_HISTORY, &[], |_, v| Some(v.to_vec()))?)?;
-        all.sort_by_key(|r| r.recorded_ms);
-        Ok(all)
-    }
-
-    fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), BackendError> {
-        self.db.write_opt(self.batch(write)?, &write_options(durability)).map_err(|e| BackendError::Failed(e.to_string()))
-    }
-
-    fn lands_in_order(&self) -> bool {
-        self.writer.is_some()
-    }
-
-    fn enqueue(&self, write: &LedgerWrite, durability: Durability) -> Option<Result<Pending, BackendError>> {
-        let writer = self.writer.as_ref()?;
-        let batch = match self.batch(write) {
-            Ok(batch) => batch,
-            Err(e) => return Some(Err(e)),
-        };
-        let sync = durability == Durability::Synced;
-        let (done, result) = tokio::sync::oneshot::channel();
-        let handed = match writer.apply_now(&self.db, batch) {
-            // Applied with nothing ahead of it: only the fsync is left.
-            Now::Applied(Ok(())) if sync => match writer.sync_now(&self.db) {
-                Some(synced) => return Some(Ok(ready(synced))),
-                None => writer.sync_applied(done).is_ok(),
-            },
-            Now::Applied(written) => return Some(Ok(ready(written))),
-            Now::Queue(batch) => writer.queue(Job { batch, sync, done }).is_ok(),
-            Now::Stalled => match self.batch(write) {
-                Ok(batch) => writer.queue(Job { batch, sync, done }).is_ok(),
-                Err(e) => return Some(Err(e)),
-            },
-        };
-        if !handed {
-            return Some(Err(BackendError::Failed("the ledger's writer thread has stopped".into())));
-        }
-        let ticket = Ticket { result };
-        Some(Ok(Box::pin(async move { ticket.wait().await.map_err(BackendError::Failed) })))
-    }
-
-    fn read_from_memory(&self, read: &mut dyn FnMut()) -> bool {
-        if self.writer.is_none() {
-            return false;
-        }
-        memory_only(read);
-        true
-    }
-
-    fn claim_call(&self, call: &CallRecord, _now_ms: u64) -> Result<Claim, BackendError> {
-        Ok(Claim::of_existing(call, self.call(&call.session, &call.call_id)?))
-    }
-
-    fn release_call(&self, _session: &str, _call_id: &str, _owner: &str) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    fn retire_page(&self, before_ms: u64, after: Option<&RetireEntry>, limit: usize) -> Result<Vec<RetireEntry>, BackendError> {
-        self.retire_page_of(before_ms, after, limit)
-    }
-
-    fn remove(&self, removal: &Removal) -> Result<(), BackendError> {
-        self.remove_unit(removal)
-    }
-
-    fn expired(&self, session: &str, call_id: &str) -> Result<Option<u64>, BackendError> {
-        self.expired_at(session, call_id)
-    }
-
-    fn episode_calls(&self, session: &str, tool: &str, args_digest: &str, episode: u64) -> Result<Vec<CallRecord>, BackendError> {
-        self.calls_of_episode(session, tool, args_digest, episode)
-    }
-
-    fn forget_budget_before(&self, before_ms: u64) -> Result<u64, BackendError> {
-        self.forget_budget(before_ms)
-    }
-
-    fn stats(&self) -> Result<LedgerStats, BackendError> {
-        self.figures()
-    }
-
-    fn episodes(&self) -> Result<Vec<EpisodeRecord>, BackendError> {
-        self.all_episodes()
-    }
-
-    fn backfill_episode_index(&self) -> Result<(), BackendError> {
-        Rocks::backfill_episode_index(self)
-    }
-
-    fn wal_syncs(&self) -> Option<u64> {
-        self.opts.as_ref().map(|o| o.get_ticker_count(rocksdb::statistics::Ticker::WalFileSynced))
-    }
-
-    fn settle(&self) -> Result<(), BackendError> {
-        self.db.flush().map_err(failed)?;
-        for name in ALL_CFS {
-            self.db.compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
-        }
-        Ok(())
-    }
-
-    fn memory_usage(&self) -> u64 {
-        let cfs = ALL_CFS.iter().map(|n| self.cf(n));
-        let prop = |name: &str, cf: &rocksdb::ColumnFamily| self.db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
-        let tables: u64 = cfs.map(|cf| prop("rocksdb.cur-size-all-mem-tables", cf) + prop("rocksdb.estimate-table-readers-mem", cf)).sum();
-        tables + prop("rocksdb.block-cache-usage", self.cf(CF_CALLS)) + prop("rocksdb.block-cache-usage", self.cf(CF_LATEST))
-    }
-}
-
-/// A write's result known already (it was applied, and if need be synced, on the caller's thread).
-fn ready(result: Result<(), String>) -> Pending {
-    Box::pin(std::future::ready(result.map_err(BackendError::Failed)))
-}
-
-fn write_options(durability: Durability) -> WriteOptions {
-    let mut o = WriteOptions::default();
-    o.set_sync(durability == Durability::Synced);
-    o
 }
 
 fn describe_open_error(e: &rocksdb::Error) -> BackendError {

@@ -1,0 +1,153 @@
+//! Writing the ledger: a write committed (blocking or async) or queued for
+//! the writer with its durability, and what an operator's resolution writes.
+
+use crate::{AttemptRecord, AttemptState, BackendError, Durability, GrantRecord, Ledger, LedgerError, LedgerWrite, Pending, Resolution, records};
+
+impl Ledger {
+    /// Settles an unsettled attempt as never sent, on an operator's word; the
+    /// next run of its tool call mints a new key for that step. Synced.
+    ///
+    /// # Errors
+    /// No such attempt, it is already settled, or the write failed.
+    pub fn resolve_not_sent(&self, key: &str, note: &str) -> Result<AttemptRecord, LedgerError> {
+        let mut attempt = self.attempt(key)?.ok_or_else(|| self.err(format!("no attempt with key `{key}`")))?;
+        if !attempt.state.is_unsettled() && attempt.resolution != Some(Resolution::ReconciledNotFound) {
+            return Err(self.err(format!("attempt `{key}` is already settled ({}); nothing to resolve", attempt.state.as_str())));
+        }
+        attempt.state = AttemptState::Failed;
+        attempt.response = None;
+        attempt.resolution = Some(Resolution::OperatorNotSent);
+        attempt.last_error = Some(format!("operator: not sent ({note})"));
+        attempt.updated_ms = records::now_ms();
+        self.commit(LedgerWrite::new().attempt(attempt.clone()), Durability::Synced)?;
+        Ok(attempt)
+    }
+
+    /// Records that `record.plugin` runs `record.digest` with `record.grants`,
+    /// unless that is already its latest entry. Synced: it is audit evidence.
+    /// Returns whether a new entry was written.
+    ///
+    /// # Errors
+    /// A read or the write failed.
+    pub fn record_grants(&self, record: &GrantRecord) -> Result<bool, LedgerError> {
+        let written = self.backend.record_grants(record).map_err(|e| self.backend_err(e))?;
+        if written {
+            self.counts[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(written)
+    }
+
+    /// Applies `write` atomically with the given durability.
+    ///
+    /// # Errors
+    /// The write failed; nothing of it was applied.
+    pub fn commit(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
+        self.backend.commit(&write, durability).map_err(|e| self.backend_err(e))?;
+        self.count(durability);
+        Ok(())
+    }
+
+    /// [`Ledger::commit`] for async callers: the write goes to the backend's
+    /// writer thread (RocksDB), where writes queued together share one
+    /// batch and one fsync, or to the blocking pool (PostgreSQL).
+    ///
+    /// # Errors
+    /// The write failed; nothing of it was applied.
+    pub async fn commit_async(&self, write: LedgerWrite, durability: Durability) -> Result<(), LedgerError> {
+        self.queue(write, durability).wait().await
+    }
+
+    /// Hands `write` to the backend now and returns without waiting for it.
+    /// On RocksDB, writes are applied in the order they were queued, so a
+    /// later write never lands before an earlier one; on PostgreSQL they run
+    /// at once on the blocking pool, so wait for a write before queueing one
+    /// that must land after it *in the same record*. Call within a Tokio
+    /// runtime.
+    pub fn queue(&self, write: LedgerWrite, durability: Durability) -> QueuedWrite {
+        let waiting = match self.backend.enqueue(&write, durability) {
+            Some(Ok(pending)) => Waiting::Writer(pending),
+            Some(Err(e)) => Waiting::Ready(Err(e)),
+            None => {
+                let backend = self.backend.clone();
+                Waiting::Pool(tokio::task::spawn_blocking(move || backend.commit(&write, durability)))
+            }
+        };
+        QueuedWrite { ledger: self.clone(), durability, waiting }
+    }
+
+    fn count(&self, durability: Durability) {
+        let slot = usize::from(durability == Durability::Buffered);
+        self.counts[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether writes queued with [`Ledger::queue`] land in the order they
+    /// were queued (RocksDB's writer thread), so a write may be queued
+    /// behind one it must follow without waiting for it first.
+    pub fn lands_in_order(&self) -> bool {
+        self.backend.lands_in_order()
+    }
+}
+
+/// A write handed to the ledger's backend ([`Ledger::queue`]): it is
+/// applied whether or not anyone waits for it; waiting tells how it went.
+#[must_use = "wait for the write, or its failure goes unseen"]
+pub struct QueuedWrite {
+    ledger: Ledger,
+    durability: Durability,
+    waiting: Waiting,
+}
+
+enum Waiting {
+    Writer(Pending),
+    Pool(tokio::task::JoinHandle<Result<(), BackendError>>),
+    /// Applied or failed already (or refused before it was queued).
+    Ready(Result<(), BackendError>),
+}
+
+impl QueuedWrite {
+    /// Waits until the write is applied (and synced, if it is to be).
+    ///
+    /// # Errors
+    /// The write failed; nothing of it was applied.
+    pub async fn wait(mut self) -> Result<(), LedgerError> {
+        self.landed().await
+    }
+
+    /// The write's result if it has landed (applied, and synced if it is
+    /// to be), without waiting: `None` while it has not. Once it has
+    /// returned a result, it returns it again on every call.
+    pub fn try_wait(&mut self) -> Option<Result<(), LedgerError>> {
+        match self.poll_landed(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(written) => Some(written),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    /// [`QueuedWrite::wait`] without giving the write up: cancelled, it
+    /// can be waited for again; landed, it returns the same result again.
+    ///
+    /// # Errors
+    /// The write failed; nothing of it was applied.
+    pub async fn landed(&mut self) -> Result<(), LedgerError> {
+        std::future::poll_fn(|cx| self.poll_landed(cx)).await
+    }
+
+    fn poll_landed(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), LedgerError>> {
+        let polled = match &mut self.waiting {
+            Waiting::Writer(pending) => pending.as_mut().poll(cx),
+            Waiting::Pool(task) => std::pin::Pin::new(task).poll(cx).map(|r| r.unwrap_or_else(|e| Err(pool_panic(&e)))),
+            Waiting::Ready(written) => return std::task::Poll::Ready(written.clone().map_err(|e| self.ledger.backend_err(e))),
+        };
+        // Just come from the backend: counted here, once, if it landed.
+        polled.map(|written| {
+            self.waiting = Waiting::Ready(written.clone());
+            written.map_err(|e| self.ledger.backend_err(e))?;
+            self.ledger.count(self.durability);
+            Ok(())
+        })
+    }
+}
+
+fn pool_panic(e: &tokio::task::JoinError) -> BackendError {
+    BackendError::Failed(format!("the ledger write panicked: {e}"))
+}

@@ -1,0 +1,71 @@
+//! What the command line prints — JSON made safe for a terminal — and how
+//! a command that is done ends.
+
+/// Ends the process at once with `code`: stdout and stderr flushed, nothing
+/// torn down (no destructor runs; the ledger is left as a kill would leave
+/// it, which it is built to survive). For `toolguard call` once the record
+/// that its caller was told has been written: nothing durable is left to
+/// do, and every moment the process lived on would be one in which a kill
+/// takes the clean exit from a caller that trusts only one, while the
+/// ledger says that caller was told.
+pub(super) fn exit_now(code: u8) -> ! {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` ends the process without running atexit handlers or
+    // destructors; nothing here relies on them (stdio is flushed above, and
+    // every ledger write the caller relies on has landed).
+    unsafe { libc::_exit(i32::from(code)) }
+}
+
+/// Prints pretty JSON to stdout.
+pub(super) fn print_json(value: &serde_json::Value) {
+    let _ = write_json(value);
+}
+
+/// Writes pretty JSON and a newline to stdout and flushes it.
+///
+/// # Errors
+/// stdout is closed or full (the reader went away).
+pub(super) fn write_json(value: &serde_json::Value) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", json_for_terminal(&text))?;
+    out.flush()
+}
+
+/// `json` with every character a terminal could act on written as a JSON
+/// `\u` escape: the same JSON value, but ids and results from plugins or
+/// clients cannot move the cursor, retitle the window or reorder text when
+/// printed. (serde_json escapes C0 controls already; C1 controls and bidi
+/// overrides pass through it.)
+pub(super) fn json_for_terminal(json: &str) -> std::borrow::Cow<'_, str> {
+    if !json.chars().any(unsafe_on_terminal) {
+        return json.into();
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if unsafe_on_terminal(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
+}
+
+/// Control characters (but the newlines and indents of pretty JSON) and
+/// the bidirectional overrides that reorder what a terminal shows.
+pub(super) fn unsafe_on_terminal(c: char) -> bool {
+    (c.is_control() && c != '\n') || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` with what a terminal could act on shown as escapes, for the
+/// tables of `toolguard ledger` (which print ids plugins and clients chose).
+pub(super) fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c == '\n' || unsafe_on_terminal(c)) {
+        return text.into();
+    }
+    text.chars().map(|c| if c == '\n' || unsafe_on_terminal(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect::<String>().into()
+}

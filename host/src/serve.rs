@@ -1,0 +1,87 @@
+//! `toolguard serve`'s lifecycle, once its runtime is open: the start-up
+//! recovery pass alongside serving, a fleet host's takeover passes, the
+//! retention pass, `toolguard call`s handed over on this data directory,
+//! and the MCP server itself, until the client (stdio) or the process
+//! (HTTP) ends.
+
+use crate::Runtime;
+use std::sync::Arc;
+
+/// Serves `runtime` (opened from `config`) over MCP — on `http` if given,
+/// else stdio — with its background passes, until the client or process ends.
+///
+/// # Errors
+/// The MCP server failed (the address was taken, stdio closed badly).
+pub async fn run(runtime: Arc<Runtime>, config: &crate::Config, http: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
+    let shared = runtime.guard().is_some_and(|g| g.ledger().shared());
+    let passes = runtime.clone();
+    tokio::spawn(async move {
+        start_up_pass(&passes).await;
+        if shared {
+            takeovers(passes).await;
+        }
+    });
+    if let (Some(retention), Some(guard)) = (config.retention, runtime.guard()) {
+        tokio::spawn(prune_every(guard.ledger().clone(), retention));
+    }
+    // `toolguard call`s on this data directory hand their calls to this process.
+    let _listener = config.ledger_dir().and_then(crate::local::socket_path).and_then(|path| {
+        crate::local::Listener::start(path, runtime.clone(), crate::local::config_digest(config))
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot take `toolguard call`s from other processes"))
+            .ok()
+    });
+    let host = crate::mcp::McpHost::new(runtime, config.mcp.clone());
+    match http {
+        Some(addr) => crate::mcp::http::serve(host, addr).await,
+        None => {
+            let workers = tokio::runtime::Handle::current().metrics().num_workers();
+            eprintln!("toolguard: MCP on stdio, {workers} async worker(s)");
+            host.serve_stdio().await
+        }
+    }
+}
+
+/// `serve`'s start-up recovery pass, run while it already answers: a
+/// provider that is down or slow delays only the calls whose attempts wait
+/// on it, not the host's start (`docs/recovery.md`, "Start-up").
+/// The pass logs what it did itself.
+async fn start_up_pass(runtime: &Runtime) {
+    if let Err(e) = runtime.recover().await {
+        tracing::warn!(error = %e, "start-up recovery pass failed; each call still drives its own unsettled attempts");
+    }
+}
+
+/// How often a host of a fleet looks for tool calls whose host died.
+const TAKEOVER_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// On a shared ledger: a recovery pass every [`TAKEOVER_INTERVAL`], which
+/// takes over the unsettled attempts of calls whose claim lapsed (their host
+/// died) and resolves them with the same keys; an attempt no pass settles is
+/// tried less often as it ages ([`Runtime::takeover_pass`]).
+async fn takeovers(runtime: Arc<Runtime>) {
+    loop {
+        tokio::time::sleep(TAKEOVER_INTERVAL).await;
+        if let Err(e) = runtime.takeover_pass().await {
+            tracing::warn!(error = %e, "takeover pass failed; retrying");
+        }
+    }
+}
+
+/// Prunes the ledger every `retention.every_minutes` (`docs/ledger.md`, "Retention").
+async fn prune_every(ledger: crate::ledger::Ledger, retention: crate::config::Retention) {
+    let every = std::time::Duration::from_secs(60 * retention.every_minutes);
+    loop {
+        let ledger = ledger.clone();
+        let pass = tokio::task::spawn_blocking(move || {
+            let now = crate::ledger::records::now_ms();
+            ledger.prune(now.saturating_sub(retention.hours * 3_600_000), now)
+        });
+        match pass.await {
+            Ok(Ok(report)) if report.examined > 0 || report.budget_uses > 0 => tracing::info!(?report, "pruned the ledger"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "pruning the ledger failed; trying again next time"),
+            Err(e) => tracing::warn!(error = %e, "the pruning pass stopped"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
