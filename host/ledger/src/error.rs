@@ -125,6 +125,18 @@ pub(crate) fn failed(e: impl std::fmt::Display) -> BackendError {
     BackendError::Failed(e.to_string())
 }
 
+/// A stored record that does not parse (`bytes`, as the store holds them),
+/// named by its first bytes: nothing acts on it and it is left as it is.
+pub(crate) fn damaged_record(bytes: &[u8], e: impl std::fmt::Display) -> BackendError {
+    const SHOWN: usize = 96;
+    let shown = String::from_utf8_lossy(&bytes[..bytes.len().min(SHOWN)]).escape_debug().to_string();
+    let more = if bytes.len() > SHOWN { "…" } else { "" };
+    failed(format!(
+        "the ledger holds a damaged record, or one toolguard did not write (\"{shown}{more}\": {e}); nothing acted on it and it was left as it \
+         is. An operator must restore it from a backup (`toolguard ledger export` lists the records around it)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

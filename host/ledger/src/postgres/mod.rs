@@ -42,7 +42,7 @@ mod schema;
 mod tls;
 
 use super::{BackendError, CallRecord, CallState};
-use crate::error::failed;
+use crate::error::{damaged_record, failed};
 use apply::{apply, most_statements};
 use prepared::{Manager, Param, Params, Prepared, Uncommitted};
 use r2d2_postgres::PostgresConnectionManager;
@@ -196,7 +196,7 @@ impl Postgres {
 
     /// A record from its stored JSON.
     fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, BackendError> {
-        serde_json::from_str(text).map_err(|e| failed(format!("damaged record: {e}")))
+        serde_json::from_str(text).map_err(|e| damaged_record(text.as_bytes(), e))
     }
 
     fn one<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Option<T>, BackendError> {

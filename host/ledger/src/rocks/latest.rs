@@ -22,7 +22,7 @@
 
 use super::keys::{CF_EPISODES, CF_LATEST, CF_META, action_prefix, episode_key, prefix_successor};
 use super::{Rocks, db_error, read_options, write_options};
-use crate::error::failed;
+use crate::error::{damaged_record, failed};
 use crate::{BackendError, Durability, EpisodeRecord};
 use rocksdb::{IteratorMode, WriteBatch};
 use sha2::{Digest, Sha256};
@@ -103,7 +103,7 @@ impl Rocks {
             }
             last = Some(v);
         }
-        last.map(|v| serde_json::from_slice(&v).map_err(|e| failed(format!("damaged record: {e}")))).transpose()
+        last.map(|v| serde_json::from_slice(&v).map_err(|e| damaged_record(&v, e))).transpose()
     }
 
     /// Whether every action's latest episode has its entry (read at open).

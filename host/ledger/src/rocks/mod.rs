@@ -55,7 +55,7 @@ use options::*;
 #[cfg(any(test, feature = "bench"))]
 pub use writer::simulate_slow_fsync;
 
-use crate::error::failed;
+use crate::error::{damaged_record, failed};
 use keys::*;
 use writer::Writer;
 
@@ -160,7 +160,7 @@ impl Rocks {
         // Only a read-only open of an older schema lacks a family.
         let Some(family) = self.db.cf_handle(cf) else { return Ok(None) };
         match self.db.get_cf_opt(family, key, &read_options()).map_err(|e| db_error(&e))? {
-            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| failed(format!("damaged record: {e}"))),
+            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| damaged_record(&bytes, e)),
             None => Ok(None),
         }
     }
@@ -207,7 +207,7 @@ impl Rocks {
     }
 
     fn records<T: serde::de::DeserializeOwned>(raw: &[Vec<u8>]) -> Result<Vec<T>, BackendError> {
-        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| failed(format!("damaged record: {e}")))).collect()
+        raw.iter().map(|v| serde_json::from_slice(v).map_err(|e| damaged_record(v, e))).collect()
     }
 
     /// `write` as one RocksDB batch, after checking its conditions against

@@ -4,7 +4,7 @@
 use super::keys::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE};
 use super::keys::{call_key, episode_call_key, episode_key, retire_key};
 use super::{Rocks, db_error, read_options, write_options};
-use crate::error::failed;
+use crate::error::{damaged_record, failed};
 use crate::retention::{LedgerStats, Removal, RetireEntry, tombstone};
 use crate::{AttemptState, BackendError, CallRecord, CallState, Durability, EpisodeRecord};
 use rocksdb::{IteratorMode, WriteBatch};
@@ -103,7 +103,7 @@ impl Rocks {
     pub(super) fn backfill_episode_index(&self) -> Result<(), BackendError> {
         let mut batch = WriteBatch::default();
         for raw in self.scan(CF_CALLS, &[], |_, v| Some(v.to_vec()))? {
-            let call: CallRecord = serde_json::from_slice(&raw).map_err(|e| failed(format!("damaged record: {e}")))?;
+            let call: CallRecord = serde_json::from_slice(&raw).map_err(|e| damaged_record(&raw, e))?;
             if let Some(n) = call.episode {
                 batch.put_cf(self.cf(CF_EPISODE_CALLS), episode_call_key(&call, n), []);
             }
@@ -182,7 +182,7 @@ impl Rocks {
 
 /// A record's fields `T` names.
 fn parse<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, BackendError> {
-    serde_json::from_slice(v).map_err(|e| failed(format!("damaged record: {e}")))
+    serde_json::from_slice(v).map_err(|e| damaged_record(v, e))
 }
 
 fn call_state(state: CallState) -> &'static str {

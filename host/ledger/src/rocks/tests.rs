@@ -249,3 +249,15 @@ fn a_damaged_retire_index_key_stops_pruning_with_its_name_and_stays() {
     let kept = ledger.db.get_cf(ledger.cf(CF_RETIRE), [0x01, 0x02, 0x03]).unwrap();
     assert!(kept.is_some(), "the damaged key is left as it is");
 }
+
+#[test]
+fn a_record_that_is_not_json_is_refused_by_what_it_holds_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Rocks::open(dir.path()).unwrap();
+    ledger.db.put_cf(ledger.cf(CF_CALLS), call_key("s", "c1"), b"written by another program").unwrap();
+    let e = ledger.call("s", "c1").expect_err("a damaged record is an error, not a panic");
+    let message = format!("{e:?}");
+    assert!(message.contains("damaged record") && message.contains("written by another program") && message.contains("restore it"), "{message}");
+    let kept = ledger.db.get_cf(ledger.cf(CF_CALLS), call_key("s", "c1")).unwrap();
+    assert_eq!(kept.as_deref(), Some(&b"written by another program"[..]), "left as it is");
+}

@@ -269,3 +269,19 @@ fn hosts_connecting_at_once_agree_on_one_secret() {
         .collect();
     assert!(secrets.windows(2).all(|w| w[0] == w[1]), "every host derives keys from the same secret");
 }
+
+/// A row another program wrote over (its record not toolguard's JSON) is
+/// refused by what it holds, with the operator's move, and left as it is.
+#[test]
+fn a_record_that_is_not_json_is_refused_by_what_it_holds_and_left_as_it_is() {
+    let store = PostgresStore::new();
+    let ledger = store.open();
+    ledger.commit(LedgerWrite::new().call(call("s", "c1")), Durability::Synced).unwrap();
+    let mut client = r2d2_postgres::postgres::Client::connect(&store.0, r2d2_postgres::postgres::NoTls).unwrap();
+    client.batch_execute("UPDATE toolguard_calls SET record = 'written by another program' WHERE call_id = 'c1'").unwrap();
+    let e = ledger.call("s", "c1").expect_err("a damaged record is an error, not a panic");
+    let message = e.to_string();
+    assert!(message.contains("damaged record") && message.contains("written by another program") && message.contains("restore it"), "{message}");
+    let kept: String = client.query_one("SELECT record FROM toolguard_calls WHERE call_id = 'c1'", &[]).unwrap().get(0);
+    assert_eq!(kept, "written by another program", "left as it is");
+}
