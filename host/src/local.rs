@@ -235,3 +235,53 @@ pub async fn hand_over(path: &Path, digest: &str, request: &CallRequest) -> Resu
     };
     Ok(HandedOver { answer, stream })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{HandOff, hand_over};
+    use crate::error::ErrorKind;
+    use crate::runtime::CallRequest;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    fn request() -> CallRequest {
+        CallRequest { session: "s".into(), call_id: "c1".into(), tool: "refund".into(), args_json: "{}".into(), principal: None }
+    }
+
+    /// A holder that reads the caller's hello, writes `lines`, and closes.
+    async fn holder_saying(lines: &'static [&'static str]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (read, mut write) = stream.into_split();
+            let mut hello = String::new();
+            BufReader::new(read).read_line(&mut hello).await.unwrap();
+            for line in lines {
+                write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+            }
+        });
+        (dir, path)
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_before_the_call_was_taken_ran_nothing_and_is_tried_again() {
+        let (_dir, path) = holder_saying(&[]).await;
+        assert!(matches!(hand_over(&path, "digest", &request()).await, Err(HandOff::NoHolder)), "nothing ran: the caller tries the ledger again");
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_after_the_call_was_taken_leaves_its_outcome_unknown() {
+        let (_dir, path) = holder_saying(&[r#""taken""#]).await;
+        let handed = hand_over(&path, "digest", &request()).await.ok().expect("taken: the call may have run");
+        let e = handed.answer.expect_err("no answer came");
+        assert_eq!(e.kind, ErrorKind::OutcomeUnknown, "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_taken_call_is_answered() {
+        let (_dir, path) = holder_saying(&[r#""taken""#, r#"{"ok":{"value":{"n":1},"replayed":false}}"#]).await;
+        let handed = hand_over(&path, "digest", &request()).await.ok().expect("answered");
+        assert_eq!(handed.answer.expect("the holder's answer").value["n"], 1);
+    }
+}
