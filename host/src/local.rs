@@ -273,7 +273,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_closed_after_the_call_was_taken_leaves_its_outcome_unknown() {
         let (_dir, path) = holder_saying(&[r#""taken""#]).await;
-        let handed = hand_over(&path, "digest", &request()).await.ok().expect("taken: the call may have run");
+        let Ok(handed) = hand_over(&path, "digest", &request()).await else { panic!("taken: the call may have run") };
         let e = handed.answer.expect_err("no answer came");
         assert_eq!(e.kind, ErrorKind::OutcomeUnknown, "{e:?}");
     }
@@ -281,7 +281,7 @@ mod tests {
     #[tokio::test]
     async fn a_taken_call_is_answered() {
         let (_dir, path) = holder_saying(&[r#""taken""#, r#"{"ok":{"value":{"n":1},"replayed":false}}"#]).await;
-        let handed = hand_over(&path, "digest", &request()).await.ok().expect("answered");
+        let Ok(handed) = hand_over(&path, "digest", &request()).await else { panic!("answered") };
         assert_eq!(handed.answer.expect("the holder's answer").value["n"], 1);
     }
 }
