@@ -40,6 +40,7 @@ mod retention;
 mod sandbox_limits;
 mod security;
 mod shipped;
+mod tasks;
 mod tls;
 mod torture;
 mod upgrade;

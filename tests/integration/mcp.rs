@@ -109,7 +109,7 @@ fn the_baselines_hold_no_scenario_a_tool_host_must_serve() {
 
 /// A sandbox and a refund host config for the Python client (key as a header only, so
 /// reconciliation cannot settle a timeout and the hold rule has something to hold).
-fn refund_world(dir: &Path) -> (tokio::runtime::Runtime, Sandbox, PathBuf) {
+pub(crate) fn refund_world(dir: &Path) -> (tokio::runtime::Runtime, Sandbox, PathBuf) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
     sandbox.add_payment_intent("pi_mcp", 100_000);
@@ -127,7 +127,7 @@ fn refund_world(dir: &Path) -> (tokio::runtime::Runtime, Sandbox, PathBuf) {
 
 /// `serve --http` of refunds to a sandbox that waits up to 20 s for a held
 /// answer, with `[mcp]` settings `mcp` (TOML lines) and environment `env`.
-fn serve_patient_refunds(dir: &Path, mcp: &str, env: &[(&str, &str)]) -> (tokio::runtime::Runtime, Sandbox, crate::common::Server) {
+pub(crate) fn serve_patient_refunds(dir: &Path, mcp: &str, env: &[(&str, &str)]) -> (tokio::runtime::Runtime, Sandbox, crate::common::Server) {
     let (rt, sandbox, _) = refund_world(dir);
     let payments = PaymentsConfig { timeout_ms: Some(20_000), ..PaymentsConfig::new(sandbox.url(), wasm("payments").display().to_string()) };
     let text = format!("data_dir = \"data\"\ncompile_cache = {:?}\n{}\n[mcp]\n{mcp}\n", shared_cache().display().to_string(), payments.toml());
@@ -208,7 +208,7 @@ fn post(url: &str, headers: &[(&str, &str)], body: String) -> u16 {
 }
 
 /// POSTs `body` to the MCP endpoint with extra headers; the status, headers and body.
-fn send(url: &str, headers: &[(&str, &str)], body: String) -> (u16, reqwest::header::HeaderMap, String) {
+pub(crate) fn send(url: &str, headers: &[(&str, &str)], body: String) -> (u16, reqwest::header::HeaderMap, String) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -231,13 +231,13 @@ const INITIALIZE: &str =
     r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
 
 /// The headers of a request in session `id` (2025-11-25).
-fn in_session(id: &str) -> [(&str, &str); 2] {
+pub(crate) fn in_session(id: &str) -> [(&str, &str); 2] {
     [("Mcp-Session-Id", id), ("MCP-Protocol-Version", "2025-11-25")]
 }
 
 /// A `tools/call` of `refund` (JSON-RPC id `id`) of `amount` cents of
 /// `pi_mcp`, as tool call `call_id` of conversation `conv`.
-fn refund_request(id: u64, call_id: &str, amount: u64) -> String {
+pub(crate) fn refund_request(id: u64, call_id: &str, amount: u64) -> String {
     format!(
         r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"refund","arguments":{{"payment_intent":"pi_mcp","amount_cents":{amount},"reason":"duplicate"}},"_meta":{{"toolguard/toolCallId":"{call_id}","toolguard/sessionId":"conv"}}}}}}"#
     )
@@ -249,7 +249,7 @@ fn open_session(url: &str) -> String {
 }
 
 /// [`open_session`], each request with the extra headers `with` (a token).
-fn open_session_with(url: &str, with: &[(&str, &str)]) -> String {
+pub(crate) fn open_session_with(url: &str, with: &[(&str, &str)]) -> String {
     let (status, headers, body) = send(url, with, INITIALIZE.into());
     assert_eq!(status, 200, "{body}");
     let id = headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_string();

@@ -50,6 +50,17 @@ pub struct McpConfig {
     pub max_calls_per_principal: usize,
     /// Most HTTP connections open at once ([`crate::mcp::listen`]).
     pub max_connections: usize,
+    /// For a client that opted into MCP Tasks: how long a side-effecting
+    /// call may run before it is answered with a task instead of waiting
+    /// (`docs/tasks.md`).
+    pub task_after_ms: u64,
+    /// How often a task's client is asked to poll (`pollIntervalMs`), and
+    /// the first pause before the host tries again to settle a call whose
+    /// outcome is not yet known (doubling up to a minute).
+    pub task_poll_ms: u64,
+    /// How long a task is kept for `tasks/get` after it was created
+    /// (`ttlMs`); its call stays in the ledger for its retention either way.
+    pub task_ttl_ms: u64,
 }
 
 impl Default for McpConfig {
@@ -66,6 +77,9 @@ impl Default for McpConfig {
             max_sessions_per_principal: 100,
             max_calls_per_principal: 64,
             max_connections: 4_096,
+            task_after_ms: 2_000,
+            task_poll_ms: 1_000,
+            task_ttl_ms: 3_600_000,
         }
     }
 }

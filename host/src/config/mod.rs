@@ -218,6 +218,8 @@ impl Config {
             ("mcp.max_sessions_per_principal", raw.mcp.max_sessions_per_principal),
             ("mcp.max_calls_per_principal", raw.mcp.max_calls_per_principal),
             ("mcp.max_connections", raw.mcp.max_connections),
+            ("mcp.task_poll_ms", raw.mcp.task_poll_ms as usize),
+            ("mcp.task_ttl_ms", raw.mcp.task_ttl_ms as usize),
         ];
         for (field, n) in counts {
             if n == 0 {

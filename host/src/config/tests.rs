@@ -122,7 +122,7 @@ fn the_ledger_pool_is_sized_for_postgresql_only_and_within_bounds() {
 
 #[test]
 fn mcp_counts_are_at_least_one() {
-    for field in ["max_sessions", "max_sessions_per_principal", "max_calls_per_principal", "max_connections"] {
+    for field in ["max_sessions", "max_sessions_per_principal", "max_calls_per_principal", "max_connections", "task_poll_ms", "task_ttl_ms"] {
         let e = parse(&format!("[mcp]\n{field} = 0\n")).unwrap_err();
         assert_eq!((e.field.as_str(), e.message.as_str()), (format!("mcp.{field}").as_str(), "must be at least 1"));
     }

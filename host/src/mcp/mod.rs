@@ -15,14 +15,16 @@ pub mod principals;
 mod request_ids;
 pub mod results;
 pub mod sessions;
+mod task_calls;
+pub mod tasks;
 
 use crate::config::McpConfig;
 use crate::error::ErrorKind;
 use crate::policy::Effect;
 use crate::runtime::{CallRequest, Runtime};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, GetTaskParams, GetTaskResult, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
@@ -40,6 +42,8 @@ pub struct McpHost {
     in_flight: Arc<principals::CallsInFlight>,
     /// Over stdio: answers waiting for their response to be written.
     pending: Option<Arc<delivery::Pending>>,
+    /// The MCP tasks this host drives ([`tasks`]).
+    tasks: Arc<tasks::Tasks>,
 }
 
 impl McpHost {
@@ -65,7 +69,9 @@ impl McpHost {
             })
             .collect();
         let in_flight = principals::CallsInFlight::new(config.max_calls_per_principal);
-        Self { runtime, tools: Arc::new(tools), config: Arc::new(config), in_flight, pending: None }
+        let ms = std::time::Duration::from_millis;
+        let tasks = Arc::new(tasks::Tasks::new(runtime.clone(), ms(config.task_poll_ms), ms(config.task_ttl_ms)));
+        Self { runtime, tools: Arc::new(tools), config: Arc::new(config), in_flight, pending: None, tasks }
     }
 
     /// Serves MCP over stdin/stdout until the client goes away.
@@ -112,12 +118,13 @@ impl McpHost {
 
 impl ServerHandler for McpHost {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
             .with_server_info(Implementation::new("toolguard", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "Tools run under toolguard: side effects are idempotent per tool call. Send the model's tool-call id \
                  as _meta[\"toolguard/toolCallId\"] and the conversation as _meta[\"toolguard/sessionId\"]. On \
-                 outcome-unknown or held, check status before repeating under a new id.",
+                 outcome-unknown or held, check status before repeating under a new id. Clients that opt into MCP \
+                 Tasks get a task instead of an unsettled answer, and its result once the call is settled.",
             )
     }
 
@@ -164,17 +171,43 @@ impl ServerHandler for McpHost {
             counted => counted,
         };
         let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json, principal };
+        let opted_in = cx.client_capabilities().is_some_and(|c| c.supports_tasks());
+        if opted_in && side_effects && self.runtime.guard().is_some() {
+            return self.call_as_task(call, *effect, &cx).await;
+        }
         let answer = self.runtime.call(&call).await;
+        self.answer(&cx, call, *effect, answer).map(Into::into)
+    }
+
+    async fn get_task(&self, request: GetTaskParams, cx: RequestContext<RoleServer>) -> Result<GetTaskResult, ErrorData> {
+        self.task_state(&request.task_id, &cx).await
+    }
+
+    async fn cancel_task(&self, request: CancelTaskParams, cx: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        self.cancel(&request.task_id, &cx).await
+    }
+
+    async fn update_task(&self, request: UpdateTaskParams, cx: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        // Known tasks only; none of toolguard's tasks asks the client for input yet.
+        self.task_state(&request.task_id, &cx).await?;
+        Err(ErrorData::invalid_params(format!("task {} asks for no input", request.task_id), None))
+    }
+}
+
+impl McpHost {
+    /// The MCP result of `answer` to `call` (a JSON-RPC error for an
+    /// unknown tool), recorded as told once written if the tool is irreversible.
+    fn answer(&self, cx: &RequestContext<RoleServer>, call: CallRequest, effect: Effect, answer: tasks::Answer) -> Result<CallToolResult, ErrorData> {
         let result = match &answer {
             Ok(out) => results::success(out.clone()),
             Err(e) if e.kind == ErrorKind::UnknownTool => return Err(ErrorData::invalid_params(e.message.clone(), None)),
             Err(e) => results::error_result(e),
         };
         let result = results::naming(result, &call.call_id);
-        if *effect == Effect::Irreversible {
-            self.deliver(&cx, call, answer);
+        if effect == Effect::Irreversible {
+            self.deliver(cx, call, answer);
         }
-        Ok(result.into())
+        Ok(result)
     }
 }
 

@@ -1,0 +1,137 @@
+//! The MCP methods of tasks ([`super::tasks`]): a `tools/call` answered with
+//! a task when it is not settled in time, `tasks/get` and `tasks/cancel`.
+
+use super::McpHost;
+use super::tasks::{self, Progress, Watched, wire};
+use crate::ledger::records::CallRecord;
+use crate::policy::Effect;
+use crate::runtime::CallRequest;
+use rmcp::model::{CallToolResponse, GetTaskResult, MetaObject};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use std::time::Duration;
+
+/// How often a call past its budget is looked for in the ledger before
+/// its task handle is given out (a handle names only a durable call).
+const RECORD_POLL: Duration = Duration::from_millis(20);
+
+/// How long `tasks/get` of a task no host drives waits for the call to be
+/// run again (a completed call replays in that time).
+const RESUME_GRACE: Duration = Duration::from_millis(250);
+
+impl McpHost {
+    /// `call` for a client that opted into tasks: its answer if the call is
+    /// settled within `[mcp] task_after_ms`, else a task handle once the
+    /// call is recorded in the ledger.
+    pub(super) async fn call_as_task(&self, call: CallRequest, effect: Effect, cx: &RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+        let Watched { request, mut state } = self.tasks.drive(call);
+        let budget = tokio::time::Instant::now() + Duration::from_millis(self.config.task_after_ms);
+        let mut in_time = true;
+        loop {
+            let settled = state.borrow().settled().cloned();
+            if let Some(answer) = settled {
+                return self.answer(cx, (*request).clone(), effect, answer).map(Into::into);
+            }
+            if in_time {
+                in_time = matches!(tokio::time::timeout_at(budget, state.changed()).await, Ok(Ok(())));
+                continue;
+            }
+            if self.recorded(&request.session, &request.call_id).await.ok().flatten().is_some() {
+                break;
+            }
+            tokio::time::sleep(RECORD_POLL).await;
+        }
+        let task_id = tasks::id::encode(&request.session, &request.call_id, request.principal.as_deref());
+        let snapshot = state.borrow().clone();
+        Ok(wire::created(&task_id, &snapshot, self.timing()).into())
+    }
+
+    /// `tasks/get`: the task's state; once settled, its result, recorded as
+    /// told (for an irreversible tool) when the response is written.
+    pub(super) async fn task_state(&self, task_id: &str, cx: &RequestContext<RoleServer>) -> Result<GetTaskResult, ErrorData> {
+        let Watched { request, state } = self.find(task_id, cx).await?;
+        let mut snapshot = state.borrow().clone();
+        if matches!(&snapshot.progress, Progress::Working(m) if m == tasks::STARTED)
+            && self.recorded(&request.session, &request.call_id).await?.is_some_and(|r| r.follower)
+        {
+            // Its first try waits inside the hold rule: the ledger says behind what.
+            snapshot.progress = Progress::Working(tasks::HELD.into());
+        }
+        let effect = self.tools.get(&request.tool).map_or(Effect::ReadOnly, |(_, e)| *e);
+        let result = match snapshot.settled() {
+            Some(answer) => Some(self.answer(cx, (*request).clone(), effect, answer.clone())?),
+            None => None,
+        };
+        let mut got = GetTaskResult::new(wire::detailed(task_id, &snapshot, result, self.timing()));
+        let mut meta = MetaObject::default();
+        meta.0.insert(super::ids::CALL_ID_KEY.into(), request.call_id.clone().into());
+        got.meta = Some(meta);
+        Ok(got)
+    }
+
+    /// `tasks/cancel`: a settled task is left as it is (the same empty
+    /// acknowledgement); an unsettled one is not stopped once anything of
+    /// it may have left the host, and the task says why.
+    pub(super) async fn cancel(&self, task_id: &str, cx: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        let Watched { request, state } = self.find(task_id, cx).await?;
+        if state.borrow().settled().is_some() {
+            return Ok(());
+        }
+        let why = self.why_not_cancelled(&request).await;
+        self.tasks.refuse_cancel(&request.session, &request.call_id, why);
+        Ok(())
+    }
+
+    /// The task `task_id` names for the principal asking: the one this host
+    /// drives, else its call read from the ledger and run again.
+    async fn find(&self, task_id: &str, cx: &RequestContext<RoleServer>) -> Result<Watched, ErrorData> {
+        let principal = self.principal(cx);
+        let unknown = || ErrorData::invalid_params(format!("no task `{task_id}` of yours (a task id names one of your own tool calls)"), None);
+        let (session, call_id) = tasks::id::decode(task_id, principal.as_deref()).ok_or_else(unknown)?;
+        if let Some(watched) = self.tasks.watch(&session, &call_id) {
+            return Ok(watched);
+        }
+        let record = self.recorded(&session, &call_id).await?.ok_or_else(unknown)?;
+        if !self.tools.contains_key(&record.tool) {
+            let message = format!("task `{task_id}` is a call of `{}`, which this host does not serve; ask a host that does", record.tool);
+            return Err(ErrorData::invalid_params(message, None));
+        }
+        let args_json = record.args.to_string();
+        let mut watched = self.tasks.drive(CallRequest { session, call_id, tool: record.tool, args_json, principal });
+        let _ = tokio::time::timeout(RESUME_GRACE, watched.state.wait_for(|s| s.settled().is_some())).await;
+        Ok(watched)
+    }
+
+    /// The ledger's record of call (`session`, `call_id`).
+    async fn recorded(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, ErrorData> {
+        let Some(guard) = self.runtime.guard() else { return Ok(None) };
+        let (s, c) = (session.to_string(), call_id.to_string());
+        let read = guard.ledger().read(move |ledger| ledger.call(&s, &c)).await;
+        read.map_err(|e| ErrorData::internal_error(format!("the ledger could not be read ({e}); ask again"), None))
+    }
+
+    /// Why the unsettled call of `request` cannot be cancelled.
+    async fn why_not_cancelled(&self, request: &CallRequest) -> String {
+        let Some(guard) = self.runtime.guard() else { return "it is not recorded".into() };
+        let (s, c) = (request.session.clone(), request.call_id.clone());
+        let attempts = guard.ledger().read(move |ledger| ledger.attempts_of_call(&s, &c)).await.unwrap_or_default();
+        match attempts.first() {
+            Some(a) => format!(
+                "step {} of this call ({} to `{}`) is recorded as {}, so it may have taken effect; the task runs on to the \
+                 call's real outcome",
+                a.step,
+                a.request.method,
+                a.downstream,
+                a.state.as_str()
+            ),
+            None => "toolguard stops a call only while provably nothing of it has left the host, and this call is running its \
+                     tool; the task runs on to the call's real outcome"
+                .into(),
+        }
+    }
+
+    /// How clients should poll tasks, and how long they are kept.
+    fn timing(&self) -> wire::Timing {
+        wire::Timing { poll: Duration::from_millis(self.config.task_poll_ms), ttl: Duration::from_millis(self.config.task_ttl_ms) }
+    }
+}

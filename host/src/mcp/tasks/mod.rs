@@ -1,0 +1,212 @@
+//! MCP Tasks (the `io.modelcontextprotocol/tasks` extension, SEP-2663)
+//! backed by the ledger (`docs/tasks.md`). A client that opted in gets a
+//! task instead of an ambiguity: a side-effecting call not settled within
+//! `[mcp] task_after_ms` — a slow send, an outcome the provider has not
+//! yet shown, a repeat held behind an identical earlier call — is answered
+//! with a task handle, and the host goes on settling the call: it runs the
+//! call again under its own tool-call id (sends re-sent with their own keys
+//! or looked up at the provider; a completed call replays) until its answer
+//! is definitive. That answer is the task's result, and the caller is told
+//! it (the hold rule's "told") when the `tasks/get` response carrying it is
+//! written.
+//!
+//! The task id is the call's ledger key ([`id`]); this module keeps only
+//! what a host is doing about it now ([`Tasks`]), so any host reading the
+//! same ledger answers `tasks/get`, after a restart or kill -9 too.
+
+pub mod id;
+pub(crate) mod wire;
+
+use crate::error::{CallError, ErrorKind};
+use crate::runtime::{CallOutput, CallRequest, Runtime};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// A call's answer.
+pub(crate) type Answer = Result<CallOutput, CallError>;
+
+/// The longest pause between two tries to settle a call.
+const MAX_PAUSE: Duration = Duration::from_secs(60);
+
+/// How many tasks a host keeps in memory before it forgets settled ones
+/// past their time to live (their calls stay in the ledger).
+const SWEEP_AT: usize = 1_024;
+
+/// Where a task stands, as this host last saw it.
+#[derive(Clone)]
+pub(crate) enum Progress {
+    /// Not settled yet; why, in words for the model.
+    Working(String),
+    /// The call's definitive answer.
+    Settled(Answer),
+}
+
+/// A task's state as `tasks/get` reports it.
+#[derive(Clone)]
+pub(crate) struct Snapshot {
+    /// Where it stands.
+    pub(crate) progress: Progress,
+    /// When this host started it (Unix ms).
+    pub(crate) created_ms: u64,
+    /// When its progress last changed (Unix ms).
+    pub(crate) updated_ms: u64,
+    /// Why a `tasks/cancel` could not be honoured, once one was asked.
+    pub(crate) cancel_refused: Option<String>,
+}
+
+impl Snapshot {
+    /// The settled answer, if there is one.
+    pub(crate) fn settled(&self) -> Option<&Answer> {
+        match &self.progress {
+            Progress::Settled(answer) => Some(answer),
+            Progress::Working(_) => None,
+        }
+    }
+}
+
+/// A task this host drives: its call, and its state as it changes.
+pub(crate) struct Watched {
+    /// The tool call the task settles.
+    pub(crate) request: Arc<CallRequest>,
+    /// Its state.
+    pub(crate) state: watch::Receiver<Snapshot>,
+}
+
+/// One task this host drives.
+struct Entry {
+    request: Arc<CallRequest>,
+    state: watch::Sender<Snapshot>,
+    driver: tokio::task::AbortHandle,
+}
+
+impl Entry {
+    /// Whether it still tells the truth: settled, or being driven.
+    fn live(&self) -> bool {
+        self.state.borrow().settled().is_some() || !self.driver.is_finished()
+    }
+
+    fn watched(&self) -> Watched {
+        Watched { request: self.request.clone(), state: self.state.subscribe() }
+    }
+}
+
+/// The tasks this host drives, by call (session, tool-call id).
+pub(crate) struct Tasks {
+    runtime: Arc<Runtime>,
+    poll: Duration,
+    ttl: Duration,
+    entries: Mutex<HashMap<(String, String), Entry>>,
+}
+
+impl Tasks {
+    /// No tasks yet; settling retries start `poll` apart, and a task is kept `ttl`.
+    pub(crate) fn new(runtime: Arc<Runtime>, poll: Duration, ttl: Duration) -> Self {
+        Self { runtime, poll, ttl, entries: Mutex::new(HashMap::new()) }
+    }
+
+    /// The task of `request`'s call: the one this host is driving (or has
+    /// settled), else a new driver that runs the call until its answer is
+    /// definitive or the task's time to live has passed.
+    pub(crate) fn drive(&self, request: CallRequest) -> Watched {
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (request.session.clone(), request.call_id.clone());
+        if let Some(entry) = entries.get(&key).filter(|e| e.live()) {
+            return entry.watched();
+        }
+        if entries.len() >= SWEEP_AT {
+            let expired = crate::ledger::records::now_ms().saturating_sub(self.ttl.as_millis() as u64);
+            entries.retain(|_, e| !(e.driver.is_finished() && e.state.borrow().created_ms < expired));
+        }
+        let now = crate::ledger::records::now_ms();
+        let snapshot = Snapshot { progress: Progress::Working(STARTED.into()), created_ms: now, updated_ms: now, cancel_refused: None };
+        let (state, _) = watch::channel(snapshot);
+        let until = Instant::now() + self.ttl;
+        let request = Arc::new(request);
+        let driver = tokio::spawn(settle(self.runtime.clone(), request.clone(), state.clone(), self.poll, until)).abort_handle();
+        let entry = Entry { request, state, driver };
+        let watched = entry.watched();
+        entries.insert(key, entry);
+        watched
+    }
+
+    /// The task of call (`session`, `call_id`) if this host is driving it or settled it.
+    pub(crate) fn watch(&self, session: &str, call_id: &str) -> Option<Watched> {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        entries.get(&(session.to_string(), call_id.to_string())).filter(|e| e.live()).map(Entry::watched)
+    }
+
+    /// Notes on the task of (`session`, `call_id`) why a cancel was not honoured.
+    pub(crate) fn refuse_cancel(&self, session: &str, call_id: &str, why: String) {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = entries.get(&(session.to_string(), call_id.to_string())) {
+            entry.state.send_modify(|s| s.cancel_refused = Some(why));
+        }
+    }
+}
+
+/// What a task says before its first try has answered.
+pub(crate) const STARTED: &str = "running the tool call";
+
+/// What a task says while its call waits behind an identical earlier one.
+pub(crate) const HELD: &str = "an identical earlier call is still unsettled; this one waits for its outcome and does not act on its own. \
+                               Poll this task; do not repeat the call";
+
+/// Runs `request` until its answer is definitive (then the task's result)
+/// or until `until`, pausing between tries from `poll` up to [`MAX_PAUSE`].
+/// Each try is the same tool call under the same id: a completed call
+/// replays, an unsettled send is re-sent with its own key or looked up at
+/// the provider, never made anew (`docs/guard.md`).
+async fn settle(runtime: Arc<Runtime>, request: Arc<CallRequest>, state: watch::Sender<Snapshot>, poll: Duration, until: Instant) {
+    let mut pause = poll;
+    loop {
+        let answer = runtime.call(&request).await;
+        let now = crate::ledger::records::now_ms();
+        let working = unsettled(&answer);
+        let settled = working.is_none();
+        state.send_modify(|s| {
+            s.progress = working.map_or(Progress::Settled(answer), Progress::Working);
+            s.updated_ms = now;
+        });
+        if settled || Instant::now() + pause > until {
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+/// Why `answer` does not settle its call, in words for the model; `None`
+/// when it is definitive.
+pub(crate) fn unsettled(answer: &Answer) -> Option<String> {
+    let Err(e) = answer else { return None };
+    match e.kind {
+        ErrorKind::OutcomeUnknown => Some(
+            "the provider may already have carried this out and has not yet said so; toolguard keeps settling it (its own \
+             idempotency key re-sent, or the provider's records looked up) and nothing is done twice. Poll this task for \
+             the real outcome; do not repeat the call"
+                .into(),
+        ),
+        ErrorKind::Held if e.detail.as_ref().is_none_or(|d| d.get("earlier_outcome").is_none()) => Some(HELD.into()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_an_unknown_outcome_or_a_hold_without_one_keeps_a_task_working() {
+        let error = |kind, detail| Err(CallError { kind, message: "m".into(), detail });
+        assert!(unsettled(&error(ErrorKind::OutcomeUnknown, None)).is_some());
+        assert!(unsettled(&error(ErrorKind::Held, Some(json!({ "earlier": "c1" })))).is_some());
+        assert!(unsettled(&error(ErrorKind::Held, Some(json!({ "earlier_outcome": {} })))).is_none(), "held with the earlier outcome is told");
+        for kind in [ErrorKind::ToolFailed, ErrorKind::Transport, ErrorKind::Conflict, ErrorKind::Denied, ErrorKind::Internal] {
+            assert!(unsettled(&error(kind, None)).is_none(), "{kind}");
+        }
+        assert!(unsettled(&Ok(CallOutput { value: json!({}), replayed: false })).is_none());
+    }
+}

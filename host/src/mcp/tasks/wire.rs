@@ -1,0 +1,70 @@
+//! A task as the Tasks extension writes it: the task handle a `tools/call`
+//! answers with, and the detailed task of `tasks/get`.
+
+use super::{Progress, Snapshot};
+use rmcp::model::{CallToolResult, CreateTaskResult, DetailedTask, JsonObject, Task, TaskPayload, TaskStatus};
+use std::time::Duration;
+
+/// How a client should poll, and how long the task is kept.
+#[derive(Clone, Copy)]
+pub(crate) struct Timing {
+    /// `pollIntervalMs`.
+    pub(crate) poll: Duration,
+    /// `ttlMs`.
+    pub(crate) ttl: Duration,
+}
+
+/// An ISO 8601 time (UTC, milliseconds) of Unix ms `ms`.
+fn iso(ms: u64) -> String {
+    let at = chrono::DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX)).unwrap_or_default();
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The task's base fields in `snapshot`'s state (`status` as given).
+fn task(task_id: &str, snapshot: &Snapshot, status: TaskStatus, timing: Timing) -> Task {
+    let mut task = Task::new(task_id, status, iso(snapshot.created_ms), iso(snapshot.updated_ms))
+        .with_ttl_ms(timing.ttl.as_millis() as u64)
+        .with_poll_interval_ms(timing.poll.as_millis().max(1) as u64);
+    let message = match (&snapshot.progress, &snapshot.cancel_refused) {
+        (Progress::Working(why), Some(refused)) => Some(format!("{why}. Not cancelled: {refused}")),
+        (Progress::Working(why), None) => Some(why.clone()),
+        (Progress::Settled(_), _) => None,
+    };
+    task.status_message = message;
+    task
+}
+
+/// The handle a `tools/call` answers with when its call is not settled in time.
+pub(crate) fn created(task_id: &str, snapshot: &Snapshot, timing: Timing) -> CreateTaskResult {
+    CreateTaskResult::new(task(task_id, snapshot, TaskStatus::Working, timing))
+}
+
+/// The task as `tasks/get` reports it; `result` is the MCP result of its
+/// settled answer (the same a `tools/call` would have had).
+pub(crate) fn detailed(task_id: &str, snapshot: &Snapshot, result: Option<CallToolResult>, timing: Timing) -> DetailedTask {
+    let payload = match result.map(serde_json::to_value) {
+        Some(Ok(serde_json::Value::Object(result))) => TaskPayload::Completed { result: result as JsonObject },
+        Some(_) => TaskPayload::Failed { error: failed("the task's result could not be written") },
+        None => TaskPayload::Working,
+    };
+    DetailedTask::new(task(task_id, snapshot, payload.status(), timing), payload)
+}
+
+/// A JSON-RPC error object (`internal error`) saying `message`.
+fn failed(message: &str) -> JsonObject {
+    let mut error = JsonObject::new();
+    error.insert("code".into(), (-32603).into());
+    error.insert("message".into(), message.into());
+    error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_iso_8601_in_utc() {
+        assert_eq!(iso(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso(1_796_601_600_123), "2026-12-07T00:00:00.123Z");
+    }
+}

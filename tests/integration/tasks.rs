@@ -1,0 +1,181 @@
+//! MCP Tasks backed by the ledger (`docs/tasks.md`), through `serve --http`
+//! and counted at the sandbox: a call not settled in time is answered with
+//! a task, the task's result is the call's one real outcome, the hold rule
+//! counts its delivery as what the caller was told, a cancel is refused
+//! once something may have left, and a task outlives a kill -9 of its host
+//! and is visible only to its principal.
+
+use crate::mcp::{in_session, open_session_with, send, serve_patient_refunds};
+use serde_json::{Value, json};
+use std::time::Duration;
+use toolguard_sandbox::Fault;
+
+/// The per-request capability that opts a request into tasks.
+fn opted_in() -> Value {
+    json!({ "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } } })
+}
+
+/// An initialised 2025-11-25 session at an MCP endpoint, with a bearer token or none.
+struct Client {
+    url: String,
+    session: String,
+    auth: Option<String>,
+}
+
+impl Client {
+    fn open(url: &str, token: Option<&str>) -> Client {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let with: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        let session = open_session_with(url, &with);
+        Client { url: url.into(), session, auth }
+    }
+
+    /// Sends request `method` with `params` (and `meta` in its `_meta`); the whole JSON-RPC response.
+    fn request(&self, method: &str, mut params: Value, meta: Value) -> Value {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(100);
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        params["_meta"] = meta;
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string();
+        let mut headers = in_session(&self.session).to_vec();
+        if let Some(auth) = &self.auth {
+            headers.push(("Authorization", auth.as_str()));
+        }
+        let (status, _, text) = send(&self.url, &headers, body);
+        assert_eq!(status, 200, "{method}: {text}");
+        let data = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty());
+        serde_json::from_str(data.unwrap_or(&text)).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+
+    /// A refund of `amount` cents as tool call `call_id`, opted into tasks or not: the result.
+    fn refund(&self, call_id: &str, amount: u64, tasks: bool) -> Value {
+        let mut meta = if tasks { opted_in() } else { json!({}) };
+        meta["toolguard/toolCallId"] = call_id.into();
+        meta["toolguard/sessionId"] = "conv".into();
+        let args = json!({ "payment_intent": "pi_mcp", "amount_cents": amount, "reason": "duplicate" });
+        self.request("tools/call", json!({ "name": "refund", "arguments": args }), meta)["result"].clone()
+    }
+
+    /// `tasks/<verb>` of `task` (opted in): the whole response.
+    fn task(&self, verb: &str, task: &str) -> Value {
+        self.request(&format!("tasks/{verb}"), json!({ "taskId": task }), opted_in())
+    }
+
+    /// Polls `task` until it is no longer working: its last `tasks/get` result.
+    fn settled(&self, task: &str) -> Value {
+        let mut last = Value::Null;
+        let done = crate::world::wait_for(Duration::from_secs(60), || {
+            last = self.task("get", task)["result"].clone();
+            last["status"] != "working"
+        });
+        assert!(done, "task {task} still working: {last}");
+        last
+    }
+}
+
+/// The task id of a `tools/call` result that must be a task handle.
+fn task_id(result: &Value) -> String {
+    assert_eq!(result["resultType"], "task", "a task handle: {result}");
+    assert_eq!(result["status"], "working", "{result}");
+    assert!(result["ttlMs"].as_u64().is_some() && result["pollIntervalMs"].as_u64().is_some(), "{result}");
+    assert!(result.get("content").is_none(), "a handle carries no result: {result}");
+    result["taskId"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_slow_refund_becomes_a_task_its_repeat_waits_in_its_own_and_each_tells_the_one_real_refund() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, server) = serve_patient_refunds(dir.path(), "task_after_ms = 300\ntask_poll_ms = 100", &[]);
+    let client = Client::open(&server.url, None);
+    sandbox.inject(Fault::PauseAfterCommit);
+    let first = task_id(&client.refund("c1", 900, true));
+    assert!(crate::world::wait_for(Duration::from_secs(20), || sandbox.paused() == 1), "the refund reached the provider");
+    let working = client.task("get", &first)["result"].clone();
+    assert_eq!(working["status"], "working", "{working}");
+    assert!(working.get("result").is_none(), "{working}");
+    // The model re-issues it blindly under a new id: held, as its own task.
+    let repeat = task_id(&client.refund("c2", 900, true));
+    let waiting = client.task("get", &repeat)["result"].clone();
+    assert!(waiting["statusMessage"].as_str().unwrap().contains("identical earlier call"), "{waiting}");
+    // Its refund may have left: a cancel is acknowledged, refused, and says why.
+    let ack = client.task("cancel", &first);
+    assert_eq!(ack["result"], json!({ "resultType": "complete" }), "{ack}");
+    let after_cancel = client.task("get", &first)["result"].clone();
+    assert_eq!(after_cancel["status"], "working");
+    let said = after_cancel["statusMessage"].as_str().unwrap();
+    assert!(said.contains("Not cancelled") && said.contains("may have taken effect"), "{said}");
+    sandbox.release();
+    let done = client.settled(&first);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["isError"], false, "{done}");
+    let refund_id = done["result"]["structuredContent"]["refund_id"].as_str().unwrap().to_string();
+    assert_eq!(done["_meta"]["toolguard/toolCallId"], "c1");
+    let held = client.settled(&repeat);
+    assert_eq!(held["result"]["structuredContent"]["kind"], "held", "{held}");
+    assert!(held["result"].to_string().contains(&refund_id), "the repeat is told the first call's refund: {held}");
+    assert_eq!(sandbox.refunds().len(), 1, "one refund for the call, its cancel and its blind repeat");
+    // A settled task: cancel is the same empty acknowledgement, and changes nothing.
+    assert_eq!(client.task("cancel", &first)["result"], json!({ "resultType": "complete" }));
+    assert_eq!(client.settled(&first)["result"]["structuredContent"]["refund_id"], refund_id.as_str());
+    // The task's delivery told the caller: the same refund asked again now is a new one,
+    // and, settled within the budget, it is answered directly.
+    let again = client.refund("c3", 900, true);
+    assert_eq!(again["isError"], false, "{again}");
+    assert_ne!(again["structuredContent"]["refund_id"], refund_id.as_str());
+    assert_eq!(sandbox.refunds().len(), 2);
+}
+
+#[test]
+fn an_outcome_the_provider_has_not_yet_listed_settles_through_the_task_and_without_opting_in_stays_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, server) = serve_patient_refunds(dir.path(), "task_after_ms = 300\ntask_poll_ms = 1000", &[]);
+    sandbox.set_list_lag(Duration::from_secs(3_600));
+    let client = Client::open(&server.url, None);
+    // Without the opt-in: today's answer, an unknown outcome for the model to reason about.
+    sandbox.inject(Fault::DropAfterCommit);
+    let plain = client.refund("p1", 300, false);
+    assert_eq!(plain["structuredContent"]["kind"], "outcome-unknown", "{plain}");
+    // Opted in: a task, settled by the host (its key re-sent), with the real refund.
+    sandbox.inject(Fault::DropAfterCommit);
+    let task = task_id(&client.refund("t1", 400, true));
+    let done = client.settled(&task);
+    assert_eq!(done["status"], "completed", "{done}");
+    let refund_id = done["result"]["structuredContent"]["refund_id"].as_str().unwrap();
+    let made: Vec<_> = sandbox.refunds().into_iter().filter(|r| r.amount == 400).collect();
+    assert_eq!(made.len(), 1, "one refund for the task");
+    assert_eq!(made[0].id, refund_id, "the task's result is the refund the provider made");
+}
+
+#[test]
+fn a_task_outlives_a_kill_9_of_its_host_and_only_its_principal_sees_it() {
+    const ALICE: &str = "alice-token-long-enough";
+    const MALLORY: &str = "mallory-token-long-enough";
+    let env = [("TG_ALICE", ALICE), ("TG_MALLORY", MALLORY)];
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = r#"tokens = [{ principal = "alice", token_env = "TG_ALICE" }, { principal = "mallory", token_env = "TG_MALLORY" }]"#;
+    let (_rt, sandbox, server) = serve_patient_refunds(dir.path(), &format!("task_after_ms = 300\ntask_poll_ms = 100\n{tokens}"), &env);
+    let alice = Client::open(&server.url, Some(ALICE));
+    sandbox.inject(Fault::PauseAfterCommit);
+    let task = task_id(&alice.refund("a1", 1_200, true));
+    assert!(crate::world::wait_for(Duration::from_secs(20), || sandbox.paused() == 1));
+    let mallory = Client::open(&server.url, Some(MALLORY));
+    let refused = mallory.task("get", &task);
+    assert_eq!(refused["error"]["code"], -32602, "another principal cannot see the task: {refused}");
+    assert_eq!(mallory.task("cancel", &task)["error"]["code"], -32602, "nor cancel it");
+    // Without the extension in the request, tasks/* are refused as the extension says.
+    let bare = alice.request("tasks/get", json!({ "taskId": task }), json!({}));
+    assert_eq!(bare["error"]["code"], -32021, "{bare}");
+    // The host dies with the refund committed at the provider and unanswered.
+    let mut server = server;
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    sandbox.release();
+    let restarted = crate::common::serve_http(&dir.path().join("patient.toml"), &env);
+    let alice = Client::open(&restarted.url, Some(ALICE));
+    let done = alice.settled(&task);
+    assert_eq!(done["status"], "completed", "{done}");
+    let made = sandbox.refunds();
+    assert_eq!(made.len(), 1, "one refund across the crash");
+    assert_eq!(done["result"]["structuredContent"]["refund_id"], made[0].id.as_str(), "the task's result is that refund");
+    let mallory = Client::open(&restarted.url, Some(MALLORY));
+    assert_eq!(mallory.task("get", &task)["error"]["code"], -32602, "still only alice's");
+}
