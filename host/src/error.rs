@@ -45,6 +45,9 @@ pub enum ErrorKind {
     Expired,
     /// Too many of the caller's tool calls are running at once; nothing was run.
     Busy,
+    /// Its caller cancelled it (an MCP task's `tasks/cancel`) before anything
+    /// of it left the host; nothing was done.
+    Cancelled,
     /// A fault inside the host itself; please report it.
     Internal,
 }
@@ -68,6 +71,7 @@ impl ErrorKind {
             Self::InvalidRequest => "invalid-request",
             Self::Expired => "expired",
             Self::Busy => "busy",
+            Self::Cancelled => "cancelled",
             Self::Internal => "internal",
         }
     }
@@ -97,6 +101,7 @@ impl ErrorKind {
             Self::InvalidRequest => "The tool built a request the host refuses; retrying will not help. Report it.",
             Self::Expired => "The call is too old to replay: check what it did at the provider; use a new tool-call id only for a genuinely new action.",
             Self::Busy => "Nothing was run: retry the same tool call once one of your running calls has finished.",
+            Self::Cancelled => "Nothing was done: make the call again, under a new tool-call id, if it is still wanted.",
             Self::Internal => "The host failed; retry the same tool call later.",
         }
     }
@@ -106,7 +111,7 @@ impl std::str::FromStr for ErrorKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        const ALL: [ErrorKind; 16] = [
+        const ALL: [ErrorKind; 17] = [
             ErrorKind::UnknownTool,
             ErrorKind::InvalidArgs,
             ErrorKind::PluginTrap,
@@ -122,6 +127,7 @@ impl std::str::FromStr for ErrorKind {
             ErrorKind::InvalidRequest,
             ErrorKind::Expired,
             ErrorKind::Busy,
+            ErrorKind::Cancelled,
             ErrorKind::Internal,
         ];
         ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown error kind `{s}`"))

@@ -179,3 +179,27 @@ fn a_task_outlives_a_kill_9_of_its_host_and_only_its_principal_sees_it() {
     let mallory = Client::open(&restarted.url, Some(MALLORY));
     assert_eq!(mallory.task("get", &task)["error"]["code"], -32602, "still only alice's");
 }
+
+#[test]
+fn a_blind_repeat_waiting_in_its_task_is_cancelled_and_the_refund_still_happens_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, server) = serve_patient_refunds(dir.path(), "task_after_ms = 300\ntask_poll_ms = 100", &[]);
+    let client = Client::open(&server.url, None);
+    sandbox.inject(Fault::PauseAfterCommit);
+    let first = task_id(&client.refund("c1", 500, true));
+    assert!(crate::world::wait_for(Duration::from_secs(20), || sandbox.paused() == 1));
+    let repeat = task_id(&client.refund("c2", 500, true));
+    // Held behind c1, the repeat never sent anything: its cancel is honoured.
+    assert_eq!(client.task("cancel", &repeat)["result"], json!({ "resultType": "complete" }));
+    let cancelled = client.settled(&repeat);
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert!(cancelled.get("result").is_none() && cancelled.get("error").is_none(), "{cancelled}");
+    // It stays cancelled: its replay under its own id says so and runs nothing.
+    let replay = client.refund("c2", 500, false);
+    assert_eq!(replay["structuredContent"]["kind"], "cancelled", "{replay}");
+    sandbox.release();
+    let done = client.settled(&first);
+    assert_eq!(done["status"], "completed", "the first call goes on: {done}");
+    assert_eq!(sandbox.refunds().len(), 1, "one refund: the held repeat was cancelled, not run");
+    assert_eq!(sandbox.requests().iter().filter(|r| r.method == "POST").count(), 1, "and it never reached the provider");
+}

@@ -39,6 +39,7 @@ pub mod recover;
 mod replay;
 mod send;
 mod start;
+mod task;
 pub mod tls;
 pub mod transport;
 mod unconfirmed;
@@ -54,6 +55,7 @@ pub use message::{Request, Response, SendError, Unsettled};
 pub use recover::{Pace, RecoveryReport, ToolRules, pause_ms};
 pub use send::CallGuard;
 pub use start::Admission;
+pub use task::Gate;
 
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::Ledger;
@@ -123,6 +125,10 @@ pub struct CallRules {
     /// For an irreversible tool: how long a call held behind an identical
     /// earlier one waits for it to end before answering `held`.
     pub hold_wait: std::time::Duration,
+    /// For a call run as an MCP task: the gate its sends pass through, which
+    /// a cancel closes ([`Gate`]); the call is recorded as soon as it is
+    /// admitted, so the task names a durable call.
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// A budget of calls of a plugin's irreversible tools per hour: per session

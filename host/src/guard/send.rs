@@ -18,10 +18,10 @@ use std::sync::Arc;
 
 /// One tool call in progress: the guard's state for the plugin's sends.
 pub struct CallGuard {
-    guard: Arc<Guard>,
-    record: CallRecord,
-    /// Whether `record` is in the ledger yet (it is written with the first attempt).
-    persisted: bool,
+    pub(super) guard: Arc<Guard>,
+    pub(super) record: CallRecord,
+    /// Whether `record` is in the ledger yet (written with the first attempt, or [`CallGuard::persist`]).
+    pub(super) persisted: bool,
     rules: CallRules,
     next_step: u32,
     /// Sends made so far, re-sends of an unsettled step included (the budget).
@@ -112,6 +112,11 @@ impl CallGuard {
                 "send budget spent: a call of `{}` may send {} time(s) (max_sends_per_call); nothing was sent",
                 self.record.tool, self.rules.max_sends
             )));
+        }
+        if let Some(gate) = &self.rules.gate
+            && !gate.pass().await
+        {
+            return Err(SendError::Denied("this tool call was cancelled by its caller; nothing was sent".into()));
         }
         let (downstream, url) = policy::authorize(&self.rules.grants, &self.guard.downstreams, &req.method, &req.url).map_err(SendError::from)?;
         if req.body.len() > downstream.max_request_bytes {

@@ -21,23 +21,29 @@ const RESUME_GRACE: Duration = Duration::from_millis(250);
 
 impl McpHost {
     /// `call` for a client that opted into tasks: its answer if the call is
-    /// settled within `[mcp] task_after_ms`, else a task handle once the
-    /// call is recorded in the ledger.
+    /// settled within `[mcp] task_after_ms` (never, when that is 0), else a
+    /// task handle once the call is recorded in the ledger; the answer of a
+    /// call refused before it was recorded.
     pub(super) async fn call_as_task(&self, call: CallRequest, effect: Effect, cx: &RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
         let Watched { request, mut state } = self.tasks.drive(call);
         let budget = tokio::time::Instant::now() + Duration::from_millis(self.config.task_after_ms);
-        let mut in_time = true;
+        // With no budget, every call that is recorded is answered with a task.
+        let mut in_time = self.config.task_after_ms > 0;
         loop {
             let settled = state.borrow().settled().cloned();
-            if let Some(answer) = settled {
-                return self.answer(cx, (*request).clone(), effect, answer).map(Into::into);
-            }
             if in_time {
+                if let Some(answer) = settled {
+                    return self.answer(cx, (*request).clone(), effect, answer).map(Into::into);
+                }
                 in_time = matches!(tokio::time::timeout_at(budget, state.changed()).await, Ok(Ok(())));
                 continue;
             }
             if self.recorded(&request.session, &request.call_id).await.ok().flatten().is_some() {
                 break;
+            }
+            if let Some(answer) = settled {
+                // Refused before it was recorded (bad arguments, a conflict): no task to name.
+                return self.answer(cx, (*request).clone(), effect, answer).map(Into::into);
             }
             tokio::time::sleep(RECORD_POLL).await;
         }
@@ -69,16 +75,12 @@ impl McpHost {
         Ok(got)
     }
 
-    /// `tasks/cancel`: a settled task is left as it is (the same empty
-    /// acknowledgement); an unsettled one is not stopped once anything of
-    /// it may have left the host, and the task says why.
+    /// `tasks/cancel`: always the empty acknowledgement. A settled task is
+    /// left as it is; an unsettled one is cancelled only if nothing of its
+    /// call has left the host, and otherwise says why not.
     pub(super) async fn cancel(&self, task_id: &str, cx: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        let Watched { request, state } = self.find(task_id, cx).await?;
-        if state.borrow().settled().is_some() {
-            return Ok(());
-        }
-        let why = self.why_not_cancelled(&request).await;
-        self.tasks.refuse_cancel(&request.session, &request.call_id, why);
+        let Watched { request, .. } = self.find(task_id, cx).await?;
+        self.tasks.cancel(&request.session, &request.call_id).await;
         Ok(())
     }
 
@@ -108,26 +110,6 @@ impl McpHost {
         let (s, c) = (session.to_string(), call_id.to_string());
         let read = guard.ledger().read(move |ledger| ledger.call(&s, &c)).await;
         read.map_err(|e| ErrorData::internal_error(format!("the ledger could not be read ({e}); ask again"), None))
-    }
-
-    /// Why the unsettled call of `request` cannot be cancelled.
-    async fn why_not_cancelled(&self, request: &CallRequest) -> String {
-        let Some(guard) = self.runtime.guard() else { return "it is not recorded".into() };
-        let (s, c) = (request.session.clone(), request.call_id.clone());
-        let attempts = guard.ledger().read(move |ledger| ledger.attempts_of_call(&s, &c)).await.unwrap_or_default();
-        match attempts.first() {
-            Some(a) => format!(
-                "step {} of this call ({} to `{}`) is recorded as {}, so it may have taken effect; the task runs on to the \
-                 call's real outcome",
-                a.step,
-                a.request.method,
-                a.downstream,
-                a.state.as_str()
-            ),
-            None => "toolguard stops a call only while provably nothing of it has left the host, and this call is running its \
-                     tool; the task runs on to the call's real outcome"
-                .into(),
-        }
     }
 
     /// How clients should poll tasks, and how long they are kept.

@@ -21,7 +21,7 @@ const LEASE_MARGIN_MS: u64 = 2_000;
 
 impl Runtime {
     /// Invokes a tool (see the module docs).
-    pub(crate) async fn invoke(&self, req: &CallRequest) -> Result<CallOutput, CallError> {
+    pub(crate) async fn invoke(&self, req: &CallRequest, gate: Option<Arc<crate::guard::Gate>>) -> Result<CallOutput, CallError> {
         let (index, tool) = self.tools.get(&req.tool).ok_or_else(|| unknown_tool(self, &req.tool))?;
         let plugin = &self.plugins[*index];
         let args = check_args(&req.args_json, plugin.ctx.limits.max_args_bytes, tool)?;
@@ -49,13 +49,18 @@ impl Runtime {
                     // The wall clock cuts a run off, so nothing is sent after it.
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
                     hold_wait: guard.hold_wait(&plugin.ctx.grants),
+                    gate,
                 };
+                let rules_gated = rules.gate.is_some();
                 let admit = crate::phases::time(crate::phases::Phase::Admit);
                 let admitted = guard.admit(id, rules).await?;
                 drop(admit);
                 match admitted {
                     Admission::Replay(stored) => return replayed(stored),
-                    Admission::Run(call) => {
+                    Admission::Run(mut call) => {
+                        if rules_gated {
+                            call.persist().await?;
+                        }
                         // The same action under this call id, first made with other
                         // wording outside the reviewer's `action` arguments: it runs
                         // again as first recorded, so its sends stay the same requests.
@@ -123,7 +128,8 @@ impl Runtime {
             Ok(_) => Reported::Definitive,
             Err(e) => match e.kind {
                 ErrorKind::UnknownTool | ErrorKind::InvalidArgs | ErrorKind::Conflict | ErrorKind::Expired | ErrorKind::Busy | ErrorKind::Internal => return,
-                ErrorKind::ToolFailed => Reported::Definitive,
+                // Cancelled provably before anything left: nothing can follow from it.
+                ErrorKind::ToolFailed | ErrorKind::Cancelled => Reported::Definitive,
                 // What took effect was told, but not what the tool made of it:
                 // a blind repeat is held with this outcome (guard/effects.rs).
                 ErrorKind::FailedAfterEffect => Reported::Unknown,

@@ -205,6 +205,19 @@ impl Runtime {
     /// Runs in a `tool_call` span (tool, session, call id; then the outcome
     /// and latency); each send's `attempt` span is its child.
     pub async fn call(&self, request: &CallRequest) -> Result<CallOutput, CallError> {
+        self.call_through(request, None).await
+    }
+
+    /// [`Runtime::call`] of a call run as an MCP task: recorded as soon as
+    /// it is admitted, its sends through `gate`, which a cancel closes.
+    ///
+    /// # Errors
+    /// As [`Runtime::call`]; `cancelled` for a send after a cancel.
+    pub async fn call_as_task(&self, request: &CallRequest, gate: &Arc<crate::guard::Gate>) -> Result<CallOutput, CallError> {
+        self.call_through(request, Some(gate.clone())).await
+    }
+
+    async fn call_through(&self, request: &CallRequest, gate: Option<Arc<crate::guard::Gate>>) -> Result<CallOutput, CallError> {
         use tracing::Instrument as _;
         let span = tracing::info_span!("tool_call", tool = %request.tool, session = %request.session, call_id = %request.call_id,
             outcome = tracing::field::Empty, latency_ms = tracing::field::Empty);
@@ -215,7 +228,7 @@ impl Runtime {
         }
         // A panic while running one call (a bug in the host, reachable from some
         // plugin or client input) fails that call; the host goes on serving.
-        let running = std::panic::AssertUnwindSafe(self.invoke(request).instrument(span.clone()));
+        let running = std::panic::AssertUnwindSafe(self.invoke(request, gate).instrument(span.clone()));
         let result = match futures_util::FutureExt::catch_unwind(running).await {
             Ok(result) => result,
             Err(panic) => {

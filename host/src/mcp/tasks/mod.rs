@@ -18,6 +18,7 @@ pub mod id;
 pub(crate) mod wire;
 
 use crate::error::{CallError, ErrorKind};
+use crate::guard::Gate;
 use crate::runtime::{CallOutput, CallRequest, Runtime};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -78,6 +79,8 @@ pub(crate) struct Watched {
 struct Entry {
     request: Arc<CallRequest>,
     state: watch::Sender<Snapshot>,
+    /// What its run's sends pass through, closed by a cancel.
+    gate: Arc<Gate>,
     driver: tokio::task::AbortHandle,
 }
 
@@ -123,9 +126,10 @@ impl Tasks {
         let snapshot = Snapshot { progress: Progress::Working(STARTED.into()), created_ms: now, updated_ms: now, cancel_refused: None };
         let (state, _) = watch::channel(snapshot);
         let until = Instant::now() + self.ttl;
-        let request = Arc::new(request);
-        let driver = tokio::spawn(settle(self.runtime.clone(), request.clone(), state.clone(), self.poll, until)).abort_handle();
-        let entry = Entry { request, state, driver };
+        let (request, gate) = (Arc::new(request), Arc::new(Gate::default()));
+        let driving = Driving { runtime: self.runtime.clone(), request: request.clone(), gate: gate.clone(), state: state.clone() };
+        let driver = tokio::spawn(driving.settle(self.poll, until)).abort_handle();
+        let entry = Entry { request, state, gate, driver };
         let watched = entry.watched();
         entries.insert(key, entry);
         watched
@@ -137,13 +141,52 @@ impl Tasks {
         entries.get(&(session.to_string(), call_id.to_string())).filter(|e| e.live()).map(Entry::watched)
     }
 
-    /// Notes on the task of (`session`, `call_id`) why a cancel was not honoured.
-    pub(crate) fn refuse_cancel(&self, session: &str, call_id: &str, why: String) {
-        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(entry) = entries.get(&(session.to_string(), call_id.to_string())) {
-            entry.state.send_modify(|s| s.cancel_refused = Some(why));
+    /// Cancels the task of call (`session`, `call_id`), which this host
+    /// drives, if nothing of its call has left the host
+    /// ([`crate::guard::Guard::cancel`]);
+    /// otherwise the task goes on (driven again if its run was stopped) and
+    /// says why it was not cancelled.
+    pub(crate) async fn cancel(&self, session: &str, call_id: &str) {
+        let key = (session.to_string(), call_id.to_string());
+        let found = {
+            let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            entries.get(&key).map(|e| (e.request.clone(), e.gate.clone(), e.driver.clone(), e.state.clone()))
+        };
+        let (Some((request, gate, driver, state)), Some(guard)) = (found, self.runtime.guard()) else { return };
+        if state.borrow().settled().is_some() {
+            return;
+        }
+        let stopped = std::sync::atomic::AtomicBool::new(false);
+        let stop = || {
+            driver.abort();
+            stopped.store(true, std::sync::atomic::Ordering::Relaxed);
+        };
+        match guard.cancel(&gate, session, call_id, stop).await {
+            Ok(cancelled) => state.send_modify(|s| {
+                s.progress = Progress::Settled(Err(cancelled));
+                s.updated_ms = crate::ledger::records::now_ms();
+            }),
+            Err(why) => {
+                if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Stopped before anything of it passed: run it again.
+                    self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
+                    self.drive((*request).clone());
+                }
+                let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(entry) = entries.get(&key) {
+                    entry.state.send_modify(|s| s.cancel_refused = Some(why));
+                }
+            }
         }
     }
+}
+
+/// One driver: the call it runs, through which gate, reporting where.
+struct Driving {
+    runtime: Arc<Runtime>,
+    request: Arc<CallRequest>,
+    gate: Arc<Gate>,
+    state: watch::Sender<Snapshot>,
 }
 
 /// What a task says before its first try has answered.
@@ -153,27 +196,29 @@ pub(crate) const STARTED: &str = "running the tool call";
 pub(crate) const HELD: &str = "an identical earlier call is still unsettled; this one waits for its outcome and does not act on its own. \
                                Poll this task; do not repeat the call";
 
-/// Runs `request` until its answer is definitive (then the task's result)
-/// or until `until`, pausing between tries from `poll` up to [`MAX_PAUSE`].
-/// Each try is the same tool call under the same id: a completed call
-/// replays, an unsettled send is re-sent with its own key or looked up at
-/// the provider, never made anew (`docs/guard.md`).
-async fn settle(runtime: Arc<Runtime>, request: Arc<CallRequest>, state: watch::Sender<Snapshot>, poll: Duration, until: Instant) {
-    let mut pause = poll;
-    loop {
-        let answer = runtime.call(&request).await;
-        let now = crate::ledger::records::now_ms();
-        let working = unsettled(&answer);
-        let settled = working.is_none();
-        state.send_modify(|s| {
-            s.progress = working.map_or(Progress::Settled(answer), Progress::Working);
-            s.updated_ms = now;
-        });
-        if settled || Instant::now() + pause > until {
-            return;
+impl Driving {
+    /// Runs the call until its answer is definitive (then the task's result)
+    /// or until `until`, pausing between tries from `poll` up to
+    /// [`MAX_PAUSE`]. Each try is the same tool call under the same id: a
+    /// completed call replays, an unsettled send is re-sent with its own key
+    /// or looked up at the provider, never made anew (`docs/guard.md`).
+    async fn settle(self, poll: Duration, until: Instant) {
+        let mut pause = poll;
+        loop {
+            let answer = self.runtime.call_as_task(&self.request, &self.gate).await;
+            let now = crate::ledger::records::now_ms();
+            let working = unsettled(&answer);
+            let settled = working.is_none();
+            self.state.send_modify(|s| {
+                s.progress = working.map_or(Progress::Settled(answer), Progress::Working);
+                s.updated_ms = now;
+            });
+            if settled || Instant::now() + pause > until {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_PAUSE);
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(MAX_PAUSE);
     }
 }
 

@@ -2,6 +2,7 @@
 //! answers with, and the detailed task of `tasks/get`.
 
 use super::{Progress, Snapshot};
+use crate::error::ErrorKind;
 use rmcp::model::{CallToolResult, CreateTaskResult, DetailedTask, JsonObject, Task, TaskPayload, TaskStatus};
 use std::time::Duration;
 
@@ -42,10 +43,13 @@ pub(crate) fn created(task_id: &str, snapshot: &Snapshot, timing: Timing) -> Cre
 /// The task as `tasks/get` reports it; `result` is the MCP result of its
 /// settled answer (the same a `tools/call` would have had).
 pub(crate) fn detailed(task_id: &str, snapshot: &Snapshot, result: Option<CallToolResult>, timing: Timing) -> DetailedTask {
-    let payload = match result.map(serde_json::to_value) {
-        Some(Ok(serde_json::Value::Object(result))) => TaskPayload::Completed { result: result as JsonObject },
-        Some(_) => TaskPayload::Failed { error: failed("the task's result could not be written") },
-        None => TaskPayload::Working,
+    let payload = match (snapshot.settled(), result.map(serde_json::to_value)) {
+        (Some(Err(e)), _) if e.kind == ErrorKind::Cancelled => TaskPayload::Cancelled,
+        // The tool itself broke (or the host did): a failed task, not a tool's error result.
+        (Some(Err(e)), _) if matches!(e.kind, ErrorKind::PluginTrap | ErrorKind::Internal) => TaskPayload::Failed { error: failed(&e.to_string()) },
+        (_, Some(Ok(serde_json::Value::Object(result)))) => TaskPayload::Completed { result: result as JsonObject },
+        (_, Some(_)) => TaskPayload::Failed { error: failed("the task's result could not be written") },
+        (_, None) => TaskPayload::Working,
     };
     DetailedTask::new(task(task_id, snapshot, payload.status(), timing), payload)
 }
