@@ -203,3 +203,37 @@ fn a_blind_repeat_waiting_in_its_task_is_cancelled_and_the_refund_still_happens_
     assert_eq!(sandbox.refunds().len(), 1, "one refund: the held repeat was cancelled, not run");
     assert_eq!(sandbox.requests().iter().filter(|r| r.method == "POST").count(), 1, "and it never reached the provider");
 }
+
+#[test]
+fn a_task_begun_on_a_host_killed_mid_send_is_finished_by_another_host_of_the_fleet() {
+    use crate::payments::Downstream;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sandbox = rt.block_on(toolguard_sandbox::Sandbox::start("127.0.0.1:0", toolguard_sandbox::Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent("pi_mcp", 100_000);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = crate::common::fresh_postgres_database();
+    let configs = crate::fleet::host_configs(&sandbox.url(), &ledger, dir.path(), &Downstream { wall_ms: 1_500, ..Downstream::default() });
+    for config in &configs {
+        let text = std::fs::read_to_string(config).unwrap();
+        std::fs::write(config, format!("{text}\n[mcp]\ntask_after_ms = 300\ntask_poll_ms = 100\n")).unwrap();
+    }
+    let mut a = crate::common::serve_http(&configs[0], &[]);
+    let b = crate::common::serve_http(&configs[1], &[]);
+    sandbox.inject(Fault::PauseAfterCommit);
+    let task = task_id(&Client::open(&a.url, None).refund("f1", 800, true));
+    assert!(crate::world::wait_for(Duration::from_secs(20), || sandbox.paused() == 1), "host A's refund reached the provider");
+    // Host B knows the task from the ledger alone, while A still runs it.
+    let on_b = Client::open(&b.url, None);
+    assert_eq!(on_b.task("get", &task)["result"]["status"], "working");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    sandbox.release();
+    // B waits out A's claim, re-sends A's attempt with its key, and the task has the one refund.
+    let done = on_b.settled(&task);
+    assert_eq!(done["status"], "completed", "{done}");
+    let made = sandbox.refunds();
+    assert_eq!(made.len(), 1, "one refund across the fleet");
+    assert_eq!(done["result"]["structuredContent"]["refund_id"], made[0].id.as_str());
+    let keys: Vec<_> = sandbox.requests().into_iter().filter(|r| r.method == "POST").map(|r| r.idempotency_key).collect();
+    assert!(keys.len() <= 2 && keys.windows(2).all(|w| w[0] == w[1]), "B sent only A's key again: {keys:?}");
+}
