@@ -31,6 +31,10 @@ fn the_demo_runs_its_scenario_and_its_counts_hold() {
         "✓ refunds at the provider: 2 (a conflict, nothing sent)",
         "\"status\":\"succeeded\"",
         "✓ refunds at the provider: 3 (the real outcome, found by reconciliation)",
+        "→ a task, \"working\"",
+        "\"completed\", {\"amount_cents\":700",
+        "✓ refunds at the provider: 4 (one refund, its real outcome delivered through the task)",
+        "tool call call_4 (refund, completed; the model was told: definitive)",
         "Every count as expected.",
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");

@@ -156,14 +156,8 @@ impl Mcp {
         // Each request its own JSON-RPC id: a client may have several in flight.
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let body = serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-            "name": tool, "arguments": args, "_meta": { "toolguard/toolCallId": call_id, "toolguard/sessionId": "s1" } } });
-        let response = self.0.send(body.to_string()).await.map_err(|e| e.to_string())?;
-        let text = response.text().await.map_err(|e| e.to_string())?;
-        // A JSON body, or server-sent events whose data line carries it.
-        let event = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty());
-        let json = event.unwrap_or(&text).trim().to_string();
-        let message: serde_json::Value = serde_json::from_str(&json).map_err(|e| format!("{e}: {text}"))?;
+        let params = serde_json::json!({ "name": tool, "arguments": args, "_meta": { "toolguard/toolCallId": call_id, "toolguard/sessionId": "s1" } });
+        let message = self.0.request(id, "tools/call", params).await.map_err(|e| e.to_string())?;
         Ok(message["result"].clone())
     }
 }

@@ -46,4 +46,16 @@ impl McpClient {
     pub async fn send(&self, body: String) -> anyhow::Result<reqwest::Response> {
         Self::post(&self.http, &self.url, Some(&self.session), body).await
     }
+
+    /// Sends JSON-RPC request `method` with `params` as request `id`; the
+    /// whole JSON-RPC response (read from a JSON body or its event stream).
+    ///
+    /// # Errors
+    /// The request failed, or its response is not JSON-RPC.
+    pub async fn request(&self, id: u64, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let body = serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        let text = self.send(body.to_string()).await?.text().await?;
+        let event = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty());
+        serde_json::from_str(event.unwrap_or(&text).trim()).map_err(|e| anyhow::anyhow!("not a JSON-RPC response ({e}): {text}"))
+    }
 }

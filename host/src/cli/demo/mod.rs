@@ -3,6 +3,8 @@
 //! down to finish in seconds. The demo checks its own counts and exits
 //! non-zero if the sandbox ever saw more refunds than it should.
 
+mod tasks;
+
 use crate::error::CallError;
 use crate::{CallOutput, CallRequest, Config, Runtime};
 use toolguard_sandbox::{Fault, Mode, PaymentsConfig, Sandbox};
@@ -41,7 +43,7 @@ async fn demo() -> anyhow::Result<bool> {
     sandbox.add_payment_intent(PI, PI_AMOUNT);
     let data = tempfile::tempdir()?;
     let config = Config::parse(&config_text(&sandbox.url()), "<demo config>", data.path())?;
-    let runtime = Runtime::from_config(&config).await?;
+    let runtime = std::sync::Arc::new(Runtime::from_config(&config).await?);
     let args = |amount: u64| format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"requested_by_customer"}}"#);
     let mut ok = true;
     let mut expect = |what: &str, refunds: usize| {
@@ -105,6 +107,14 @@ async fn demo() -> anyhow::Result<bool> {
     sandbox.inject(Fault::HiddenCommit500);
     call(&runtime, "call_3", &args(500)).await;
     expect("the real outcome, found by reconciliation", 3);
+
+    println!("\n9. An MCP client that opted into tasks (the 2026-07-28 Tasks extension) refunds 700 as call_4. The");
+    println!("   provider commits it and drops the connection, and its listing lags again: where call_1 got");
+    println!("   outcome-unknown, this client gets a task, and the host settles the call itself.");
+    sandbox.set_list_lag(std::time::Duration::from_millis(LIST_LAG_MS));
+    sandbox.inject(Fault::DropAfterCommit);
+    tasks::run(runtime.clone(), &args(700)).await?;
+    expect("one refund, its real outcome delivered through the task", 4);
 
     println!("\nThe provider's refunds:");
     for r in sandbox.refunds() {

@@ -1,0 +1,43 @@
+//! The demo's last step: an MCP client that opted into tasks, served over
+//! Streamable HTTP on loopback by the demo's own runtime, is answered with
+//! a task where a plain call would get `outcome-unknown`, and polls it to
+//! the call's real outcome.
+
+use crate::Runtime;
+use crate::config::McpConfig;
+use crate::mcp::McpHost;
+use crate::mcp::client::McpClient;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `tools/call` of `refund` with `args` as call_4, then `tasks/get` until the task settles.
+pub(super) async fn run(runtime: Arc<Runtime>, args: &str) -> anyhow::Result<()> {
+    let config = McpConfig { task_after_ms: 300, task_poll_ms: 500, ..McpConfig::default() };
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let app = crate::mcp::http::router(McpHost::new(runtime, config), addr)?;
+    tokio::spawn(crate::mcp::listen::serve_on(listener, app, 16));
+    let client = McpClient::connect(&url).await?;
+    let tasks = json!({ "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } } });
+    let mut meta = tasks.clone();
+    meta["toolguard/toolCallId"] = "call_4".into();
+    meta["toolguard/sessionId"] = "demo".into();
+    let params = json!({ "name": "refund", "arguments": serde_json::from_str::<Value>(args)?, "_meta": meta });
+    let handle = client.request(1, "tools/call", params).await?["result"].clone();
+    let Some(task) = handle["taskId"].as_str().map(str::to_string) else {
+        println!("   → answered at once (not a task): {handle}");
+        return Ok(());
+    };
+    println!("   → a task, {}: {}", handle["status"], handle["statusMessage"].as_str().unwrap_or(""));
+    for id in 2..200 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let got = client.request(id, "tasks/get", json!({ "taskId": task, "_meta": tasks })).await?["result"].clone();
+        if got["status"] != "working" {
+            println!("   → tasks/get after {} polls: {}, {}", id - 1, got["status"], got["result"]["structuredContent"]);
+            return Ok(());
+        }
+    }
+    anyhow::bail!("task {task} was still working after 50 s")
+}
