@@ -45,6 +45,8 @@ pub enum ErrorKind {
     Expired,
     /// Too many of the caller's tool calls are running at once; nothing was run.
     Busy,
+    /// A person must approve this action first; nothing was sent.
+    AwaitingApproval,
     /// Its caller cancelled it (an MCP task's `tasks/cancel`) before anything
     /// of it left the host; nothing was done.
     Cancelled,
@@ -71,6 +73,7 @@ impl ErrorKind {
             Self::InvalidRequest => "invalid-request",
             Self::Expired => "expired",
             Self::Busy => "busy",
+            Self::AwaitingApproval => "awaiting-approval",
             Self::Cancelled => "cancelled",
             Self::Internal => "internal",
         }
@@ -101,6 +104,9 @@ impl ErrorKind {
             Self::InvalidRequest => "The tool built a request the host refuses; retrying will not help. Report it.",
             Self::Expired => "The call is too old to replay: check what it did at the provider; use a new tool-call id only for a genuinely new action.",
             Self::Busy => "Nothing was run: retry the same tool call once one of your running calls has finished.",
+            Self::AwaitingApproval => {
+                "Nothing was sent: wait for the decision (poll its task, or retry the same tool-call id later); do not repeat it under a new id."
+            }
             Self::Cancelled => "Nothing was done: make the call again, under a new tool-call id, if it is still wanted.",
             Self::Internal => "The host failed; retry the same tool call later.",
         }
@@ -111,7 +117,7 @@ impl std::str::FromStr for ErrorKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        const ALL: [ErrorKind; 17] = [
+        const ALL: [ErrorKind; 18] = [
             ErrorKind::UnknownTool,
             ErrorKind::InvalidArgs,
             ErrorKind::PluginTrap,
@@ -127,6 +133,7 @@ impl std::str::FromStr for ErrorKind {
             ErrorKind::InvalidRequest,
             ErrorKind::Expired,
             ErrorKind::Busy,
+            ErrorKind::AwaitingApproval,
             ErrorKind::Cancelled,
             ErrorKind::Internal,
         ];

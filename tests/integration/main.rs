@@ -16,6 +16,7 @@ mod audit;
 mod cli;
 mod cli_guard;
 mod common;
+mod consent;
 mod crash;
 mod desk_torture;
 mod fleet;

@@ -11,27 +11,36 @@ use std::time::Duration;
 use toolguard_sandbox::Fault;
 
 /// The per-request capability that opts a request into tasks.
-fn opted_in() -> Value {
+pub(crate) fn opted_in() -> Value {
     json!({ "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } } })
 }
 
-/// An initialised 2025-11-25 session at an MCP endpoint, with a bearer token or none.
-struct Client {
+/// An initialised 2025-11-25 session at an MCP endpoint, with a bearer token
+/// or none, declaring per request the capabilities `caps` (the tasks
+/// extension; and elicitation, for a client that can ask its user).
+pub(crate) struct Client {
     url: String,
     session: String,
     auth: Option<String>,
+    caps: Value,
 }
 
 impl Client {
-    fn open(url: &str, token: Option<&str>) -> Client {
+    pub(crate) fn open(url: &str, token: Option<&str>) -> Client {
         let auth = token.map(|t| format!("Bearer {t}"));
         let with: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
         let session = open_session_with(url, &with);
-        Client { url: url.into(), session, auth }
+        Client { url: url.into(), session, auth, caps: opted_in() }
+    }
+
+    /// The same client, declaring that it can ask its user (elicitation).
+    pub(crate) fn eliciting(mut self) -> Client {
+        self.caps["io.modelcontextprotocol/clientCapabilities"]["elicitation"] = json!({});
+        self
     }
 
     /// Sends request `method` with `params` (and `meta` in its `_meta`); the whole JSON-RPC response.
-    fn request(&self, method: &str, mut params: Value, meta: Value) -> Value {
+    pub(crate) fn request(&self, method: &str, mut params: Value, meta: Value) -> Value {
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(100);
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         params["_meta"] = meta;
@@ -47,8 +56,8 @@ impl Client {
     }
 
     /// A refund of `amount` cents as tool call `call_id`, opted into tasks or not: the result.
-    fn refund(&self, call_id: &str, amount: u64, tasks: bool) -> Value {
-        let mut meta = if tasks { opted_in() } else { json!({}) };
+    pub(crate) fn refund(&self, call_id: &str, amount: u64, tasks: bool) -> Value {
+        let mut meta = if tasks { self.caps.clone() } else { json!({}) };
         meta["toolguard/toolCallId"] = call_id.into();
         meta["toolguard/sessionId"] = "conv".into();
         let args = json!({ "payment_intent": "pi_mcp", "amount_cents": amount, "reason": "duplicate" });
@@ -56,12 +65,17 @@ impl Client {
     }
 
     /// `tasks/<verb>` of `task` (opted in): the whole response.
-    fn task(&self, verb: &str, task: &str) -> Value {
-        self.request(&format!("tasks/{verb}"), json!({ "taskId": task }), opted_in())
+    pub(crate) fn task(&self, verb: &str, task: &str) -> Value {
+        self.request(&format!("tasks/{verb}"), json!({ "taskId": task }), self.caps.clone())
+    }
+
+    /// `tasks/update` of `task` answering input request `key` with `answer`: the whole response.
+    pub(crate) fn answer(&self, task: &str, key: &str, answer: Value) -> Value {
+        self.request("tasks/update", json!({ "taskId": task, "inputResponses": { key: answer } }), self.caps.clone())
     }
 
     /// Polls `task` until it is no longer working: its last `tasks/get` result.
-    fn settled(&self, task: &str) -> Value {
+    pub(crate) fn settled(&self, task: &str) -> Value {
         let mut last = Value::Null;
         let done = crate::world::wait_for(Duration::from_secs(60), || {
             last = self.task("get", task)["result"].clone();
@@ -73,7 +87,7 @@ impl Client {
 }
 
 /// The task id of a `tools/call` result that must be a task handle.
-fn task_id(result: &Value) -> String {
+pub(crate) fn task_id(result: &Value) -> String {
     assert_eq!(result["resultType"], "task", "a task handle: {result}");
     assert_eq!(result["status"], "working", "{result}");
     assert!(result["ttlMs"].as_u64().is_some() && result["pollIntervalMs"].as_u64().is_some(), "{result}");

@@ -39,6 +39,17 @@ pub(crate) trait Backend: Send + Sync {
     fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError>;
     /// Applies `write` atomically, if its conditions hold.
     fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), BackendError>;
+    /// Writes `decided`, a call whose approval `request` was just decided,
+    /// only if the ledger still holds that call not completed with that
+    /// request pending; whether it did. On a host's own ledger one process
+    /// writes, under the call's lock: a read and a write.
+    fn decide_approval(&self, decided: &CallRecord, request: &str) -> Result<bool, BackendError> {
+        let current = self.call(&decided.session, &decided.call_id)?;
+        if !current.is_some_and(|c| crate::checks::approval_pending(&c, request)) {
+            return Ok(false);
+        }
+        self.commit(&LedgerWrite::new().call(decided.clone()), Durability::Synced).map(|()| true)
+    }
     /// Queues `write` for the backend's writer thread, if it has one; the
     /// future tells how it went. `None`: the ledger runs it on the blocking pool.
     fn enqueue(&self, _write: &LedgerWrite, _durability: Durability) -> Option<Result<Pending, BackendError>> {

@@ -3,7 +3,7 @@
 //! lock per action, a locked PostgreSQL row) and asks here whether the write
 //! may go on.
 
-use super::records::{AttemptRecord, AttemptState, EpisodeId, GrantRecord};
+use super::records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, GrantRecord};
 use super::{BackendError, Charge, Superseding};
 
 /// Whether `attempts` prove their call sent nothing that could have taken
@@ -43,4 +43,9 @@ pub(super) fn episode_changed(r: &EpisodeId) -> BackendError {
 /// Whether `record` tells something `latest` (its plugin's last entry) does not.
 pub(super) fn grants_changed(latest: Option<&GrantRecord>, record: &GrantRecord) -> bool {
     latest.is_none_or(|last| last.digest != record.digest || last.grants != record.grants)
+}
+
+/// Whether `call` is not completed and its approval `request` waits for a decision.
+pub(super) fn approval_pending(call: &CallRecord, request: &str) -> bool {
+    call.state != CallState::Completed && call.approval.as_ref().is_some_and(|a| a.request == request && a.status == crate::records::ApprovalStatus::Pending)
 }

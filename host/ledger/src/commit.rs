@@ -1,7 +1,7 @@
 //! Writing the ledger: a write committed (blocking or async) or queued for
 //! the writer with its durability, and what an operator's resolution writes.
 
-use crate::{AttemptRecord, AttemptState, BackendError, Durability, GrantRecord, Ledger, LedgerError, LedgerWrite, Pending, Resolution, records};
+use crate::{AttemptRecord, AttemptState, BackendError, CallRecord, Durability, GrantRecord, Ledger, LedgerError, LedgerWrite, Pending, Resolution, records};
 
 impl Ledger {
     /// Settles an unsettled attempt as never sent, on an operator's word; the
@@ -21,6 +21,32 @@ impl Ledger {
         attempt.updated_ms = records::now_ms();
         self.commit(LedgerWrite::new().attempt(attempt.clone()), Durability::Synced)?;
         Ok(attempt)
+    }
+
+    /// Records a person's decision on the approval `request` of tool call
+    /// (`session`, `call_id`): `approve`d or denied, by `by`, with `note`.
+    /// The decision lands only while that request waits (not decided, not
+    /// expired, the call not completed): a decision for an earlier or
+    /// expired request never applies. Synced. Returns the call as decided.
+    ///
+    /// # Errors
+    /// No such call, no such request waiting, or the ledger failed.
+    pub fn decide_approval(&self, session: &str, call_id: &str, request: &str, decision: Decision<'_>) -> Result<CallRecord, LedgerError> {
+        let now = records::now_ms();
+        let mut call = self.call(session, call_id)?.ok_or_else(|| self.err(format!("no tool call `{call_id}` in session `{session}`")))?;
+        let Some(approval) = call.approval.as_mut().filter(|a| a.request == request && a.waiting(now)) else {
+            return Err(
+                self.err(format!("tool call `{call_id}` has no approval request `{request}` waiting for a decision (decided, expired, or asked again)"))
+            );
+        };
+        approval.status = if decision.approve { records::ApprovalStatus::Approved } else { records::ApprovalStatus::Denied };
+        approval.decided_by = Some(decision.by.to_string());
+        approval.decided_ms = Some(now);
+        approval.note = decision.note.map(str::to_string);
+        if !self.backend.decide_approval(&call, request).map_err(|e| self.backend_err(e))? {
+            return Err(self.err(format!("tool call `{call_id}`'s approval request `{request}` was decided or replaced meanwhile")));
+        }
+        Ok(call)
     }
 
     /// Records that `record.plugin` runs `record.digest` with `record.grants`,
@@ -150,4 +176,15 @@ impl QueuedWrite {
 
 fn pool_panic(e: &tokio::task::JoinError) -> BackendError {
     BackendError::Failed(format!("the ledger write panicked: {e}"))
+}
+
+/// A person's decision on an approval request.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision<'a> {
+    /// Approved (else denied).
+    pub approve: bool,
+    /// Who decided: `client:<principal>` or `operator:<name>`.
+    pub by: &'a str,
+    /// What they said, if anything.
+    pub note: Option<&'a str>,
 }

@@ -32,10 +32,12 @@ mod write;
 
 pub use checks::sent_nothing;
 pub use claim::Claim;
-pub use commit::QueuedWrite;
+pub use commit::{Decision, QueuedWrite};
 pub use error::LedgerError;
 pub use postgres::DEFAULT_POOL_SIZE;
-pub use records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome};
+pub use records::{
+    Approval, ApprovalStatus, AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome,
+};
 pub use rocks::DEFAULT_BLOCK_CACHE_MIB;
 #[cfg(any(test, feature = "bench"))]
 pub use rocks::simulate_slow_fsync;

@@ -1,6 +1,7 @@
 //! The `toolguard` command line: argument parsing, logging set-up and
 //! dispatch. Each subcommand lives in its own module.
 
+mod approvals;
 mod audit;
 mod call;
 mod demo;
@@ -101,6 +102,14 @@ enum Command {
         #[command(subcommand)]
         command: ledger::LedgerCommand,
     },
+    /// Decide on actions awaiting a person's approval (as an operator).
+    Approvals {
+        /// The config file (names the ledger).
+        #[arg(long, default_value = "toolguard.toml", global = true)]
+        config: PathBuf,
+        #[command(subcommand)]
+        command: approvals::ApprovalsCommand,
+    },
     /// Make a component built by a standard toolchain loadable: compose a stub
     /// whose every function traps under its wasi:sockets / wasi:http imports,
     /// so it reaches nothing (then pin the output's sha256 in the policy).
@@ -179,6 +188,7 @@ pub fn main() -> ExitCode {
             Command::Call { config, session, call_id, tool, args } => call::run(&config, session, call_id, tool, args).await,
             // The ledger's client blocks (PostgreSQL's runs its own runtime).
             Command::Ledger { config, command } => tokio::task::block_in_place(|| ledger::run(&config, command)),
+            Command::Approvals { config, command } => tokio::task::block_in_place(|| approvals::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
             Command::Seal { input, output } => seal::run(&input, &output),
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,

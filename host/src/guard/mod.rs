@@ -25,6 +25,7 @@
 mod admit;
 mod attempt;
 mod claim;
+mod consent;
 mod direct;
 mod drive;
 mod effects;
@@ -47,6 +48,7 @@ mod upgrade;
 pub mod wire;
 
 pub use attempt::{Reconciled, Reconciler};
+pub use consent::Ask;
 pub use direct::fetch;
 pub(crate) use direct::send_unguarded;
 pub(crate) use failpoints::{failpoint, write_failpoint};

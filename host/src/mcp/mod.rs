@@ -7,6 +7,7 @@
 //! integration tests drive it with.
 
 pub mod client;
+mod consent;
 mod delivery;
 pub mod http;
 pub mod ids;
@@ -176,6 +177,7 @@ impl ServerHandler for McpHost {
             return self.call_as_task(call, *effect, &cx).await;
         }
         let answer = self.runtime.call(&call).await;
+        let answer = self.ask_at_client(&cx, &call, answer).await;
         self.answer(&cx, call, *effect, answer).map(Into::into)
     }
 
@@ -188,9 +190,7 @@ impl ServerHandler for McpHost {
     }
 
     async fn update_task(&self, request: UpdateTaskParams, cx: RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        // Known tasks only; none of toolguard's tasks asks the client for input yet.
-        self.task_state(&request.task_id, &cx).await?;
-        Err(ErrorData::invalid_params(format!("task {} asks for no input", request.task_id), None))
+        self.update(&request.task_id, &request.input_responses, &cx).await
     }
 }
 

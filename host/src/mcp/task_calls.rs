@@ -68,7 +68,8 @@ impl McpHost {
             Some(answer) => Some(self.answer(cx, (*request).clone(), effect, answer.clone())?),
             None => None,
         };
-        let mut got = GetTaskResult::new(wire::detailed(task_id, &snapshot, result, self.timing()));
+        let elicit = cx.client_capabilities().is_some_and(|c| c.elicitation.is_some());
+        let mut got = GetTaskResult::new(wire::detailed(task_id, &snapshot, result, self.timing(), elicit));
         let mut meta = MetaObject::default();
         meta.0.insert(super::ids::CALL_ID_KEY.into(), request.call_id.clone().into());
         got.meta = Some(meta);
@@ -81,6 +82,28 @@ impl McpHost {
     pub(super) async fn cancel(&self, task_id: &str, cx: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
         let Watched { request, .. } = self.find(task_id, cx).await?;
         self.tasks.cancel(&request.session, &request.call_id).await;
+        Ok(())
+    }
+
+    /// `tasks/update`: the person's answer to the approval its task asks
+    /// for (`inputRequests` of an `input_required` task), recorded as the
+    /// decision of `client:<principal>`; the task then runs (approved) or
+    /// ends `denied`.
+    pub(super) async fn update(&self, task_id: &str, responses: &rmcp::model::InputResponses, cx: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        let Watched { request, state } = self.find(task_id, cx).await?;
+        let approval = state.borrow().approval.clone();
+        let asked = approval.as_ref().and_then(|a| a["request"].as_str()).map(str::to_string);
+        let Some(asked) = asked.filter(|r| responses.contains_key(&wire::approval_key(r))) else {
+            let keys = responses.keys().cloned().collect::<Vec<_>>().join(", ");
+            return Err(ErrorData::invalid_params(format!("task `{task_id}` asks for none of {keys}: nothing was decided"), None));
+        };
+        // Dismissed: no decision; the request stays open until it expires.
+        let Some((approve, note)) = super::consent::decision_of(&responses[&wire::approval_key(&asked)]) else { return Ok(()) };
+        let by = format!("client:{}", request.principal.as_deref().unwrap_or("unauthenticated"));
+        let Some(guard) = self.runtime.guard() else { return Ok(()) };
+        let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
+        guard.decide_approval(&request.session, &request.call_id, &asked, decision).await.map_err(|e| ErrorData::invalid_params(e, None))?;
+        self.tasks.decided(&request.session, &request.call_id, approve);
         Ok(())
     }
 

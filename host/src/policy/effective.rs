@@ -20,6 +20,9 @@ pub struct EffectivePolicy {
     pub credentials: Vec<InjectedCredential>,
     /// Its send and irreversible-call budgets.
     pub budgets: Budgets,
+    /// When a person must approve a call of an irreversible tool, by tool.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub approvals: std::collections::BTreeMap<String, super::ApprovalRule>,
     /// The grants as the reviewer wrote them: what each request is authorised against.
     #[serde(skip)]
     pub rules: Arc<[Grant]>,
@@ -114,7 +117,13 @@ impl EffectivePolicy {
             max_irreversible_calls_per_session_hour: policy.max_irreversible_calls_per_session_hour,
             max_irreversible_calls_per_principal_hour: policy.max_irreversible_calls_per_principal_hour,
         };
-        Self { tools, grants, credentials, budgets, rules: policy.grants.clone().into() }
+        Self { tools, grants, credentials, budgets, approvals: policy.approvals.clone(), rules: policy.grants.clone().into() }
+    }
+
+    /// sha256 of its grant-history entry: what an approval is bound to.
+    pub fn digest(&self) -> String {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(self.to_record().to_string().as_bytes()))
     }
 
     /// Its entry in the ledger's grant history.

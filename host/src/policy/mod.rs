@@ -5,6 +5,7 @@
 //! methods, path prefix) and its budgets. Deny by default: a request no grant
 //! covers is `denied` and nothing is sent. The format is in `docs/policy.md`.
 
+mod approval;
 mod authorize;
 mod downstream;
 mod effect;
@@ -12,6 +13,7 @@ mod effective;
 mod network;
 mod plugin;
 
+pub use approval::{ApprovalRule, DEFAULT_APPROVAL_MINUTES, RawApproval};
 pub use authorize::{Refusal, authorize};
 pub use downstream::{
     CredentialSpec, DEFAULT_BACKOFF_MS, DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RETRIES, DEFAULT_RECONCILE_MS, DEFAULT_RETENTION_HOURS,
@@ -72,6 +74,9 @@ pub struct RawToolPolicy {
     /// For an irreversible tool, the JSON pointers of the arguments that name
     /// its action (`docs/keys.md`); by default all of them.
     pub action: Option<Vec<String>>,
+    /// For an irreversible tool, when a person must approve a call before
+    /// it runs (`docs/tasks.md`).
+    pub approval: Option<RawApproval>,
 }
 
 /// The checked policy.
@@ -124,7 +129,15 @@ impl Policy {
                 }
             }
             let mut actions = BTreeMap::new();
+            let mut approvals = BTreeMap::new();
             for (tool, tp) in &p.tools {
+                if let Some(raw) = tp.approval.clone() {
+                    let field = at(&format!("tools.{tool}.approval"));
+                    if tp.effect != Effect::Irreversible {
+                        return Err((field, format!("asks a person to approve an irreversible action; `{tool}` is {}: remove it", tp.effect.as_str())));
+                    }
+                    approvals.insert(tool.clone(), ApprovalRule::new(raw).map_err(|m| (field, m))?);
+                }
                 let Some(pointers) = tp.action.clone() else { continue };
                 let field = at(&format!("tools.{tool}.action"));
                 if tp.effect != Effect::Irreversible {
@@ -137,6 +150,7 @@ impl Policy {
                 sha256: p.sha256,
                 tools: p.tools.into_iter().map(|(t, tp)| (t, tp.effect)).collect(),
                 actions,
+                approvals,
                 grants: p.grants,
                 max_sends_per_call: p.max_sends_per_call.unwrap_or(DEFAULT_MAX_SENDS_PER_CALL),
                 max_irreversible_calls_per_session_hour: p.max_irreversible_calls_per_session_hour,

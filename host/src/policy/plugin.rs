@@ -40,7 +40,7 @@ fn read_methods() -> Vec<String> {
 
 /// The reviewer's policy for one plugin. A plugin the policy does not name
 /// gets the default: not reviewed, no pin, no grants, claims only restrict.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PluginPolicy {
     /// Whether the policy names this plugin at all.
     pub reviewed: bool,
@@ -51,6 +51,8 @@ pub struct PluginPolicy {
     /// The arguments that name each irreversible tool's action, where the
     /// reviewer declares them (otherwise all of its arguments).
     pub actions: BTreeMap<String, ActionFields>,
+    /// When a person must approve a call of an irreversible tool, by tool.
+    pub approvals: BTreeMap<String, super::ApprovalRule>,
     /// What it may reach through `outbound` (nothing by default).
     pub grants: Vec<Grant>,
     /// Sends one tool call may make.
@@ -80,6 +82,7 @@ impl Default for PluginPolicy {
             sha256: None,
             tools: BTreeMap::new(),
             actions: BTreeMap::new(),
+            approvals: BTreeMap::new(),
             grants: Vec::new(),
             max_sends_per_call: DEFAULT_MAX_SENDS_PER_CALL,
             max_irreversible_calls_per_session_hour: None,

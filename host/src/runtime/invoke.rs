@@ -61,6 +61,12 @@ impl Runtime {
                         if rules_gated {
                             call.persist().await?;
                         }
+                        if let Some(ask) = approval_asked(plugin, tool, &args, req) {
+                            let _consent = crate::phases::time(crate::phases::Phase::Admit);
+                            if let Err(e) = call.consent(ask).await {
+                                return guard.finish(call, Err(e)).await.map(|value| CallOutput { value, replayed: false });
+                            }
+                        }
                         // The same action under this call id, first made with other
                         // wording outside the reviewer's `action` arguments: it runs
                         // again as first recorded, so its sends stay the same requests.
@@ -127,9 +133,17 @@ impl Runtime {
         let reported = match answer {
             Ok(_) => Reported::Definitive,
             Err(e) => match e.kind {
-                ErrorKind::UnknownTool | ErrorKind::InvalidArgs | ErrorKind::Conflict | ErrorKind::Expired | ErrorKind::Busy | ErrorKind::Internal => return,
+                ErrorKind::UnknownTool
+                | ErrorKind::InvalidArgs
+                | ErrorKind::Conflict
+                | ErrorKind::Expired
+                | ErrorKind::Busy
+                | ErrorKind::AwaitingApproval
+                | ErrorKind::Internal => return,
                 // Cancelled provably before anything left: nothing can follow from it.
                 ErrorKind::ToolFailed | ErrorKind::Cancelled => Reported::Definitive,
+                // A person's denial (or no decision in time): nothing was sent.
+                ErrorKind::Denied if e.detail.as_ref().is_some_and(|d| d.get("approval").is_some()) => Reported::Definitive,
                 // What took effect was told, but not what the tool made of it:
                 // a blind repeat is held with this outcome (guard/effects.rs).
                 ErrorKind::FailedAfterEffect => Reported::Unknown,
@@ -198,6 +212,13 @@ fn check_result(text: &str, max: usize, tool: &ToolInfo) -> Result<Value, CallEr
 }
 
 /// The stored outcome of a completed call, marked as replayed.
+/// What to ask a person, if the reviewer wants `tool`'s call with `args` approved.
+fn approval_asked(plugin: &super::plugin::LoadedPlugin, tool: &ToolInfo, args: &Value, req: &CallRequest) -> Option<crate::guard::Ask> {
+    let rule = tool.approval.as_ref()?;
+    let reason = rule.asks(args)?;
+    Some(crate::guard::Ask { reason, policy_digest: plugin.policy.digest(), expires_ms: rule.expires_minutes * 60_000, principal: req.principal.clone() })
+}
+
 fn replayed(stored: StoredOutcome) -> Result<CallOutput, CallError> {
     match stored {
         StoredOutcome::Result(value) => Ok(CallOutput { value, replayed: true }),

@@ -48,6 +48,8 @@ pub struct ToolInfo {
     /// The arguments that name its action, where the reviewer declared them
     /// (otherwise all of them: `docs/keys.md`).
     pub action: Option<ActionFields>,
+    /// When a person must approve a call before it runs, if the reviewer asks.
+    pub approval: Option<crate::policy::ApprovalRule>,
     /// Schema the result must satisfy, if the plugin promised one.
     pub output_schema: Option<Schema>,
 }
@@ -115,8 +117,13 @@ pub(crate) fn check_specs(plugin: &str, prefix: &str, specs: Vec<types::ToolSpec
             );
             return Err(bad(&name, why));
         }
+        let approval = policy.approvals.get(&plugin_tool).cloned();
+        if let Some(undeclared) = approval.iter().flat_map(|a| a.pointers()).find(|p| !input_schema.declares(p)) {
+            return Err(bad(&name, format!("the policy's `approval` reads `{undeclared}`, which its input schema does not declare")));
+        }
         tools.push(ToolInfo {
             action,
+            approval,
             plugin_tool,
             effect: Effect::effective(claimed, reviewed),
             reviewed: reviewed.is_some(),

@@ -39,6 +39,8 @@ pub struct PaymentsConfig {
     pub refunds_per_session_hour: Option<u32>,
     /// The refund's declared `action` (a TOML array of JSON pointers), if any.
     pub refund_action: Option<String>,
+    /// More of the refund's policy, as inline-table entries (`approval = { … }`), if any.
+    pub refund_policy: Option<String>,
 }
 
 impl PaymentsConfig {
@@ -58,6 +60,7 @@ impl PaymentsConfig {
             methods: vec!["POST", "GET"],
             refunds_per_session_hour: None,
             refund_action: None,
+            refund_policy: None,
         }
     }
 
@@ -90,7 +93,7 @@ url = "{url}"
 
 [policy.plugins.payments]
 {budget}[policy.plugins.payments.tools]
-refund = {{ effect = "irreversible"{action} }}
+refund = {{ effect = "irreversible"{action}{policy} }}
 refund_status = {{ effect = "read-only" }}
 [[policy.plugins.payments.grants]]
 downstream = "payments"
@@ -102,6 +105,7 @@ path_prefix = "/v1/refunds"
             key = self.key,
             extra = self.downstream_extra,
             action = self.refund_action.as_ref().map(|a| format!(", action = {a}")).unwrap_or_default(),
+            policy = self.refund_policy.as_ref().map(|p| format!(", {p}")).unwrap_or_default(),
         )
     }
 }

@@ -242,6 +242,17 @@ impl Backend for Postgres {
         })
     }
 
+    fn decide_approval(&self, decided: &CallRecord, request: &str) -> Result<bool, BackendError> {
+        off_async(|| {
+            // One statement: the decision lands only on the request still pending.
+            let sql = "UPDATE toolguard_calls SET record = $3 WHERE session = $1 AND call_id = $2 AND NOT completed \
+                       AND record::jsonb -> 'approval' ->> 'request' = $4 AND record::jsonb -> 'approval' ->> 'status' = 'pending'";
+            let record = serde_json::to_string(decided).map_err(failed)?;
+            let updated = self.execute(sql, &[&decided.session, &decided.call_id, &record, &request])?;
+            Ok(updated == 1)
+        })
+    }
+
     fn release_call(&self, session: &str, call_id: &str, owner: &str) -> Result<(), BackendError> {
         off_async(|| {
             let sql = "UPDATE toolguard_calls SET lease_until = 0 WHERE session = $1 AND call_id = $2 AND owner = $3";

@@ -6,9 +6,11 @@ use serde_json::Value;
 
 pub use crate::clock::now_ms;
 
+mod approval;
 mod attempt;
 mod episode;
 
+pub use approval::{Approval, ApprovalStatus};
 pub use attempt::{AttemptRecord, AttemptState, PlannedSend, Resolution, StoredBody, StoredRequest, StoredResponse};
 pub use episode::{EpisodeId, EpisodeRecord};
 
@@ -70,6 +72,10 @@ pub struct CallRecord {
     /// answer left the host.
     #[serde(skip_serializing_if = "Reported::is_nothing", default)]
     pub reported: Reported,
+    /// For an action the reviewer requires approval of: its request and
+    /// decision ([`Approval`]).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub approval: Option<Approval>,
 }
 
 impl CallRecord {
@@ -91,6 +97,7 @@ impl CallRecord {
             follower: false,
             superseded_by: None,
             reported: Reported::Nothing,
+            approval: None,
         }
     }
 
@@ -98,6 +105,11 @@ impl CallRecord {
     /// superseded (for calls outside episodes, always).
     pub fn is_executor(&self) -> bool {
         !self.follower && self.superseded_by.is_none()
+    }
+
+    /// Whether it waits for a person's decision at `now_ms` (never run before one).
+    pub fn awaiting_approval(&self, now_ms: u64) -> bool {
+        self.state == CallState::Admitted && self.approval.as_ref().is_some_and(|a| a.waiting(now_ms))
     }
 
     /// Whether a host other than `host` holds a live claim on this call at `now_ms`.

@@ -235,7 +235,9 @@ impl Guard {
     }
 
     fn executor_state(&self, session: &str, call_id: &str, record: Option<CallRecord>, attempts: Vec<AttemptRecord>) -> Executor {
-        let running = self.in_progress(session, call_id) || (self.ledger.shared() && record.as_ref().is_some_and(|r| r.leased_elsewhere(&self.host, now_ms())));
+        let running = self.in_progress(session, call_id) || (self.ledger.shared() && record.as_ref().is_some_and(|r| r.leased_elsewhere(&self.host, now_ms())))
+            // Waiting for a person's decision: as good as running (its approval is the episode's).
+            || record.as_ref().is_some_and(|r| r.awaiting_approval(now_ms()));
         match record {
             // One without its outcome (damaged) is refused there, never superseded or settled.
             Some(r) if r.state == CallState::Completed => Executor::Completed(r),

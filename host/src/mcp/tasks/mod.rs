@@ -55,6 +55,9 @@ pub(crate) struct Snapshot {
     pub(crate) updated_ms: u64,
     /// Why a `tasks/cancel` could not be honoured, once one was asked.
     pub(crate) cancel_refused: Option<String>,
+    /// While its call awaits a person's approval: the request
+    /// (`detail.approval` of the `awaiting-approval` answer).
+    pub(crate) approval: Option<serde_json::Value>,
 }
 
 impl Snapshot {
@@ -81,6 +84,8 @@ struct Entry {
     state: watch::Sender<Snapshot>,
     /// What its run's sends pass through, closed by a cancel.
     gate: Arc<Gate>,
+    /// Wakes its driver to try again at once (a decision came in).
+    wake: Arc<tokio::sync::Notify>,
     driver: tokio::task::AbortHandle,
 }
 
@@ -123,13 +128,13 @@ impl Tasks {
             entries.retain(|_, e| !(e.driver.is_finished() && e.state.borrow().created_ms < expired));
         }
         let now = crate::ledger::records::now_ms();
-        let snapshot = Snapshot { progress: Progress::Working(STARTED.into()), created_ms: now, updated_ms: now, cancel_refused: None };
+        let snapshot = Snapshot { progress: Progress::Working(STARTED.into()), created_ms: now, updated_ms: now, cancel_refused: None, approval: None };
         let (state, _) = watch::channel(snapshot);
         let until = Instant::now() + self.ttl;
-        let (request, gate) = (Arc::new(request), Arc::new(Gate::default()));
-        let driving = Driving { runtime: self.runtime.clone(), request: request.clone(), gate: gate.clone(), state: state.clone() };
+        let (request, gate, wake) = (Arc::new(request), Arc::new(Gate::default()), Arc::new(tokio::sync::Notify::new()));
+        let driving = Driving { runtime: self.runtime.clone(), request: request.clone(), gate: gate.clone(), state: state.clone(), wake: wake.clone() };
         let driver = tokio::spawn(driving.settle(self.poll, until)).abort_handle();
-        let entry = Entry { request, state, gate, driver };
+        let entry = Entry { request, state, gate, wake, driver };
         let watched = entry.watched();
         entries.insert(key, entry);
         watched
@@ -139,6 +144,20 @@ impl Tasks {
     pub(crate) fn watch(&self, session: &str, call_id: &str) -> Option<Watched> {
         let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         entries.get(&(session.to_string(), call_id.to_string())).filter(|e| e.live()).map(Entry::watched)
+    }
+
+    /// Notes that a person decided on the approval the task of call
+    /// (`session`, `call_id`) asked for, and has its driver try again now.
+    pub(crate) fn decided(&self, session: &str, call_id: &str, approve: bool) {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = entries.get(&(session.to_string(), call_id.to_string())) {
+            entry.state.send_modify(|s| {
+                s.approval = None;
+                let what = if approve { "approved: running the tool call" } else { "denied: recording the denial" };
+                s.progress = Progress::Working(what.into());
+            });
+            entry.wake.notify_one();
+        }
     }
 
     /// Cancels the task of call (`session`, `call_id`), which this host
@@ -181,12 +200,14 @@ impl Tasks {
     }
 }
 
-/// One driver: the call it runs, through which gate, reporting where.
+/// One driver: the call it runs, through which gate, reporting where,
+/// woken by whom.
 struct Driving {
     runtime: Arc<Runtime>,
     request: Arc<CallRequest>,
     gate: Arc<Gate>,
     state: watch::Sender<Snapshot>,
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// What a task says before its first try has answered.
@@ -209,15 +230,24 @@ impl Driving {
             let now = crate::ledger::records::now_ms();
             let working = unsettled(&answer);
             let settled = working.is_none();
+            let approval = match &answer {
+                Err(e) if e.kind == ErrorKind::AwaitingApproval => e.detail.as_ref().and_then(|d| d.get("approval")).cloned(),
+                _ => None,
+            };
+            // Awaiting a decision, each try is a ledger read: look again at the client's pace.
+            let next = if approval.is_some() { poll } else { pause };
             self.state.send_modify(|s| {
                 s.progress = working.map_or(Progress::Settled(answer), Progress::Working);
+                s.approval = approval;
                 s.updated_ms = now;
             });
-            if settled || Instant::now() + pause > until {
+            if settled || Instant::now() + next > until {
                 return;
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_PAUSE);
+            tokio::select! {
+                () = tokio::time::sleep(next) => pause = (next * 2).min(MAX_PAUSE),
+                () = self.wake.notified() => pause = poll,
+            }
         }
     }
 }
@@ -234,6 +264,7 @@ pub(crate) fn unsettled(answer: &Answer) -> Option<String> {
                 .into(),
         ),
         ErrorKind::Held if e.detail.as_ref().is_none_or(|d| d.get("earlier_outcome").is_none()) => Some(HELD.into()),
+        ErrorKind::AwaitingApproval => Some(format!("{}. Poll this task; do not repeat the call", e.message)),
         _ => None,
     }
 }
@@ -247,6 +278,7 @@ mod tests {
     fn only_an_unknown_outcome_or_a_hold_without_one_keeps_a_task_working() {
         let error = |kind, detail| Err(CallError { kind, message: "m".into(), detail });
         assert!(unsettled(&error(ErrorKind::OutcomeUnknown, None)).is_some());
+        assert!(unsettled(&error(ErrorKind::AwaitingApproval, None)).is_some());
         assert!(unsettled(&error(ErrorKind::Held, Some(json!({ "earlier": "c1" })))).is_some());
         assert!(unsettled(&error(ErrorKind::Held, Some(json!({ "earlier_outcome": {} })))).is_none(), "held with the earlier outcome is told");
         for kind in [ErrorKind::ToolFailed, ErrorKind::Transport, ErrorKind::Conflict, ErrorKind::Denied, ErrorKind::Internal] {

@@ -1,0 +1,130 @@
+//! Consent, between admission and the run (`docs/tasks.md`, "Consent"): a
+//! call of an irreversible tool whose action the reviewer wants a person to
+//! approve runs only with an approval of *that* call — bound to its
+//! principal and session (its record's key), its action digest (its
+//! record's), the effective policy's digest and an expiry — recorded
+//! durably in its record before anything is sent. Until then it answers
+//! `awaiting-approval` and sends nothing; a denial, or no decision before
+//! the expiry, completes it as `denied`, a definitive answer. Identical
+//! calls made meanwhile wait behind it under the hold rule: one approval,
+//! at most one side effect.
+
+use super::CallGuard;
+use crate::error::{CallError, ErrorKind};
+use crate::ledger::records::{Approval, ApprovalStatus, now_ms};
+use crate::ledger::{Durability, LedgerWrite};
+use serde_json::json;
+
+/// What the guard needs to ask a person about one call.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    /// Why the rule asks, in words.
+    pub reason: String,
+    /// sha256 of the plugin's effective policy now.
+    pub policy_digest: String,
+    /// How long a request waits, and an approval stays usable (ms).
+    pub expires_ms: u64,
+    /// The caller's authenticated principal, if any.
+    pub principal: Option<String>,
+}
+
+impl CallGuard {
+    /// Lets the call run if a person approved it under this policy and the
+    /// approval has not expired; otherwise asks (once per request, written
+    /// synced) and answers `awaiting-approval`, or answers the decision:
+    /// `denied` when denied or never decided in time.
+    ///
+    /// # Errors
+    /// `awaiting-approval` (nothing sent; retry the same call or poll its
+    /// task), `denied` (definitive: the guard completes the call with it),
+    /// or `transport`/`internal` when the request could not be recorded.
+    pub async fn consent(&mut self, ask: Ask) -> Result<(), CallError> {
+        let now = now_ms();
+        match self.record.approval.clone() {
+            Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest && now < a.expires_ms => return Ok(()),
+            Some(a) if a.status == ApprovalStatus::Denied => return Err(denied(&self.record.call_id, &a, "denied")),
+            Some(a) if a.status == ApprovalStatus::Pending && a.policy_digest == ask.policy_digest => {
+                return Err(if a.waiting(now) { awaiting(&self.record.call_id, &a) } else { denied(&self.record.call_id, &a, "expired") });
+            }
+            Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest => {
+                return Err(denied(&self.record.call_id, &a, "expired"));
+            }
+            // Never asked, or asked under another policy: ask now.
+            _ => {}
+        }
+        let mut request = [0u8; 12];
+        getrandom::fill(&mut request).map_err(|e| CallError::new(ErrorKind::Internal, format!("no randomness for an approval request: {e}")))?;
+        let approval = Approval {
+            request: hex::encode(request),
+            status: ApprovalStatus::Pending,
+            reason: ask.reason,
+            policy_digest: ask.policy_digest,
+            principal: ask.principal,
+            requested_ms: now,
+            expires_ms: now + ask.expires_ms,
+            decided_by: None,
+            decided_ms: None,
+            note: None,
+        };
+        self.record.approval = Some(approval.clone());
+        let write = LedgerWrite::new().call(self.record.clone());
+        self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(super::internal)?;
+        self.persisted = true;
+        Err(awaiting(&self.record.call_id, &approval))
+    }
+}
+
+/// Whether `e` is a person's (or the clock's) answer to an approval request:
+/// a definitive `denied` that completes its call.
+pub(super) fn is_decision(e: &CallError) -> bool {
+    e.kind == ErrorKind::Denied && e.detail.as_ref().is_some_and(|d| d.get("approval").is_some())
+}
+
+fn view(call_id: &str, a: &Approval) -> serde_json::Value {
+    json!({ "call_id": call_id, "request": a.request, "reason": a.reason, "requested_ms": a.requested_ms, "expires_ms": a.expires_ms,
+            "status": a.status, "decided_by": a.decided_by, "note": a.note })
+}
+
+fn awaiting(call_id: &str, a: &Approval) -> CallError {
+    let message = format!(
+        "this action needs a person's approval ({}); nothing was sent. It waits for a decision until it expires: the person at \
+         the client is asked where the client can be, otherwise an operator decides (`toolguard approvals approve {call_id} {}`)",
+        a.reason, a.request
+    );
+    CallError::new(ErrorKind::AwaitingApproval, message).with_detail(json!({ "approval": view(call_id, a) }))
+}
+
+fn denied(call_id: &str, a: &Approval, how: &str) -> CallError {
+    let message = match how {
+        "expired" => format!("this action was not approved in time ({}); nothing was sent", a.reason),
+        _ => format!(
+            "a person denied this action ({}){}; nothing was sent",
+            a.decided_by.as_deref().unwrap_or("someone"),
+            a.note.as_deref().map(|n| format!(": {n}")).unwrap_or_default()
+        ),
+    };
+    let mut approval = view(call_id, a);
+    approval["status"] = how.into();
+    CallError::new(ErrorKind::Denied, message).with_detail(json!({ "approval": approval }))
+}
+
+impl super::Guard {
+    /// Records a person's decision on approval `request` of tool call
+    /// (`session`, `call_id`), under the call's lock (so no run of it here
+    /// interleaves; on a shared ledger the write is conditional on the
+    /// request still pending). Returns the approval as decided.
+    ///
+    /// # Errors
+    /// In words: no such request waiting, or the ledger failed.
+    pub async fn decide_approval(&self, session: &str, call_id: &str, request: &str, decision: crate::ledger::Decision<'_>) -> Result<Approval, String> {
+        let _lock = self.lock_call(session, call_id).await;
+        let (s, c, r) = (session.to_string(), call_id.to_string(), request.to_string());
+        let (approve, by, note) = (decision.approve, decision.by.to_string(), decision.note.map(str::to_string));
+        let decided = self
+            .ledger
+            .read(move |l| l.decide_approval(&s, &c, &r, crate::ledger::Decision { approve, by: &by, note: note.as_deref() }))
+            .await
+            .map_err(|e| e.to_string())?;
+        decided.approval.ok_or_else(|| "the decided call holds no approval".into())
+    }
+}

@@ -1,0 +1,74 @@
+//! The person at the client decides: a call awaiting a person's approval
+//! (`guard/consent.rs`) is put to the client as an elicitation — inside its
+//! task (`input_required`, answered by `tasks/update`), or, for a 2025-era
+//! session whose client can elicit, as an `elicitation/create` request made
+//! while the `tools/call` waits. The answer is recorded as the decision of
+//! `client:<principal>`; where the client cannot be asked, an operator
+//! decides (`toolguard approvals`).
+
+use super::McpHost;
+use crate::error::ErrorKind;
+use crate::runtime::CallRequest;
+use rmcp::RoleServer;
+use rmcp::model::ElicitRequestParams;
+use rmcp::service::RequestContext;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// The longest a `tools/call` waits for the person at the client to answer.
+const MAX_ASK: Duration = Duration::from_secs(600);
+
+/// The decision an elicitation answer (`ElicitResult` as JSON) carries:
+/// approve or not, with the person's note; `None` when dismissed (no
+/// decision: the request stays open until it expires).
+pub(crate) fn decision_of(answer: &Value) -> Option<(bool, Option<String>)> {
+    let note = answer["content"]["note"].as_str().map(str::to_string);
+    match answer["action"].as_str() {
+        Some("accept") => Some((answer["content"]["approve"].as_bool().unwrap_or(false), note)),
+        Some("decline") => Some((false, note)),
+        _ => None,
+    }
+}
+
+/// What the person is asked about approval `approval` (`detail.approval`).
+pub(crate) fn question(approval: &Value) -> Value {
+    let message = format!(
+        "Approve this action? Tool call `{}` needs a person's approval: {}. Nothing has been sent.",
+        approval["call_id"].as_str().unwrap_or(""),
+        approval["reason"].as_str().unwrap_or("")
+    );
+    json!({ "message": message, "requestedSchema": { "type": "object", "required": ["approve"], "properties": {
+        "approve": { "type": "boolean", "title": "Approve", "description": "Carry out exactly this action, once" },
+        "note": { "type": "string", "title": "Note", "description": "Why (recorded with the decision)" } } } })
+}
+
+impl McpHost {
+    /// `answer` to `call`, or, if it awaits approval and the client can be
+    /// asked while the call waits, the answer of the call run again after
+    /// the person at the client decided.
+    pub(super) async fn ask_at_client(
+        &self,
+        cx: &RequestContext<RoleServer>,
+        call: &CallRequest,
+        answer: Result<crate::CallOutput, crate::CallError>,
+    ) -> Result<crate::CallOutput, crate::CallError> {
+        let approval = match &answer {
+            Err(e) if e.kind == ErrorKind::AwaitingApproval => e.detail.as_ref().and_then(|d| d.get("approval")).cloned(),
+            _ => None,
+        };
+        let can_ask = cx.meta.protocol_version().is_none() && cx.client_capabilities().is_some_and(|c| c.elicitation.is_some());
+        let (Some(approval), true, Some(guard)) = (approval, can_ask, self.runtime.guard()) else { return answer };
+        let Ok(params) = serde_json::from_value::<ElicitRequestParams>(question(&approval)) else { return answer };
+        let left = approval["expires_ms"].as_u64().unwrap_or(0).saturating_sub(crate::ledger::records::now_ms());
+        let asked = cx.peer.create_elicitation_with_timeout(params, Some(Duration::from_millis(left).min(MAX_ASK))).await;
+        let Some((approve, note)) = asked.ok().and_then(|r| serde_json::to_value(r).ok()).and_then(|r| decision_of(&r)) else { return answer };
+        let by = format!("client:{}", call.principal.as_deref().unwrap_or("unauthenticated"));
+        let request = approval["request"].as_str().unwrap_or_default();
+        let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
+        if let Err(why) = guard.decide_approval(&call.session, &call.call_id, request, decision).await {
+            tracing::warn!(call_id = %call.call_id, %why, "the client's decision was not recorded");
+            return answer;
+        }
+        self.runtime.call(call).await
+    }
+}
