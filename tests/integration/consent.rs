@@ -97,6 +97,10 @@ fn a_refund_above_the_line_waits_for_the_person_at_the_client_and_runs_once_appr
     for fact in [r#""status":"approved""#, r#""decided_by":"client:unauthenticated""#, r#""note":"customer called""#, r#""policy_digest":""#] {
         assert!(c1.contains(fact), "{fact} in {c1}");
     }
+    // And the rule is in the audit.
+    let out = std::process::Command::new(BIN).args(["audit", "--config", config.to_str().unwrap()]).output().unwrap();
+    let audit = String::from_utf8_lossy(&out.stdout);
+    assert!(audit.contains("approval: /amount_cents above 1000; a request waits 1 min"), "{audit}");
 }
 
 #[test]

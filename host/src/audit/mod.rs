@@ -167,7 +167,15 @@ fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
         reviewed: t.reviewed,
         may_send: t.effect != Effect::ReadOnly && !no_grants,
         action: t.action.as_ref().map(|a| a.pointers().to_vec()),
+        approval: t.approval.as_ref().map(approval_words),
     }
+}
+
+/// An approval rule in words: when it asks, and how long a request waits.
+fn approval_words(rule: &crate::policy::ApprovalRule) -> String {
+    let when =
+        if rule.always { "every call".to_string() } else { rule.above.iter().map(|(p, line)| format!("{p} above {line}")).collect::<Vec<_>>().join(" or ") };
+    format!("{when}; a request waits {} min", rule.expires_minutes)
 }
 
 /// For an irreversible tool whose arguments can vary without naming another

@@ -139,6 +139,9 @@ pub struct ToolReport {
     /// The arguments that name its action, where the reviewer declared them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<Vec<String>>,
+    /// When a person must approve a call before it runs, in words, where the reviewer asks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
 }
 
 /// A credential the host injects on a granted downstream.
