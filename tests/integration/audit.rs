@@ -46,6 +46,7 @@ fn the_shipped_plugins_pass_under_the_example_config() {
     }
     assert!(text.contains("toolguard:plugin/outbound@0.1.0") && text.contains("granted"), "{text}");
     assert!(text.contains("refund           claimed irreversible  granted irreversible  reviewed, may send"), "{text}");
+    assert!(text.contains("; a repeat within 15 min needs confirming"), "the shipped config confirms repeats of a refund:\n{text}");
     assert!(text.contains("credential   payments: Authorization from file:"), "{text}");
     assert!(!text.contains("sk_test_toolguard_sandbox"), "never the credential's value");
     let keys = "keys         payments: header Idempotency-Key, form-field metadata[toolguard_key] (toolguard format)";
@@ -56,6 +57,8 @@ fn the_shipped_plugins_pass_under_the_example_config() {
     assert_eq!(report["verdict"], "PASS");
     let payments = report["components"].as_array().unwrap().iter().find(|c| c["plugin"] == "payments").unwrap();
     assert_eq!(payments["pin"]["status"], "builtin");
+    let refund = payments["tools"].as_array().unwrap().iter().find(|t| t["name"] == "refund").unwrap();
+    assert_eq!(refund["confirm_repeat_within_minutes"], 15, "{refund}");
     let classes: Vec<&str> = payments["imports"].as_array().unwrap().iter().map(|i| i["class"].as_str().unwrap()).collect();
     assert!(classes.contains(&"granted") && !classes.contains(&"forbidden"));
     let exports: Vec<&str> = payments["exports"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();

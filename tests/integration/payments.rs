@@ -31,6 +31,8 @@ pub struct Downstream {
     pub extra: &'static str,
     /// The refund's declared `action` (a TOML array of JSON pointers), if any.
     pub refund_action: Option<&'static str>,
+    /// More of the refund's policy (inline-table entries), if any.
+    pub refund_policy: Option<&'static str>,
 }
 
 /// The refund's action as its intent and amount: a reason in other words is the same refund.
@@ -54,6 +56,7 @@ impl Default for Downstream {
             key: r#"[{ transport = "header", name = "Idempotency-Key" }, { transport = "form-field", name = "metadata[toolguard_key]" }]"#,
             extra: "",
             refund_action: None,
+            refund_policy: None,
         }
     }
 }
@@ -77,6 +80,7 @@ pub fn config_text(url: &str, data_dir: &std::path::Path, d: &Downstream) -> Str
         refunds_per_session_hour: Some(d.refunds_per_session_hour),
         downstream_extra: d.extra.into(),
         refund_action: d.refund_action.map(Into::into),
+        refund_policy: d.refund_policy.map(Into::into),
         ..PaymentsConfig::new(url, wasm("payments").display().to_string())
     };
     format!(

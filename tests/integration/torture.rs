@@ -85,6 +85,15 @@ fn torture_over_https_kill_9_never_duplicates_or_loses_a_refund() {
     torture(World::over_https(&pki), env_u64("TOOLGUARD_TORTURE_TLS_TRIALS").unwrap_or(40), " over HTTPS");
 }
 
+/// The same torture with the refund's repeats confirmed (the shipped
+/// example's `confirm_repeat_within_minutes = 15`): a call killed before the
+/// host recorded it, re-issued under a new id and then resumed under its
+/// old one, refunds once — the resume waits for a person's confirmation.
+#[test]
+fn torture_confirming_repeats_kill_9_makes_no_unlinkable_pair() {
+    torture(World::confirming_repeats(), env_u64("TOOLGUARD_TORTURE_CONFIRM_TRIALS").unwrap_or(120), " confirming repeats");
+}
+
 /// The same torture with every tool call giving its reason in its own
 /// words, under the refund's declared action: a reworded blind repeat or
 /// resume must be the same action (`docs/keys.md`, "The action arguments").
@@ -102,7 +111,7 @@ fn torture(w: World, trials: u64, over: &str) {
     let call_ms = (started.elapsed().as_millis() as u64).max(10);
     let mut phases: BTreeMap<String, u64> = BTreeMap::new();
     let mut acknowledged = 0;
-    let (mut repeats_held, mut repeats_ran, mut never_admitted) = (0, 0, 0);
+    let (mut repeats_held, mut repeats_ran, mut never_admitted, mut confirmations) = (0, 0, 0, 0);
 
     for trial in 0..trials {
         let amount = trial + 1;
@@ -196,7 +205,9 @@ fn torture(w: World, trials: u64, over: &str) {
         let (repeat_ok, repeat) = w.refund(&format!("{call_id}-model"), amount);
         let (resume_ok, resumed) = w.refund(&call_id, amount);
         for (ok, answer) in [(repeat_ok, &repeat), (resume_ok, &resumed)] {
-            assert!(ok || answer["kind"] == "held", "trial {trial} (seed {seed}): {answer}");
+            let waits = w.confirms_repeats && answer["kind"] == "awaiting-approval";
+            confirmations += usize::from(waits);
+            assert!(ok || answer["kind"] == "held" || waits, "trial {trial} (seed {seed}): {answer}");
             if ok {
                 assert_eq!(answer["amount_cents"], amount, "trial {trial}");
             }
@@ -206,7 +217,8 @@ fn torture(w: World, trials: u64, over: &str) {
         } else {
             repeats_held += 1
         }
-        let expected = if admitted { 1 } else { 2 };
+        // Never admitted, the resume is a new action to the host; confirming repeats, it waits for a person.
+        let expected = if admitted || w.confirms_repeats { 1 } else { 2 };
         never_admitted += usize::from(!admitted);
         let refunds = w.refunds_of(amount);
         assert_eq!(refunds, expected, "trial {trial} (seed {seed}, admitted: {admitted}): repeat {repeat}, resume {resumed}");
@@ -224,8 +236,10 @@ fn torture(w: World, trials: u64, over: &str) {
         *per_amount.entry(r.amount).or_default() += 1;
     }
     per_amount.remove(&(WARM_UP_AMOUNT));
-    // Only a trial whose call was never admitted may have two (a new action after a definitive answer).
-    let duplicates: usize = per_amount.values().map(|n| n.saturating_sub(1)).sum::<usize>() - never_admitted;
+    // Only a trial whose call was never admitted may have two (a new action after a
+    // definitive answer): the pairs no host can link, unless repeats are confirmed.
+    let pairs = if w.confirms_repeats { 0 } else { never_admitted };
+    let duplicates: usize = per_amount.values().map(|n| n.saturating_sub(1)).sum::<usize>() - pairs;
     let lost = (1..=trials).filter(|a| !per_amount.contains_key(a)).count();
 
     println!("torture tally{over} (seed {seed})");
@@ -236,8 +250,14 @@ fn torture(w: World, trials: u64, over: &str) {
     println!("  acknowledged before a kill point: {acknowledged}");
     println!("  never answered: the model's blind repeat was held {repeats_held}, ran {repeats_ran}; then the original id resumed");
     println!("  never admitted (killed before the host recorded the call; repeat and resume are new actions): {never_admitted}");
+    println!("  unlinkable pairs refunded twice: {pairs}; calls waiting for a person to confirm a repeat: {confirmations}");
     println!("  refunds at the provider: {} for {trials} trials (and the warm-up)", refunds.len() - 1);
     println!("  duplicates = {duplicates}, lost = {lost}, left pending = {pending}, left unknown = {unknown}");
     assert_eq!((duplicates, lost, pending, unknown), (0, 0, 0, 0));
-    assert_eq!(refunds.len() as u64, trials + 1 + never_admitted as u64, "the trials' refunds and the warm-up's");
+    assert_eq!(refunds.len() as u64, trials + 1 + pairs as u64, "the trials' refunds and the warm-up's");
+    if w.confirms_repeats {
+        assert_eq!(confirmations, never_admitted, "each unlinkable resume waited for a person, and only those");
+        // Kills at random moments leave some calls unrecorded (a quarter or so of such trials): the case this run is for.
+        assert!(trials < 50 || never_admitted > 0, "no trial left a call unrecorded: the run did not exercise the repeat nobody can link");
+    }
 }

@@ -27,6 +27,9 @@ pub struct World {
     /// Whether each tool call gives the refund's reason in its own words
     /// (the refund's action declared as its intent and amount).
     pub reworded: bool,
+    /// Whether the refund asks a person to confirm a repeat of an action
+    /// carried out within the last 15 minutes (`confirm_repeat_within_minutes`).
+    pub confirms_repeats: bool,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -68,7 +71,8 @@ impl World {
             None => config_text(&sandbox.url(), &dir.path().join("data"), &d),
         };
         std::fs::write(&config, format!("{text}\n{}", extra.replace("{url}", &sandbox.url()))).unwrap();
-        Self { sandbox, config, dir, reworded: false, _rt: rt }
+        let confirms_repeats = d.refund_policy.is_some_and(|p| p.contains("confirm_repeat_within_minutes"));
+        Self { sandbox, config, dir, reworded: false, confirms_repeats, _rt: rt }
     }
 
     /// [`World::new`] whose refunds give their reason in words that depend
@@ -77,6 +81,12 @@ impl World {
     pub fn in_other_words() -> Self {
         let w = Self::with(Downstream { refund_action: Some(crate::payments::INTENT_AND_AMOUNT), ..torture_downstream() });
         Self { reworded: true, ..w }
+    }
+
+    /// [`World::new`] with the refund's repeats within 15 minutes confirmed
+    /// by a person, as the shipped example config has it.
+    pub fn confirming_repeats() -> Self {
+        Self::with(Downstream { refund_policy: Some("confirm_repeat_within_minutes = 15"), ..torture_downstream() })
     }
 
     /// `toolguard call` refunding `amount` cents under `call_id`, started.

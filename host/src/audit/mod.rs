@@ -168,6 +168,7 @@ fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
         may_send: t.effect != Effect::ReadOnly && !no_grants,
         action: t.action.as_ref().map(|a| a.pointers().to_vec()),
         approval: t.approval.as_ref().map(approval_words),
+        confirm_repeat_within_minutes: t.confirm_repeat_ms.map(|ms| ms / 60_000),
     }
 }
 

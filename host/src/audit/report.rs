@@ -142,6 +142,9 @@ pub struct ToolReport {
     /// When a person must approve a call before it runs, in words, where the reviewer asks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval: Option<String>,
+    /// Minutes within which a repeat of an action carried out needs a person's confirmation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirm_repeat_within_minutes: Option<u64>,
 }
 
 /// A credential the host injects on a granted downstream.

@@ -42,6 +42,9 @@ impl CallGuard {
         let now = now_ms();
         match self.record.approval.clone() {
             Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest && now < a.expires_ms => return Ok(()),
+            // Approved and used: a send of it is recorded, so its run goes on (re-run after a
+            // crash, say) whatever the clock or the policy says now; it is never denied after it acted.
+            Some(a) if a.status == ApprovalStatus::Approved && self.sent_anything().await? => return Ok(()),
             Some(a) if a.status == ApprovalStatus::Denied => return Err(denied(&self.record.call_id, &a, "denied")),
             Some(a) if a.status == ApprovalStatus::Pending && a.policy_digest == ask.policy_digest => {
                 return Err(if a.waiting(now) { awaiting(&self.record.call_id, &a) } else { denied(&self.record.call_id, &a, "expired") });
@@ -71,6 +74,57 @@ impl CallGuard {
         self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(super::internal)?;
         self.persisted = true;
         Err(awaiting(&self.record.call_id, &approval))
+    }
+}
+
+impl CallGuard {
+    /// The call's record as admitted (what consent is decided on).
+    pub fn admitted(&self) -> &crate::ledger::CallRecord {
+        &self.record
+    }
+
+    /// Whether the ledger holds any attempt of this call (from any run).
+    async fn sent_anything(&mut self) -> Result<bool, CallError> {
+        let (s, c) = (self.record.session.clone(), self.record.call_id.clone());
+        let attempts = self.guard.ledger.read(move |l| l.attempts_of_call(&s, &c)).await.map_err(super::internal)?;
+        Ok(!attempts.is_empty())
+    }
+}
+
+impl super::Guard {
+    /// For a new call of an action whose previous episode ended with an
+    /// effect less than `window_ms` ago (its caller told a definitive
+    /// outcome), why a person must confirm this call is meant a second
+    /// time: the repeat no host can link (a call killed before it was
+    /// recorded, re-issued under a new id and also resumed under its old
+    /// one). `None` for the first of its action, or after the window.
+    ///
+    /// # Errors
+    /// The ledger could not be read.
+    pub async fn repeat_to_confirm(&self, record: &crate::ledger::CallRecord, window_ms: u64) -> Result<Option<String>, CallError> {
+        let Some(n) = record.episode.filter(|n| *n > 0) else { return Ok(None) };
+        let (s, t, d) = (record.session.clone(), record.tool.clone(), record.args_digest.clone());
+        let earlier = self
+            .ledger
+            .read(move |l| {
+                let Some(e) = l.episode(&s, &t, &d, Some(n - 1))? else { return Ok(None) };
+                Ok(l.call(&s, &e.executor)?.map(|c| (e, c)))
+            })
+            .await
+            .map_err(super::internal)?;
+        let Some((episode, executor)) = earlier else { return Ok(None) };
+        let ended = episode.closed_ms.unwrap_or(0);
+        let effect = matches!(&executor.outcome, Some(crate::ledger::StoredOutcome::Result(_)))
+            || matches!(&executor.outcome, Some(crate::ledger::StoredOutcome::Error { kind, .. }) if kind == "failed-after-effect");
+        if !episode.closed || !effect || now_ms().saturating_sub(ended) >= window_ms {
+            return Ok(None);
+        }
+        let minutes = now_ms().saturating_sub(ended) / 60_000;
+        Ok(Some(format!(
+            "an identical action was carried out {minutes} min ago as tool call `{}`; this call runs only if a person confirms a \
+             second one is meant (confirm_repeat_within_minutes)",
+            executor.call_id
+        )))
     }
 }
 

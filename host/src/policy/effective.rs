@@ -23,6 +23,9 @@ pub struct EffectivePolicy {
     /// When a person must approve a call of an irreversible tool, by tool.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub approvals: std::collections::BTreeMap<String, super::ApprovalRule>,
+    /// Minutes within which a repeat of an irreversible tool's action needs confirmation, by tool.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub confirm_repeats: std::collections::BTreeMap<String, u64>,
     /// The grants as the reviewer wrote them: what each request is authorised against.
     #[serde(skip)]
     pub rules: Arc<[Grant]>,
@@ -117,7 +120,15 @@ impl EffectivePolicy {
             max_irreversible_calls_per_session_hour: policy.max_irreversible_calls_per_session_hour,
             max_irreversible_calls_per_principal_hour: policy.max_irreversible_calls_per_principal_hour,
         };
-        Self { tools, grants, credentials, budgets, approvals: policy.approvals.clone(), rules: policy.grants.clone().into() }
+        Self {
+            tools,
+            grants,
+            credentials,
+            budgets,
+            approvals: policy.approvals.clone(),
+            confirm_repeats: policy.confirm_repeats.clone(),
+            rules: policy.grants.clone().into(),
+        }
     }
 
     /// sha256 of its grant-history entry: what an approval is bound to.

@@ -77,6 +77,10 @@ pub struct RawToolPolicy {
     /// For an irreversible tool, when a person must approve a call before
     /// it runs (`docs/tasks.md`).
     pub approval: Option<RawApproval>,
+    /// For an irreversible tool: a new call identical to an action carried
+    /// out less than this many minutes ago runs only once a person confirms
+    /// it (`docs/tasks.md`, "The repeat nobody can link").
+    pub confirm_repeat_within_minutes: Option<u64>,
 }
 
 /// The checked policy.
@@ -130,7 +134,18 @@ impl Policy {
             }
             let mut actions = BTreeMap::new();
             let mut approvals = BTreeMap::new();
+            let mut confirm_repeats = BTreeMap::new();
             for (tool, tp) in &p.tools {
+                if let Some(minutes) = tp.confirm_repeat_within_minutes {
+                    let field = at(&format!("tools.{tool}.confirm_repeat_within_minutes"));
+                    if tp.effect != Effect::Irreversible {
+                        return Err((field, format!("confirms repeats of an irreversible action; `{tool}` is {}: remove it", tp.effect.as_str())));
+                    }
+                    if minutes == 0 {
+                        return Err((field, "must be at least 1 (or leave it out)".into()));
+                    }
+                    confirm_repeats.insert(tool.clone(), minutes);
+                }
                 if let Some(raw) = tp.approval.clone() {
                     let field = at(&format!("tools.{tool}.approval"));
                     if tp.effect != Effect::Irreversible {
@@ -151,6 +166,7 @@ impl Policy {
                 tools: p.tools.into_iter().map(|(t, tp)| (t, tp.effect)).collect(),
                 actions,
                 approvals,
+                confirm_repeats,
                 grants: p.grants,
                 max_sends_per_call: p.max_sends_per_call.unwrap_or(DEFAULT_MAX_SENDS_PER_CALL),
                 max_irreversible_calls_per_session_hour: p.max_irreversible_calls_per_session_hour,

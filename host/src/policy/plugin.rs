@@ -53,6 +53,9 @@ pub struct PluginPolicy {
     pub actions: BTreeMap<String, ActionFields>,
     /// When a person must approve a call of an irreversible tool, by tool.
     pub approvals: BTreeMap<String, super::ApprovalRule>,
+    /// Minutes within which a new call identical to an action carried out
+    /// needs a person's confirmation, by irreversible tool.
+    pub confirm_repeats: BTreeMap<String, u64>,
     /// What it may reach through `outbound` (nothing by default).
     pub grants: Vec<Grant>,
     /// Sends one tool call may make.
@@ -83,6 +86,7 @@ impl Default for PluginPolicy {
             tools: BTreeMap::new(),
             actions: BTreeMap::new(),
             approvals: BTreeMap::new(),
+            confirm_repeats: BTreeMap::new(),
             grants: Vec::new(),
             max_sends_per_call: DEFAULT_MAX_SENDS_PER_CALL,
             max_irreversible_calls_per_session_hour: None,

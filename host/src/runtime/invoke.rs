@@ -61,7 +61,7 @@ impl Runtime {
                         if rules_gated {
                             call.persist().await?;
                         }
-                        if let Some(ask) = approval_asked(plugin, tool, &args, req) {
+                        if let Some(ask) = consent_asked(guard, plugin, tool, (&args, req), call.admitted().clone()).await? {
                             let _consent = crate::phases::time(crate::phases::Phase::Admit);
                             if let Err(e) = call.consent(ask).await {
                                 return guard.finish(call, Err(e)).await.map(|value| CallOutput { value, replayed: false });
@@ -212,11 +212,28 @@ fn check_result(text: &str, max: usize, tool: &ToolInfo) -> Result<Value, CallEr
 }
 
 /// The stored outcome of a completed call, marked as replayed.
-/// What to ask a person, if the reviewer wants `tool`'s call with `args` approved.
-fn approval_asked(plugin: &super::plugin::LoadedPlugin, tool: &ToolInfo, args: &Value, req: &CallRequest) -> Option<crate::guard::Ask> {
-    let rule = tool.approval.as_ref()?;
-    let reason = rule.asks(args)?;
-    Some(crate::guard::Ask { reason, policy_digest: plugin.policy.digest(), expires_ms: rule.expires_minutes * 60_000, principal: req.principal.clone() })
+/// What to ask a person about this call, if anything: the reviewer's
+/// approval rule; else a repeat of an action carried out within the tool's
+/// `confirm_repeat_within_minutes`; else, for a call asked about before,
+/// the same question (it stays under consent whatever the rules say now).
+async fn consent_asked(
+    guard: &crate::guard::Guard,
+    plugin: &super::plugin::LoadedPlugin,
+    tool: &ToolInfo,
+    (args, req): (&Value, &CallRequest),
+    record: crate::ledger::CallRecord,
+) -> Result<Option<crate::guard::Ask>, CallError> {
+    let rule = tool.approval.as_ref();
+    let mut reason = rule.and_then(|r| r.asks(args));
+    if reason.is_none()
+        && let Some(window) = tool.confirm_repeat_ms
+    {
+        reason = guard.repeat_to_confirm(&record, window).await?;
+    }
+    // Once asked, a call stays under consent whatever the rules say now.
+    let Some(reason) = reason.or_else(|| record.approval.map(|a| a.reason)) else { return Ok(None) };
+    let minutes = rule.map_or(crate::policy::DEFAULT_APPROVAL_MINUTES, |r| r.expires_minutes);
+    Ok(Some(crate::guard::Ask { reason, policy_digest: plugin.policy.digest(), expires_ms: minutes * 60_000, principal: req.principal.clone() }))
 }
 
 fn replayed(stored: StoredOutcome) -> Result<CallOutput, CallError> {

@@ -50,6 +50,9 @@ pub struct ToolInfo {
     pub action: Option<ActionFields>,
     /// When a person must approve a call before it runs, if the reviewer asks.
     pub approval: Option<crate::policy::ApprovalRule>,
+    /// How recently an identical action may have been carried out before a
+    /// new call of it needs a person's confirmation (ms), if the reviewer asks.
+    pub confirm_repeat_ms: Option<u64>,
     /// Schema the result must satisfy, if the plugin promised one.
     pub output_schema: Option<Schema>,
 }
@@ -124,6 +127,7 @@ pub(crate) fn check_specs(plugin: &str, prefix: &str, specs: Vec<types::ToolSpec
         tools.push(ToolInfo {
             action,
             approval,
+            confirm_repeat_ms: policy.confirm_repeats.get(&plugin_tool).map(|m| m * 60_000),
             plugin_tool,
             effect: Effect::effective(claimed, reviewed),
             reviewed: reviewed.is_some(),
