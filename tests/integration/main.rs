@@ -42,6 +42,7 @@ mod sandbox_limits;
 mod security;
 mod shipped;
 mod tasks;
+mod tasks_torture;
 mod tls;
 mod torture;
 mod upgrade;

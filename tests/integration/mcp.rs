@@ -215,6 +215,11 @@ fn post(url: &str, headers: &[(&str, &str)], body: String) -> u16 {
 
 /// POSTs `body` to the MCP endpoint with extra headers; the status, headers and body.
 pub(crate) fn send(url: &str, headers: &[(&str, &str)], body: String) -> (u16, reqwest::header::HeaderMap, String) {
+    try_send(url, headers, body).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`send`], or why no whole answer came (the connection failed or was cut).
+pub(crate) fn try_send(url: &str, headers: &[(&str, &str)], body: String) -> Result<(u16, reqwest::header::HeaderMap, String), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -225,11 +230,11 @@ pub(crate) fn send(url: &str, headers: &[(&str, &str)], body: String) -> (u16, r
         }
         // A response that never comes fails the test instead of hanging it.
         let answered = async {
-            let response = req.send().await.unwrap();
+            let response = req.send().await.map_err(|e| e.to_string())?;
             let (status, headers) = (response.status().as_u16(), response.headers().clone());
-            (status, headers, response.text().await.unwrap())
+            Ok((status, headers, response.text().await.map_err(|e| e.to_string())?))
         };
-        tokio::time::timeout(std::time::Duration::from_secs(120), answered).await.expect("no whole answer in 120 s")
+        tokio::time::timeout(std::time::Duration::from_secs(120), answered).await.map_err(|_| "no whole answer in 120 s".to_string())?
     })
 }
 

@@ -5,7 +5,7 @@
 //! once something may have left, and a task outlives a kill -9 of its host
 //! and is visible only to its principal.
 
-use crate::mcp::{in_session, open_session_with, send, serve_patient_refunds};
+use crate::mcp::{in_session, open_session_with, serve_patient_refunds, try_send};
 use serde_json::{Value, json};
 use std::time::Duration;
 use toolguard_sandbox::Fault;
@@ -40,7 +40,12 @@ impl Client {
     }
 
     /// Sends request `method` with `params` (and `meta` in its `_meta`); the whole JSON-RPC response.
-    pub(crate) fn request(&self, method: &str, mut params: Value, meta: Value) -> Value {
+    pub(crate) fn request(&self, method: &str, params: Value, meta: Value) -> Value {
+        self.try_request(method, params, meta).unwrap_or_else(|e| panic!("{method}: {e}"))
+    }
+
+    /// [`Client::request`], or why no whole JSON-RPC response came (the host went away).
+    pub(crate) fn try_request(&self, method: &str, mut params: Value, meta: Value) -> Result<Value, String> {
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(100);
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         params["_meta"] = meta;
@@ -49,19 +54,26 @@ impl Client {
         if let Some(auth) = &self.auth {
             headers.push(("Authorization", auth.as_str()));
         }
-        let (status, _, text) = send(&self.url, &headers, body);
-        assert_eq!(status, 200, "{method}: {text}");
+        let (status, _, text) = try_send(&self.url, &headers, body)?;
+        if status != 200 {
+            return Err(format!("HTTP {status}: {text}"));
+        }
         let data = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty());
-        serde_json::from_str(data.unwrap_or(&text)).unwrap_or_else(|e| panic!("{e}: {text}"))
+        serde_json::from_str(data.unwrap_or(&text)).map_err(|e| format!("{e}: {text}"))
     }
 
     /// A refund of `amount` cents as tool call `call_id`, opted into tasks or not: the result.
     pub(crate) fn refund(&self, call_id: &str, amount: u64, tasks: bool) -> Value {
+        self.try_refund(call_id, amount, tasks).unwrap_or_else(|e| panic!("refund {call_id}: {e}"))
+    }
+
+    /// [`Client::refund`], or why no answer came (the host went away).
+    pub(crate) fn try_refund(&self, call_id: &str, amount: u64, tasks: bool) -> Result<Value, String> {
         let mut meta = if tasks { self.caps.clone() } else { json!({}) };
         meta["toolguard/toolCallId"] = call_id.into();
         meta["toolguard/sessionId"] = "conv".into();
         let args = json!({ "payment_intent": "pi_mcp", "amount_cents": amount, "reason": "duplicate" });
-        self.request("tools/call", json!({ "name": "refund", "arguments": args }), meta)["result"].clone()
+        Ok(self.try_request("tools/call", json!({ "name": "refund", "arguments": args }), meta)?["result"].clone())
     }
 
     /// `tasks/<verb>` of `task` (opted in): the whole response.
