@@ -182,3 +182,78 @@ fn where_the_client_cannot_ask_an_operator_decides_from_the_command_line_on_a_sh
     assert_eq!(done["result"]["isError"], false, "{done}");
     assert_eq!(sandbox.refunds().len(), 1);
 }
+
+/// Runs the official Python SDK's client against `url` in `mode`, answering
+/// the approval it is asked for with `decision`: what it printed.
+fn python_decides(url: &str, mode: &str, decision: &str) -> Value {
+    let python = std::env::var("TOOLGUARD_PYTHON").expect("TOOLGUARD_PYTHON: run the tests with ./dev.sh test");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp/consent.py");
+    let out = std::process::Command::new(python).arg(script).args([url, mode, decision]).output().unwrap();
+    assert!(out.status.success(), "python client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_python_sdk_asks_its_user_in_both_eras_and_the_answer_decides() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = world(dir.path(), None);
+    let server = serve_http(&config, &[]);
+    // 2026-07-28: the call answers input_required; the SDK asks its user and retries with the answer.
+    let approved = python_decides(&server.url, "auto", "approve");
+    assert_eq!(approved["protocol"], "2026-07-28", "{approved}");
+    assert!(approved["asked"][0].as_str().unwrap().contains("/amount_cents is 5000, above 1000"), "{approved}");
+    assert_eq!(approved["is_error"], false, "{approved}");
+    assert_eq!(sandbox.refunds().len(), 1);
+    // 2025-11-25: the host asks with elicitation/create while the call waits.
+    let denied = python_decides(&server.url, "legacy", "deny");
+    assert_eq!(denied["protocol"], "2025-11-25", "{denied}");
+    assert_eq!(denied["asked"].as_array().map(Vec::len), Some(1), "{denied}");
+    assert_eq!(denied["structured"]["kind"], "denied", "{denied}");
+    assert_eq!(denied["structured"]["detail"]["approval"]["decided_by"], "client:unauthenticated", "{denied}");
+    let approved = python_decides(&server.url, "legacy", "approve");
+    assert_eq!(approved["is_error"], false, "{approved}");
+    assert_eq!(sandbox.refunds().len(), 2, "one refund per approval, none for the denial");
+}
+
+#[test]
+fn an_operator_decides_over_http_on_a_host_that_holds_its_ledger_and_a_client_token_cannot() {
+    const OPERATOR: &str = "operator-token-long-enough";
+    const CLIENT: &str = "client-token-long-enough";
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = world(dir.path(), None);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let mcp = "operator_token_env = \"TG_OPERATOR\"\ntokens = [{ principal = \"agent\", token_env = \"TG_CLIENT\" }]\n";
+    std::fs::write(&config, text.replace("[mcp]\n", &format!("[mcp]\n{mcp}"))).unwrap();
+    let server = serve_http(&config, &[("TG_OPERATOR", OPERATOR), ("TG_CLIENT", CLIENT)]);
+    let client = Client::open(&server.url, Some(CLIENT));
+    let task = task_id(&client.refund("h1", 5_000, true));
+    let approvals = server.url.replace("/mcp", "/approvals");
+    let http = |method: reqwest::Method, token: &str, body: Option<Value>| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut req = reqwest::Client::new().request(method, &approvals).bearer_auth(token);
+            if let Some(body) = body {
+                req = req.header("content-type", "application/json").body(body.to_string());
+            }
+            let response = req.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        })
+    };
+    let (status, listed) = http(reqwest::Method::GET, OPERATOR, None);
+    assert_eq!(status, 200, "{listed}");
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let waiting = &listed["waiting"][0];
+    assert_eq!(waiting["call_id"], "h1", "{listed}");
+    assert_eq!(waiting["session"], "agent/conv", "the client's principal namespaces it: {listed}");
+    let decide = json!({ "session": waiting["session"], "call_id": "h1", "request": waiting["request"], "decision": "approve", "by": "ops" });
+    // The agent's own token cannot approve its action.
+    assert_eq!(http(reqwest::Method::POST, CLIENT, Some(decide.clone())).0, 401);
+    assert_eq!(posts(&sandbox), 0);
+    let (status, decided) = http(reqwest::Method::POST, OPERATOR, Some(decide.clone()));
+    assert_eq!(status, 200, "{decided}");
+    assert!(decided.contains(r#""decided_by":"operator:ops""#), "{decided}");
+    assert_eq!(http(reqwest::Method::POST, OPERATOR, Some(decide)).0, 409, "decided once");
+    let done = until(&client, &task, "completed");
+    assert_eq!(done["result"]["isError"], false, "{done}");
+    assert_eq!(sandbox.refunds().len(), 1);
+}

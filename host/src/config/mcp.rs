@@ -50,6 +50,10 @@ pub struct McpConfig {
     pub max_calls_per_principal: usize,
     /// Most HTTP connections open at once ([`crate::mcp::listen`]).
     pub max_connections: usize,
+    /// An environment variable holding the operator's bearer token: with
+    /// it, `serve --http` also serves `/approvals` (list and decide
+    /// approvals, `docs/tasks.md`); never a client's token.
+    pub operator_token_env: Option<String>,
     /// For a client that opted into MCP Tasks: how long a side-effecting
     /// call may run before it is answered with a task instead of waiting
     /// (`docs/tasks.md`).
@@ -77,6 +81,7 @@ impl Default for McpConfig {
             max_sessions_per_principal: 100,
             max_calls_per_principal: 64,
             max_connections: 4_096,
+            operator_token_env: None,
             task_after_ms: 2_000,
             task_poll_ms: 1_000,
             task_ttl_ms: 3_600_000,

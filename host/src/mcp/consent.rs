@@ -1,8 +1,11 @@
 //! The person at the client decides: a call awaiting a person's approval
 //! (`guard/consent.rs`) is put to the client as an elicitation — inside its
-//! task (`input_required`, answered by `tasks/update`), or, for a 2025-era
-//! session whose client can elicit, as an `elicitation/create` request made
-//! while the `tools/call` waits. The answer is recorded as the decision of
+//! task (`input_required`, answered by `tasks/update`); for a 2026-07-28
+//! client that can elicit, as an `input_required` answer to the
+//! `tools/call` itself, which the client retries with its `inputResponses`
+//! (multi-round-trip requests); for a 2025-era session whose client can
+//! elicit, as an `elicitation/create` request made while the `tools/call`
+//! waits. The answer is recorded as the decision of
 //! `client:<principal>`; where the client cannot be asked, an operator
 //! decides (`toolguard approvals`).
 
@@ -14,6 +17,9 @@ use rmcp::model::ElicitRequestParams;
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use std::time::Duration;
+
+/// What the key of an input request asking for approval starts with.
+pub(crate) const APPROVAL_KEY: &str = "approval-";
 
 /// The longest a `tools/call` waits for the person at the client to answer.
 const MAX_ASK: Duration = Duration::from_secs(600);
@@ -43,6 +49,48 @@ pub(crate) fn question(approval: &Value) -> Value {
 }
 
 impl McpHost {
+    /// Records the decisions a retried `tools/call` carries in its
+    /// `inputResponses` (answers to the approval it was asked for). Only a
+    /// request still waiting for this very call is decided; `requestState`
+    /// is not trusted for anything.
+    ///
+    /// # Errors
+    /// `-32602` for a response to no approval of this call.
+    pub(super) async fn record_responses(&self, call: &CallRequest, responses: &rmcp::model::InputResponses) -> Result<(), rmcp::ErrorData> {
+        let Some(guard) = self.runtime.guard() else { return Ok(()) };
+        for (key, answer) in responses {
+            let Some(request) = key.strip_prefix(APPROVAL_KEY) else {
+                return Err(rmcp::ErrorData::invalid_params(format!("`{key}` answers nothing toolguard asked"), None));
+            };
+            // Dismissed: no decision; the request stays open until it expires.
+            let Some((approve, note)) = decision_of(answer) else { continue };
+            let by = format!("client:{}", call.principal.as_deref().unwrap_or("unauthenticated"));
+            let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
+            guard.decide_approval(&call.session, &call.call_id, request, decision).await.map_err(|e| rmcp::ErrorData::invalid_params(e, None))?;
+        }
+        Ok(())
+    }
+
+    /// For a 2026-07-28 client that can elicit, the `input_required` answer
+    /// asking it to approve a call that awaits approval.
+    pub(super) fn input_required(
+        &self,
+        cx: &RequestContext<RoleServer>,
+        answer: &Result<crate::CallOutput, crate::CallError>,
+    ) -> Option<rmcp::model::InputRequiredResult> {
+        let Err(e) = answer else { return None };
+        let approval = e.detail.as_ref().and_then(|d| d.get("approval")).filter(|_| e.kind == ErrorKind::AwaitingApproval)?;
+        let modern = cx.meta.protocol_version().is_some();
+        if !modern || cx.client_capabilities().is_none_or(|c| c.elicitation.is_none()) {
+            return None;
+        }
+        let request = approval["request"].as_str()?;
+        let elicitation = json!({ "method": "elicitation/create", "params": question(approval) });
+        let input = serde_json::from_value::<rmcp::model::InputRequest>(elicitation).ok()?;
+        let requests = rmcp::model::InputRequests::from([(format!("{APPROVAL_KEY}{request}"), input)]);
+        Some(rmcp::model::InputRequiredResult::new(Some(requests), Some(request.to_string())))
+    }
+
     /// `answer` to `call`, or, if it awaits approval and the client can be
     /// asked while the call waits, the answer of the call run again after
     /// the person at the client decided.

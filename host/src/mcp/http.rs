@@ -67,6 +67,7 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let mcp_config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts.clone()).with_max_request_body_bytes(config.max_request_bytes);
     let ledger = host.runtime.guard().map(|g| g.ledger().clone());
     let runtime = host.runtime.clone();
+    let runtime_for_operator = host.runtime.clone();
     let sessions = Arc::new(super::sessions::CappedSessions::new(config.max_sessions, config.max_sessions_per_principal));
     let service = StreamableHttpService::new(move || Ok(host.clone()), sessions, mcp_config);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
@@ -88,13 +89,23 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
         }
     });
     let router = mcp.route(METRICS_PATH, metrics_route);
+    let tokens_clone = tokens.clone();
     let tokens = Arc::new(tokens);
     let max_bytes = config.max_request_bytes;
     let router = router.layer(axum::middleware::from_fn(move |req, next| super::listen::whole_body(max_bytes, req, next)));
-    Ok(router.layer(axum::middleware::from_fn(move |req, next| {
+    let router = router.layer(axum::middleware::from_fn(move |req, next| {
         let tokens = tokens.clone();
         async move { bearer(&tokens, req, next).await }
-    })))
+    }));
+    // The operator's routes sit beside the clients', behind their own token (operator.rs).
+    let Some(var) = config.operator_token_env.as_deref() else { return Ok(router) };
+    let token = std::env::var(var).map_err(|_| anyhow::anyhow!("the operator's token is in `{var}`, which is not set"))?;
+    anyhow::ensure!(token.len() >= 16, "the token in `{var}` is shorter than 16 characters; use a long random one");
+    anyhow::ensure!(!tokens_clone.iter().any(|(_, t)| *t == token), "the operator's token in `{var}` is also an MCP client's token: use its own");
+    let max_bytes = config.max_request_bytes;
+    let operator =
+        super::operator::router(runtime_for_operator, token).layer(axum::middleware::from_fn(move |req, next| super::listen::whole_body(max_bytes, req, next)));
+    Ok(router.merge(operator))
 }
 
 /// The authenticated principal of an HTTP request, put in its extensions
@@ -123,7 +134,10 @@ async fn bearer(tokens: &[(Principal, String)], mut req: axum::extract::Request,
     let given = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     // Every token is compared, in constant time, whichever matches.
     let matched = given.and_then(|g| {
-        tokens.iter().fold(None, |found, (principal, token)| if constant_time_eq(g.as_bytes(), token.as_bytes()) { Some(principal.clone()) } else { found })
+        tokens.iter().fold(
+            None,
+            |found, (principal, token)| if super::operator::constant_time_eq(g.as_bytes(), token.as_bytes()) { Some(principal.clone()) } else { found },
+        )
     });
     if let Some(principal) = matched {
         let name = principal.0.clone();
@@ -132,8 +146,4 @@ async fn bearer(tokens: &[(Principal, String)], mut req: axum::extract::Request,
         return super::sessions::PRINCIPAL.scope(Some(name), next.run(req)).await;
     }
     (axum::http::StatusCode::UNAUTHORIZED, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], "a valid bearer token is required\n").into_response()
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -12,6 +12,7 @@ mod delivery;
 pub mod http;
 pub mod ids;
 pub mod listen;
+mod operator;
 pub mod principals;
 mod request_ids;
 pub mod results;
@@ -176,7 +177,13 @@ impl ServerHandler for McpHost {
         if opted_in && side_effects && self.runtime.guard().is_some() {
             return self.call_as_task(call, *effect, &cx).await;
         }
+        if let Some(responses) = &request.input_responses {
+            self.record_responses(&call, responses).await?;
+        }
         let answer = self.runtime.call(&call).await;
+        if let Some(asked) = self.input_required(&cx, &answer) {
+            return Ok(asked.into());
+        }
         let answer = self.ask_at_client(&cx, &call, answer).await;
         self.answer(&cx, call, *effect, answer).map(Into::into)
     }

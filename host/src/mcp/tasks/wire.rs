@@ -64,7 +64,7 @@ pub(crate) fn detailed(task_id: &str, snapshot: &Snapshot, result: Option<CallTo
 
 /// The key of the input request that asks for approval `request`.
 pub(crate) fn approval_key(request: &str) -> String {
-    format!("approval-{request}")
+    format!("{}{request}", crate::mcp::consent::APPROVAL_KEY)
 }
 
 /// The elicitation asking the person at the client to approve `approval`
