@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod open_files;
 pub mod phases;
 pub mod policy;
+pub mod receipts;
 pub mod runtime;
 pub mod schema;
 pub mod seal;

@@ -40,17 +40,27 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
         Err(e) => return super::config_error(e.to_string()),
     };
     let request = CallRequest { session, call_id, tool, args_json, principal: None };
+    // Received: said before anything is loaded, so a repeat of this call can be linked to it.
+    let receipts = config.ledger_dir().map(crate::receipts::Receipts::beside);
+    if let Some(receipts) = &receipts
+        && let Err(e) = receipts.note(&request.session, &request.call_id)
+    {
+        tracing::warn!(error = %e, "could not keep the call's receipt; it runs as if received when admitted");
+    }
     let socket = config.ledger_dir().and_then(local::socket_path);
     let digest = local::config_digest(&config);
     let deadline = Instant::now() + super::LEDGER_WAIT;
     loop {
         match Runtime::from_config(&config).await {
-            Ok(runtime) => hold_and_call(Arc::new(runtime), socket, digest, &request).await,
+            Ok(runtime) => hold_and_call(Arc::new(runtime), socket, digest, &request, receipts.as_ref()).await,
             Err(StartError::LedgerBusy(why)) => {
                 if let Some(path) = &socket {
                     match local::hand_over(path, &digest, &request).await {
                         Ok(handed) => {
                             let answer = handed.answer.clone();
+                            if let Some(receipts) = &receipts {
+                                receipts.forget(&request.session, &request.call_id);
+                            }
                             let (printed, code) = print(&answer);
                             if printed {
                                 // The holder records it as told, then closes.
@@ -75,7 +85,13 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
 /// This process holds the ledger: it serves calls handed to it while it
 /// runs its own; once its own is answered it takes no more, finishes those
 /// it took, records that its caller was told, and exits at once.
-async fn hold_and_call(runtime: Arc<Runtime>, socket: Option<std::path::PathBuf>, digest: String, request: &CallRequest) -> ! {
+async fn hold_and_call(
+    runtime: Arc<Runtime>,
+    socket: Option<std::path::PathBuf>,
+    digest: String,
+    request: &CallRequest,
+    receipts: Option<&crate::receipts::Receipts>,
+) -> ! {
     let listener = socket.and_then(|path| match local::Listener::start(path, runtime.clone(), digest) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -84,6 +100,10 @@ async fn hold_and_call(runtime: Arc<Runtime>, socket: Option<std::path::PathBuf>
         }
     });
     let answer = runtime.call(request).await;
+    // Answered: the ledger holds whatever of it there is to link a repeat to.
+    if let Some(receipts) = receipts {
+        receipts.forget(&request.session, &request.call_id);
+    }
     let (printed, code) = print(&answer);
     if let Some(listener) = listener {
         listener.finish().await;

@@ -131,6 +131,9 @@ pub struct CallRules {
     /// a cancel closes ([`Gate`]); the call is recorded as soon as it is
     /// admitted, so the task names a durable call.
     pub gate: Option<Arc<Gate>>,
+    /// When the call was first received, if it was recorded before it got
+    /// here (`crate::receipts`): the hold rule's arrival of a new call.
+    pub arrived_ms: Option<u64>,
 }
 
 /// A budget of calls of a plugin's irreversible tools per hour: per session

@@ -50,6 +50,7 @@ impl Runtime {
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
                     hold_wait: guard.hold_wait(&plugin.ctx.grants),
                     gate,
+                    arrived_ms: self.receipts.as_ref().filter(|_| tool.effect == super::Effect::Irreversible).and_then(|r| r.of(&req.session, &req.call_id)),
                 };
                 let rules_gated = rules.gate.is_some();
                 let admit = crate::phases::time(crate::phases::Phase::Admit);

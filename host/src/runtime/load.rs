@@ -74,6 +74,7 @@ impl Runtime {
             return Err(StartError::Plugins(refused));
         }
         runtime.record_grants().await.map_err(StartError::Guard)?;
+        runtime.receipts = config.ledger_dir().map(crate::receipts::Receipts::beside);
         Ok(runtime)
     }
 

@@ -108,6 +108,8 @@ pub struct Runtime {
     downstreams: Downstreams,
     /// Bench only ([`Runtime::unguarded_for_bench`]): `send` goes straight to HTTP.
     unguarded: bool,
+    /// When `toolguard call`s were received, beside a host's own ledger.
+    receipts: Option<crate::receipts::Receipts>,
 }
 
 /// Why a runtime could not start.
@@ -156,6 +158,7 @@ impl Runtime {
             recovery: None,
             downstreams: Downstreams::new(),
             unguarded: false,
+            receipts: None,
         })
     }
 

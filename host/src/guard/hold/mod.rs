@@ -104,7 +104,8 @@ impl Guard {
     /// Admits a call of an irreversible tool under the hold rule, holding
     /// the call's own lock `lock` throughout.
     pub(super) async fn admit_irreversible(self: &Arc<Self>, id: CallIdentity, rules: CallRules, mut lock: Held) -> Result<Admission, CallError> {
-        let arrived_ms = now_ms();
+        // A call received earlier (its receipt kept while its plugins loaded) arrived then.
+        let arrived_ms = rules.arrived_ms.map_or_else(now_ms, |at| at.min(now_ms()));
         let deadline = Instant::now() + rules.hold_wait;
         let answers_deadline = Instant::now() + super::outgoing::DELIVERY_WAIT;
         let action = (id.session.clone(), id.tool.clone(), id.args_digest.clone());
