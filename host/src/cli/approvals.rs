@@ -62,17 +62,7 @@ pub fn run(config: &Path, command: ApprovalsCommand) -> u8 {
 
 fn list(ledger: &Ledger) -> Result<(), String> {
     let now = now_ms();
-    let waiting: Vec<_> = ledger
-        .calls(None)
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .filter(|c| c.awaiting_approval(now))
-        .filter_map(|call| {
-            let a = call.approval.as_ref()?;
-            Some(json!({ "call_id": call.call_id, "session": call.session, "tool": call.tool, "args": call.args,
-                "request": a.request, "reason": a.reason, "principal": a.principal, "requested_ms": a.requested_ms, "expires_ms": a.expires_ms }))
-        })
-        .collect();
+    let waiting: Vec<_> = ledger.calls(None).map_err(|e| e.to_string())?.iter().filter_map(|c| c.waiting_view(now)).collect();
     super::print_json(&json!({ "waiting": waiting }));
     Ok(())
 }

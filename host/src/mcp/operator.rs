@@ -72,15 +72,7 @@ async fn waiting(runtime: &Runtime) -> Response {
     let now = now_ms();
     match guard.ledger().read(|l| l.calls(None)).await {
         Ok(calls) => {
-            let waiting: Vec<_> = calls
-                .into_iter()
-                .filter(|c| c.awaiting_approval(now))
-                .filter_map(|c| {
-                    let a = c.approval.as_ref()?;
-                    Some(json!({ "session": c.session, "call_id": c.call_id, "tool": c.tool, "args": c.args, "request": a.request,
-                        "reason": a.reason, "principal": a.principal, "requested_ms": a.requested_ms, "expires_ms": a.expires_ms }))
-                })
-                .collect();
+            let waiting: Vec<_> = calls.iter().filter_map(|c| c.waiting_view(now)).collect();
             axum::Json(json!({ "waiting": waiting })).into_response()
         }
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("the ledger could not be read: {e}\n")).into_response(),

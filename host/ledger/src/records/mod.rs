@@ -112,6 +112,14 @@ impl CallRecord {
         self.state == CallState::Admitted && self.approval.as_ref().is_some_and(|a| a.waiting(now_ms))
     }
 
+    /// What an operator sees of a call waiting for a decision at `now_ms`
+    /// (`toolguard approvals list`, `GET /approvals`); `None` if it waits for none.
+    pub fn waiting_view(&self, now_ms: u64) -> Option<Value> {
+        let a = self.approval.as_ref().filter(|_| self.awaiting_approval(now_ms))?;
+        Some(serde_json::json!({ "session": self.session, "call_id": self.call_id, "tool": self.tool, "args": self.args,
+            "request": a.request, "reason": a.reason, "principal": a.principal, "requested_ms": a.requested_ms, "expires_ms": a.expires_ms }))
+    }
+
     /// Whether a host other than `host` holds a live claim on this call at `now_ms`.
     pub fn leased_elsewhere(&self, host: &str, now_ms: u64) -> bool {
         self.owner.as_deref().is_some_and(|o| o != host) && self.lease_until_ms.is_some_and(|t| t > now_ms)
