@@ -257,3 +257,22 @@ fn an_operator_decides_over_http_on_a_host_that_holds_its_ledger_and_a_client_to
     assert_eq!(done["result"]["isError"], false, "{done}");
     assert_eq!(sandbox.refunds().len(), 1);
 }
+
+#[test]
+fn an_action_awaiting_approval_is_cancelled_and_can_no_longer_be_approved() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = world(dir.path(), None);
+    let server = serve_http(&config, &[]);
+    let client = Client::open(&server.url, None).eliciting();
+    let task = task_id(&client.refund("x1", 5_000, true));
+    let key = asked(&until(&client, &task, "input_required"));
+    // Nothing of it left the host: the cancel is honoured.
+    assert_eq!(client.task("cancel", &task)["result"], json!({ "resultType": "complete" }));
+    let cancelled = until(&client, &task, "cancelled");
+    assert!(cancelled.get("result").is_none(), "{cancelled}");
+    // The approval it asked for can no longer be given, and its replay says it was cancelled.
+    let late = client.answer(&task, &key, json!({ "action": "accept", "content": { "approve": true } }));
+    assert_eq!(late["error"]["code"], -32602, "{late}");
+    assert_eq!(client.refund("x1", 5_000, false)["structuredContent"]["kind"], "cancelled");
+    assert_eq!(posts(&sandbox), 0, "nothing was ever sent");
+}
