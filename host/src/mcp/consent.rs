@@ -19,7 +19,29 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 /// What the key of an input request asking for approval starts with.
-pub(crate) const APPROVAL_KEY: &str = "approval-";
+const APPROVAL_KEY: &str = "approval-";
+
+/// The key of the input request that asks for approval `request`.
+pub(crate) fn approval_key(request: &str) -> String {
+    format!("{APPROVAL_KEY}{request}")
+}
+
+/// The approval request (`detail.approval`) an `awaiting-approval` answer carries.
+pub(crate) fn awaited(answer: &Result<crate::CallOutput, crate::CallError>) -> Option<&Value> {
+    match answer {
+        Err(e) if e.kind == ErrorKind::AwaitingApproval => e.detail.as_ref()?.get("approval"),
+        _ => None,
+    }
+}
+
+/// The one input request asking the person at the client to decide
+/// `approval` (`detail.approval`), under its key; with the request's id.
+pub(crate) fn approval_requests(approval: &Value) -> Option<(String, rmcp::model::InputRequests)> {
+    let request = approval["request"].as_str()?;
+    let elicitation = json!({ "method": "elicitation/create", "params": question(approval) });
+    let input = serde_json::from_value::<rmcp::model::InputRequest>(elicitation).ok()?;
+    Some((request.to_string(), rmcp::model::InputRequests::from([(approval_key(request), input)])))
+}
 
 /// The longest a `tools/call` waits for the person at the client to answer.
 const MAX_ASK: Duration = Duration::from_secs(600);
@@ -49,6 +71,21 @@ pub(crate) fn question(approval: &Value) -> Value {
 }
 
 impl McpHost {
+    /// Records `answer` (an elicitation answer, as JSON) of the person at
+    /// the client as the decision on approval `request` of `call`, by
+    /// `client:<principal>`: `Some(approved)`, or `None` when the person
+    /// dismissed it (no decision; the request stays open until it expires).
+    ///
+    /// # Errors
+    /// In words: no such request waiting, or the ledger failed.
+    pub(super) async fn decide_at_client(&self, call: &CallRequest, request: &str, answer: &Value) -> Result<Option<bool>, String> {
+        let (Some((approve, note)), Some(guard)) = (decision_of(answer), self.runtime.guard()) else { return Ok(None) };
+        let by = format!("client:{}", call.principal.as_deref().unwrap_or("unauthenticated"));
+        let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
+        guard.decide_approval(&call.session, &call.call_id, request, decision).await?;
+        Ok(Some(approve))
+    }
+
     /// Records the decisions a retried `tools/call` carries in its
     /// `inputResponses` (answers to the approval it was asked for). Only a
     /// request still waiting for this very call is decided; `requestState`
@@ -57,16 +94,11 @@ impl McpHost {
     /// # Errors
     /// `-32602` for a response to no approval of this call.
     pub(super) async fn record_responses(&self, call: &CallRequest, responses: &rmcp::model::InputResponses) -> Result<(), rmcp::ErrorData> {
-        let Some(guard) = self.runtime.guard() else { return Ok(()) };
         for (key, answer) in responses {
             let Some(request) = key.strip_prefix(APPROVAL_KEY) else {
                 return Err(rmcp::ErrorData::invalid_params(format!("`{key}` answers nothing toolguard asked"), None));
             };
-            // Dismissed: no decision; the request stays open until it expires.
-            let Some((approve, note)) = decision_of(answer) else { continue };
-            let by = format!("client:{}", call.principal.as_deref().unwrap_or("unauthenticated"));
-            let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
-            guard.decide_approval(&call.session, &call.call_id, request, decision).await.map_err(|e| rmcp::ErrorData::invalid_params(e, None))?;
+            self.decide_at_client(call, request, answer).await.map_err(|e| rmcp::ErrorData::invalid_params(e, None))?;
         }
         Ok(())
     }
@@ -78,17 +110,13 @@ impl McpHost {
         cx: &RequestContext<RoleServer>,
         answer: &Result<crate::CallOutput, crate::CallError>,
     ) -> Option<rmcp::model::InputRequiredResult> {
-        let Err(e) = answer else { return None };
-        let approval = e.detail.as_ref().and_then(|d| d.get("approval")).filter(|_| e.kind == ErrorKind::AwaitingApproval)?;
+        let approval = awaited(answer)?;
         let modern = cx.meta.protocol_version().is_some();
         if !modern || cx.client_capabilities().is_none_or(|c| c.elicitation.is_none()) {
             return None;
         }
-        let request = approval["request"].as_str()?;
-        let elicitation = json!({ "method": "elicitation/create", "params": question(approval) });
-        let input = serde_json::from_value::<rmcp::model::InputRequest>(elicitation).ok()?;
-        let requests = rmcp::model::InputRequests::from([(format!("{APPROVAL_KEY}{request}"), input)]);
-        Some(rmcp::model::InputRequiredResult::new(Some(requests), Some(request.to_string())))
+        let (request, requests) = approval_requests(approval)?;
+        Some(rmcp::model::InputRequiredResult::new(Some(requests), Some(request)))
     }
 
     /// `answer` to `call`, or, if it awaits approval and the client can be
@@ -100,22 +128,20 @@ impl McpHost {
         call: &CallRequest,
         answer: Result<crate::CallOutput, crate::CallError>,
     ) -> Result<crate::CallOutput, crate::CallError> {
-        let approval = match &answer {
-            Err(e) if e.kind == ErrorKind::AwaitingApproval => e.detail.as_ref().and_then(|d| d.get("approval")).cloned(),
-            _ => None,
-        };
+        let approval = awaited(&answer).cloned();
         let can_ask = cx.meta.protocol_version().is_none() && cx.client_capabilities().is_some_and(|c| c.elicitation.is_some());
-        let (Some(approval), true, Some(guard)) = (approval, can_ask, self.runtime.guard()) else { return answer };
+        let (Some(approval), true) = (approval, can_ask) else { return answer };
         let Ok(params) = serde_json::from_value::<ElicitRequestParams>(question(&approval)) else { return answer };
         let left = approval["expires_ms"].as_u64().unwrap_or(0).saturating_sub(crate::ledger::records::now_ms());
         let asked = cx.peer.create_elicitation_with_timeout(params, Some(Duration::from_millis(left).min(MAX_ASK))).await;
-        let Some((approve, note)) = asked.ok().and_then(|r| serde_json::to_value(r).ok()).and_then(|r| decision_of(&r)) else { return answer };
-        let by = format!("client:{}", call.principal.as_deref().unwrap_or("unauthenticated"));
-        let request = approval["request"].as_str().unwrap_or_default();
-        let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
-        if let Err(why) = guard.decide_approval(&call.session, &call.call_id, request, decision).await {
-            tracing::warn!(call_id = %call.call_id, %why, "the client's decision was not recorded");
-            return answer;
+        let Some(said) = asked.ok().and_then(|r| serde_json::to_value(r).ok()) else { return answer };
+        match self.decide_at_client(call, approval["request"].as_str().unwrap_or_default(), &said).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return answer,
+            Err(why) => {
+                tracing::warn!(call_id = %call.call_id, %why, "the client's decision was not recorded");
+                return answer;
+            }
         }
         self.runtime.call(call).await
     }

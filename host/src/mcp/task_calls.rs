@@ -93,16 +93,13 @@ impl McpHost {
         let Watched { request, state } = self.find(task_id, cx).await?;
         let approval = state.borrow().approval.clone();
         let asked = approval.as_ref().and_then(|a| a["request"].as_str()).map(str::to_string);
-        let Some(asked) = asked.filter(|r| responses.contains_key(&wire::approval_key(r))) else {
+        let Some(asked) = asked.filter(|r| responses.contains_key(&super::consent::approval_key(r))) else {
             let keys = responses.keys().cloned().collect::<Vec<_>>().join(", ");
             return Err(ErrorData::invalid_params(format!("task `{task_id}` asks for none of {keys}: nothing was decided"), None));
         };
-        // Dismissed: no decision; the request stays open until it expires.
-        let Some((approve, note)) = super::consent::decision_of(&responses[&wire::approval_key(&asked)]) else { return Ok(()) };
-        let by = format!("client:{}", request.principal.as_deref().unwrap_or("unauthenticated"));
-        let Some(guard) = self.runtime.guard() else { return Ok(()) };
-        let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
-        guard.decide_approval(&request.session, &request.call_id, &asked, decision).await.map_err(|e| ErrorData::invalid_params(e, None))?;
+        let answer = &responses[&super::consent::approval_key(&asked)];
+        let decided = self.decide_at_client(&request, &asked, answer).await.map_err(|e| ErrorData::invalid_params(e, None))?;
+        let Some(approve) = decided else { return Ok(()) };
         self.tasks.decided(&request.session, &request.call_id, approve);
         Ok(())
     }

@@ -230,10 +230,7 @@ impl Driving {
             let now = crate::ledger::records::now_ms();
             let working = unsettled(&answer);
             let settled = working.is_none();
-            let approval = match &answer {
-                Err(e) if e.kind == ErrorKind::AwaitingApproval => e.detail.as_ref().and_then(|d| d.get("approval")).cloned(),
-                _ => None,
-            };
+            let approval = crate::mcp::consent::awaited(&answer).cloned();
             // Awaiting a decision, each try is a ledger read: look again at the client's pace.
             let next = if approval.is_some() { poll } else { pause };
             self.state.send_modify(|s| {

@@ -3,7 +3,7 @@
 
 use super::{Progress, Snapshot};
 use crate::error::ErrorKind;
-use rmcp::model::{CallToolResult, CreateTaskResult, DetailedTask, InputRequest, InputRequests, JsonObject, Task, TaskPayload, TaskStatus};
+use rmcp::model::{CallToolResult, CreateTaskResult, DetailedTask, JsonObject, Task, TaskPayload, TaskStatus};
 use std::time::Duration;
 
 /// How a client should poll, and how long the task is kept.
@@ -46,7 +46,7 @@ pub(crate) fn created(task_id: &str, snapshot: &Snapshot, timing: Timing) -> Cre
 /// client asking can elicit (`elicit`).
 pub(crate) fn detailed(task_id: &str, snapshot: &Snapshot, result: Option<CallToolResult>, timing: Timing, elicit: bool) -> DetailedTask {
     if let (Some(approval), true, None) = (&snapshot.approval, elicit, snapshot.settled())
-        && let Some(input_requests) = approval_request(approval)
+        && let Some((_, input_requests)) = crate::mcp::consent::approval_requests(approval)
     {
         let payload = TaskPayload::InputRequired { input_requests };
         return DetailedTask::new(task(task_id, snapshot, payload.status(), timing), payload);
@@ -60,20 +60,6 @@ pub(crate) fn detailed(task_id: &str, snapshot: &Snapshot, result: Option<CallTo
         (_, None) => TaskPayload::Working,
     };
     DetailedTask::new(task(task_id, snapshot, payload.status(), timing), payload)
-}
-
-/// The key of the input request that asks for approval `request`.
-pub(crate) fn approval_key(request: &str) -> String {
-    format!("{}{request}", crate::mcp::consent::APPROVAL_KEY)
-}
-
-/// The elicitation asking the person at the client to approve `approval`
-/// (`detail.approval` of an `awaiting-approval` answer).
-fn approval_request(approval: &serde_json::Value) -> Option<InputRequests> {
-    let request = approval["request"].as_str()?;
-    let elicitation = serde_json::json!({ "method": "elicitation/create", "params": crate::mcp::consent::question(approval) });
-    let input = serde_json::from_value::<InputRequest>(elicitation).ok()?;
-    Some(InputRequests::from([(approval_key(request), input)]))
 }
 
 /// A JSON-RPC error object (`internal error`) saying `message`.
