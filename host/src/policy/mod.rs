@@ -135,30 +135,27 @@ impl Policy {
             let mut actions = BTreeMap::new();
             let mut approvals = BTreeMap::new();
             let mut confirm_repeats = BTreeMap::new();
+            // A setting only an irreversible tool may have: its field, or the error naming it.
+            let only_irreversible = |tool: &str, tp: &RawToolPolicy, setting: &str, what: &str| {
+                let field = at(&format!("tools.{tool}.{setting}"));
+                if tp.effect == Effect::Irreversible { Ok(field) } else { Err((field, format!("{what}; `{tool}` is {}: remove it", tp.effect.as_str()))) }
+            };
             for (tool, tp) in &p.tools {
                 if let Some(minutes) = tp.confirm_repeat_within_minutes {
-                    let field = at(&format!("tools.{tool}.confirm_repeat_within_minutes"));
-                    if tp.effect != Effect::Irreversible {
-                        return Err((field, format!("confirms repeats of an irreversible action; `{tool}` is {}: remove it", tp.effect.as_str())));
-                    }
+                    let field = only_irreversible(tool, tp, "confirm_repeat_within_minutes", "confirms repeats of an irreversible action")?;
                     if minutes == 0 {
                         return Err((field, "must be at least 1 (or leave it out)".into()));
                     }
                     confirm_repeats.insert(tool.clone(), minutes);
                 }
                 if let Some(raw) = tp.approval.clone() {
-                    let field = at(&format!("tools.{tool}.approval"));
-                    if tp.effect != Effect::Irreversible {
-                        return Err((field, format!("asks a person to approve an irreversible action; `{tool}` is {}: remove it", tp.effect.as_str())));
-                    }
+                    let field = only_irreversible(tool, tp, "approval", "asks a person to approve an irreversible action")?;
                     approvals.insert(tool.clone(), ApprovalRule::new(raw).map_err(|m| (field, m))?);
                 }
-                let Some(pointers) = tp.action.clone() else { continue };
-                let field = at(&format!("tools.{tool}.action"));
-                if tp.effect != Effect::Irreversible {
-                    return Err((field, format!("names what identifies an irreversible tool's action; `{tool}` is {}: remove it", tp.effect.as_str())));
+                if let Some(pointers) = tp.action.clone() {
+                    let field = only_irreversible(tool, tp, "action", "names what identifies an irreversible tool's action")?;
+                    actions.insert(tool.clone(), ActionFields::new(pointers).map_err(|m| (field, m))?);
                 }
-                actions.insert(tool.clone(), ActionFields::new(pointers).map_err(|m| (field, m))?);
             }
             let policy = PluginPolicy {
                 reviewed: true,

@@ -147,3 +147,23 @@ fn an_action_is_declared_for_irreversible_tools_only_as_json_pointers() {
     assert!(why.contains("start it with `/`"), "{why}");
     assert!(with(r#"refund = { effect = "irreversible", action = [] }"#).is_err());
 }
+
+#[test]
+fn approval_and_repeat_confirmation_are_for_irreversible_tools_only() {
+    let with = |tool: &str| {
+        let text = format!("[plugins.p.tools]\n{tool}\n");
+        Policy::from_raw(toml::from_str(&text).unwrap(), Path::new("/cfg"))
+    };
+    let policy = with(r#"refund = { effect = "irreversible", approval = { above = { "/amount_cents" = 100 } }, confirm_repeat_within_minutes = 15 }"#).unwrap();
+    assert_eq!(policy.plugins["p"].confirm_repeats["refund"], 15);
+    assert_eq!(policy.plugins["p"].approvals["refund"].above, [("/amount_cents".to_string(), 100.0)]);
+    for (setting, field) in [("approval = { always = true }", "approval"), ("confirm_repeat_within_minutes = 5", "confirm_repeat_within_minutes")] {
+        let (at, why) = with(&format!(r#"status = {{ effect = "idempotent", {setting} }}"#)).unwrap_err();
+        assert_eq!(at, format!("plugins.p.tools.status.{field}"));
+        assert!(why.contains("irreversible") && why.contains("`status` is idempotent"), "{why}");
+    }
+    let (at, why) = with(r#"refund = { effect = "irreversible", confirm_repeat_within_minutes = 0 }"#).unwrap_err();
+    assert_eq!((at.as_str(), why.contains("at least 1")), ("plugins.p.tools.refund.confirm_repeat_within_minutes", true));
+    let (at, why) = with(r#"refund = { effect = "irreversible", approval = {} }"#).unwrap_err();
+    assert_eq!((at.as_str(), why.contains("say when")), ("plugins.p.tools.refund.approval", true));
+}
