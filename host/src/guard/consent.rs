@@ -130,7 +130,7 @@ impl super::Guard {
 
 /// Whether `e` is a person's (or the clock's) answer to an approval request:
 /// a definitive `denied` that completes its call.
-pub(super) fn is_decision(e: &CallError) -> bool {
+pub fn is_decision(e: &CallError) -> bool {
     e.kind == ErrorKind::Denied && e.detail.as_ref().is_some_and(|d| d.get("approval").is_some())
 }
 

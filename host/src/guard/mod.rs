@@ -48,7 +48,7 @@ mod upgrade;
 pub mod wire;
 
 pub use attempt::{Reconciled, Reconciler};
-pub use consent::Ask;
+pub use consent::{Ask, is_decision as is_consent_decision};
 pub use direct::fetch;
 pub(crate) use direct::send_unguarded;
 pub(crate) use failpoints::{failpoint, write_failpoint};

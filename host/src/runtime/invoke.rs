@@ -62,7 +62,10 @@ impl Runtime {
                         if rules_gated {
                             call.persist().await?;
                         }
-                        if let Some(ask) = consent_asked(guard, plugin, tool, (&args, req), call.admitted().clone()).await? {
+                        // Taken out of the call (it is not shared across an await): cloned only where a repeat is looked for.
+                        let asked_before = call.admitted().approval.as_ref().map(|a| a.reason.clone());
+                        let admitted = tool.confirm_repeat_ms.map(|_| call.admitted().clone());
+                        if let Some(ask) = consent_asked(guard, plugin, tool, (&args, req), (asked_before, admitted)).await? {
                             let _consent = crate::phases::time(crate::phases::Phase::Admit);
                             if let Err(e) = call.consent(ask).await {
                                 return guard.finish(call, Err(e)).await.map(|value| CallOutput { value, replayed: false });
@@ -144,7 +147,7 @@ impl Runtime {
                 // Cancelled provably before anything left: nothing can follow from it.
                 ErrorKind::ToolFailed | ErrorKind::Cancelled => Reported::Definitive,
                 // A person's denial (or no decision in time): nothing was sent.
-                ErrorKind::Denied if e.detail.as_ref().is_some_and(|d| d.get("approval").is_some()) => Reported::Definitive,
+                ErrorKind::Denied if crate::guard::is_consent_decision(e) => Reported::Definitive,
                 // What took effect was told, but not what the tool made of it:
                 // a blind repeat is held with this outcome (guard/effects.rs).
                 ErrorKind::FailedAfterEffect => Reported::Unknown,
@@ -212,31 +215,33 @@ fn check_result(text: &str, max: usize, tool: &ToolInfo) -> Result<Value, CallEr
     Ok(value)
 }
 
-/// The stored outcome of a completed call, marked as replayed.
 /// What to ask a person about this call, if anything: the reviewer's
 /// approval rule; else a repeat of an action carried out within the tool's
 /// `confirm_repeat_within_minutes`; else, for a call asked about before,
 /// the same question (it stays under consent whatever the rules say now).
+/// `(asked_before, admitted)`: the reason the call was asked about before,
+/// and its admitted record where a repeat is to be looked for.
 async fn consent_asked(
     guard: &crate::guard::Guard,
     plugin: &super::plugin::LoadedPlugin,
     tool: &ToolInfo,
     (args, req): (&Value, &CallRequest),
-    record: crate::ledger::CallRecord,
+    (asked_before, admitted): (Option<String>, Option<crate::ledger::CallRecord>),
 ) -> Result<Option<crate::guard::Ask>, CallError> {
     let rule = tool.approval.as_ref();
     let mut reason = rule.and_then(|r| r.asks(args));
     if reason.is_none()
-        && let Some(window) = tool.confirm_repeat_ms
+        && let (Some(window), Some(record)) = (tool.confirm_repeat_ms, &admitted)
     {
-        reason = guard.repeat_to_confirm(&record, window).await?;
+        reason = guard.repeat_to_confirm(record, window).await?;
     }
     // Once asked, a call stays under consent whatever the rules say now.
-    let Some(reason) = reason.or_else(|| record.approval.map(|a| a.reason)) else { return Ok(None) };
+    let Some(reason) = reason.or(asked_before) else { return Ok(None) };
     let minutes = rule.map_or(crate::policy::DEFAULT_APPROVAL_MINUTES, |r| r.expires_minutes);
-    Ok(Some(crate::guard::Ask { reason, policy_digest: plugin.policy.digest(), expires_ms: minutes * 60_000, principal: req.principal.clone() }))
+    Ok(Some(crate::guard::Ask { reason, policy_digest: plugin.policy_digest.clone(), expires_ms: minutes * 60_000, principal: req.principal.clone() }))
 }
 
+/// The stored outcome of a completed call, marked as replayed.
 fn replayed(stored: StoredOutcome) -> Result<CallOutput, CallError> {
     match stored {
         StoredOutcome::Result(value) => Ok(CallOutput { value, replayed: true }),

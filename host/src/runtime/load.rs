@@ -128,7 +128,7 @@ impl Runtime {
             footprint,
             grants: policy.rules.clone(),
         });
-        let mut loaded = LoadedPlugin { ctx, digest, pre, reconcile, policy: Arc::new(policy) };
+        let mut loaded = LoadedPlugin { ctx, digest, pre, reconcile, policy: Arc::new(policy), policy_digest: String::new() };
 
         // One sandbox: describe, and check the reconcile export's type if there is one.
         let (specs, _) = self
@@ -152,6 +152,7 @@ impl Runtime {
             }
         }
         Arc::make_mut(&mut loaded.policy).tools = tools.iter().map(ToolInfo::class).collect();
+        loaded.policy_digest = loaded.policy.digest();
         let index = self.plugins.len();
         self.plugins.push(Arc::new(loaded));
         self.tools.extend(tools.into_iter().map(|t| (t.name.clone(), (index, t))));

@@ -76,6 +76,9 @@ pub(crate) struct LoadedPlugin {
     pub reconcile: Option<wasmtime::component::ComponentExportIndex>,
     /// What the reviewer's policy lets it do (its tools' classes once described).
     pub policy: Arc<EffectivePolicy>,
+    /// sha256 of `policy` once complete ([`EffectivePolicy::digest`]): what
+    /// an approval is bound to, computed once at load.
+    pub policy_digest: String,
 }
 
 /// Checks what `describe` returned and turns it into tools, each with the
