@@ -200,6 +200,40 @@ pub enum LoadError {
         /// The file's sha256.
         actual: String,
     },
+    /// Its registry cannot be reached and this host's cache does not hold
+    /// it: the host serves without it (its tools are absent) until a
+    /// restart finds the registry again.
+    #[error("plugin `{plugin}` is unavailable: {reason}; start again once the registry is reachable, or `toolguard pull` it on a host that reaches it")]
+    Unavailable {
+        /// The plugin's name.
+        plugin: String,
+        /// Why.
+        reason: String,
+    },
+    /// The registry refused the pull, or served something wrong.
+    #[error("plugin `{plugin}`: cannot pull {reference}: {reason}")]
+    Pull {
+        /// The plugin's name.
+        plugin: String,
+        /// The `oci://` reference.
+        reference: String,
+        /// Why.
+        reason: String,
+    },
+    /// No signature by a publisher the policy names vouches for the component.
+    #[error("plugin `{plugin}` is refused: {reference} (manifest {digest}): {reason}; the policy expects a signature by {expected}")]
+    Unverified {
+        /// The plugin's name.
+        plugin: String,
+        /// The `oci://` reference.
+        reference: String,
+        /// The manifest digest that was checked.
+        digest: String,
+        /// What the signatures failed on.
+        reason: String,
+        /// The keys the policy names.
+        expected: String,
+    },
     /// The bytes are not a valid WebAssembly component.
     #[error("plugin `{plugin}` is not a valid WebAssembly component: {reason}")]
     NotAComponent {

@@ -7,6 +7,7 @@
 //! - [`error`], [`phases`], [`metrics`], [`schema`], [`imports`], [`builtin`]: leaves.
 //! - [`keys`]: what "the same action" means — canonical arguments, digests, keys.
 //! - [`ledger`]: tool calls, attempts and episodes, on RocksDB or PostgreSQL.
+//! - [`registry`]: `oci://` components: pulls, the cache, cosign-compatible signatures.
 //! - [`policy`]: effect classes, downstreams, grants, authorisation, and each
 //!   plugin's effective policy.
 //! - [`config`]: `toolguard.toml`, the operator's file (and the reviewer's `[policy]`).
@@ -37,6 +38,7 @@ pub mod open_files;
 pub mod phases;
 pub mod policy;
 pub mod receipts;
+pub mod registry;
 pub mod runtime;
 pub mod schema;
 pub mod seal;

@@ -6,13 +6,16 @@
 //! its budgets, and a verdict with reasons. The JSON form is documented in
 //! `docs/audit.md` and `docs/audit.schema.json`.
 
+mod registry;
 mod render;
 mod report;
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
 use crate::imports::{self, ImportClass};
 use crate::policy::{Downstreams, Effect, EffectiveGrant, EffectivePolicy};
+use crate::runtime::source::{Component, Sources, Unchecked};
 use crate::runtime::{Runtime, ToolInfo};
+pub use registry::{RegistryReport, SignatureReport};
 pub use render::render;
 pub use report::{ComponentReport, CredentialReport, InterfaceReport, KeyReport, LimitsReport, PinReport, Report, SCHEMA, ToolReport, Verdict};
 use sha2::{Digest, Sha256};
@@ -24,8 +27,9 @@ use std::path::{Path, PathBuf};
 /// The engine cannot be set up.
 pub async fn audit(config: &Config, config_path: &Path, extra: &[PathBuf]) -> Result<Report, String> {
     let mut components = Vec::new();
+    let sources = crate::runtime::source::Sources::of(config);
     for plugin in &config.plugins {
-        components.push(audit_one(&config.engine, &config.compile_cache, plugin, &config.downstreams).await?);
+        components.push(audit_one(&config.engine, &config.compile_cache, &sources, plugin, &config.downstreams).await?);
     }
     for path in extra {
         let name = path.file_stem().map_or_else(|| "component".into(), |s| s.to_string_lossy().into_owned());
@@ -37,7 +41,7 @@ pub async fn audit(config: &Config, config_path: &Path, extra: &[PathBuf]) -> Re
             tool_prefix: String::new(),
             policy: Default::default(),
         };
-        components.push(audit_one(&config.engine, &config.compile_cache, &plugin, &config.downstreams).await?);
+        components.push(audit_one(&config.engine, &config.compile_cache, &sources, &plugin, &config.downstreams).await?);
     }
     let verdict = if components.iter().all(|c| c.verdict == Verdict::PASS) { Verdict::PASS } else { Verdict::FAIL };
     Ok(Report {
@@ -50,14 +54,25 @@ pub async fn audit(config: &Config, config_path: &Path, extra: &[PathBuf]) -> Re
     })
 }
 
-async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, downstreams: &Downstreams) -> Result<ComponentReport, String> {
+async fn audit_one(
+    engine: &EngineConfig,
+    cache: &Path,
+    sources: &Sources,
+    plugin: &PluginConfig,
+    downstreams: &Downstreams,
+) -> Result<ComponentReport, String> {
     let policy = &plugin.policy;
     let mut reasons = Vec::new();
     let mut notes = Vec::new();
-    let bytes = match &plugin.component {
-        ComponentSource::Builtin(b) => crate::builtin::component(b).map(<[u8]>::to_vec).ok_or_else(|| format!("no builtin `{b}`")),
-        ComponentSource::File(p) => std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display())),
+    let found = sources.fetch(plugin).await;
+    let (registry, provenance) = match &found {
+        Ok(Unchecked { fetched: Some(f), .. }) => {
+            let (report, provenance) = registry::report(plugin, f, &mut reasons);
+            (Some(report), provenance)
+        }
+        _ => (None, None),
     };
+    let bytes = found.map(|u| u.bytes).map_err(|e| format!("cannot read: {e}"));
     let (sha256, imports, exports) = match &bytes {
         Ok(bytes) => {
             let (mut imports, exports) = match interfaces(bytes) {
@@ -88,6 +103,7 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
             PinReport { status: "mismatch", expected: Some(expected.clone()) }
         }
         (None, _) if builtin => PinReport { status: "builtin", expected: None },
+        (None, _) if registry.as_ref().is_some_and(|r| r.signature.status != "not-required") => PinReport { status: "signed", expected: None },
         (None, _) => {
             reasons.push(format!("not pinned: set policy.plugins.{}.sha256 to the reviewed build's digest", plugin.name));
             PinReport { status: "unpinned", expected: None }
@@ -110,11 +126,15 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
     // Loaded, its effective policy is the one the host would enforce; refused,
     // the policy's own part of it (no tools).
     let mut effective = None;
-    if reasons.iter().all(|r| !r.starts_with("sha256") && !r.starts_with("imports") && !r.starts_with("not a usable") && !r.starts_with("cannot read")) {
-        let needs = bytes.as_ref().ok().and_then(|b| crate::runtime::Footprint::of(b).ok()).unwrap_or_default();
+    let refused = |r: &String| ["sha256", "imports", "not a usable", "cannot read", "plugin `"].iter().any(|p| r.starts_with(p));
+    if !reasons.iter().any(refused)
+        && let Ok(bytes) = &bytes
+    {
+        let needs = crate::runtime::Footprint::of(bytes).unwrap_or_default();
         let engine = engine.fitted_to(needs);
         let mut runtime = Runtime::new(&engine, cache.to_path_buf()).map_err(|e| e.to_string())?.with_downstreams(downstreams.clone());
-        match runtime.add_plugin(plugin).await {
+        let component = Component { bytes: bytes.clone(), sha256: sha256.clone().unwrap_or_default(), provenance };
+        match runtime.add_component(plugin, component).await {
             Ok(()) => {
                 tools = runtime.tools().map(|t| tool_report(t, policy.grants.is_empty())).collect();
                 notes.extend(runtime.tools().filter_map(loose_note));
@@ -144,6 +164,7 @@ async fn audit_one(engine: &EngineConfig, cache: &Path, plugin: &PluginConfig, d
     Ok(ComponentReport {
         plugin: plugin.name.clone(),
         source: plugin.component.to_string(),
+        registry,
         sha256,
         pin,
         imports,

@@ -21,8 +21,22 @@ pub fn render(report: &Report) -> String {
             "builtin" => " (embedded: pinned by this binary)",
             "match" => " (matches the pin)",
             "mismatch" => " (DOES NOT MATCH the pin)",
+            "signed" => " (not pinned: vouched for by a publisher's signature)",
             _ => " (unpinned)",
         };
+        if let Some(r) = &c.registry {
+            let cached = r.from_cache.as_deref().map(|why| format!("; served from the cache: {why}")).unwrap_or_default();
+            let _ = writeln!(out, "  manifest     {} (pulled {}{cached})", r.manifest_digest, r.pulled);
+            if let Some(before) = &r.moved_from {
+                let _ = writeln!(out, "  tag moved    from {before}: a new component, admitted only by its pin or signature");
+            }
+            let signature = match (r.signature.status, &r.signature.signer) {
+                ("verified", Some(key)) => format!("verified: signed by {key} ({})", r.signature.fingerprint.as_deref().unwrap_or_default()),
+                ("unverified", _) => format!("NOT VERIFIED: expected a signature by {}", r.signature.expected.join(" or ")),
+                _ => "not required (no signed_by)".into(),
+            };
+            let _ = writeln!(out, "  signature    {signature}");
+        }
         let _ = writeln!(out, "  sha256       {}{pin}", c.sha256.as_deref().unwrap_or("-"));
         for (i, imp) in c.imports.iter().enumerate() {
             let class = imp.class.map_or("", |k| match k {

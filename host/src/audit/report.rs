@@ -71,8 +71,10 @@ impl LimitsReport {
 pub struct ComponentReport {
     /// The plugin name (a file's stem for a component not in the config).
     pub plugin: String,
-    /// `builtin:NAME` or the file.
+    /// `builtin:NAME`, the file, or the `oci://` reference.
     pub source: String,
+    /// For a registry component: the resolved digest, when it was pulled, who signed it.
+    pub registry: Option<super::RegistryReport>,
     /// Lower-case hex sha256 of the component, if it could be read.
     pub sha256: Option<String>,
     /// The component's sha256 against the policy's pin.
@@ -102,7 +104,8 @@ pub struct ComponentReport {
 /// The sha256 pin.
 #[derive(Debug, Clone, Serialize)]
 pub struct PinReport {
-    /// `match`, `mismatch`, `unpinned`, or `builtin` (embedded, so pinned by this binary).
+    /// `match`, `mismatch`, `unpinned`, `builtin` (embedded, so pinned by
+    /// this binary), or `signed` (not pinned: a publisher's signature vouches).
     pub status: &'static str,
     /// The pin in the policy, if any.
     pub expected: Option<String>,

@@ -8,6 +8,7 @@ mod demo;
 mod ledger;
 mod logging;
 mod output;
+mod registry;
 mod sandbox;
 mod seal;
 mod tools;
@@ -120,6 +121,42 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// Push a component to an OCI registry as a Wasm artifact (and sign it with --sign).
+    Push {
+        /// The component (sealed or plain).
+        component: PathBuf,
+        /// Where: oci://REGISTRY/REPOSITORY:TAG.
+        target: String,
+        /// Sign the pushed manifest with this private key (from `toolguard keygen`).
+        #[arg(long)]
+        sign: Option<PathBuf>,
+        #[command(flatten)]
+        registry: registry::RegistryArgs,
+    },
+    /// Sign a pushed component's manifest (cosign-compatible, stored beside it).
+    Sign {
+        /// oci://REGISTRY/REPOSITORY@sha256:DIGEST (or :TAG, resolved to its digest now).
+        target: String,
+        /// The private key (PEM PKCS#8, ECDSA P-256).
+        #[arg(long)]
+        key: PathBuf,
+        #[command(flatten)]
+        registry: registry::RegistryArgs,
+    },
+    /// Make a publisher's signing key pair: OUT.key (secret) and OUT.pub (for `signed_by`).
+    Keygen {
+        /// The files' path without extension.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Pull the configured registry components into the cache, checked as a start checks them.
+    Pull {
+        /// The config file.
+        #[arg(long, default_value = "toolguard.toml")]
+        config: PathBuf,
+        /// Only these plugins.
+        plugins: Vec<String>,
+    },
     /// Run the payments sandbox (a Stripe-like provider) standalone.
     Sandbox {
         /// Address to listen on.
@@ -191,6 +228,10 @@ pub fn main() -> ExitCode {
             Command::Approvals { config, command } => tokio::task::block_in_place(|| approvals::run(&config, command)),
             Command::Recover { config } => recover(&config).await,
             Command::Seal { input, output } => seal::run(&input, &output),
+            Command::Push { component, target, sign, registry } => registry::push(&component, &target, sign.as_deref(), &registry).await,
+            Command::Sign { target, key, registry } => registry::sign(&target, &key, &registry).await,
+            Command::Keygen { out } => registry::keygen(&out),
+            Command::Pull { config, plugins } => registry::pull(&config, &plugins).await,
             Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
             Command::Sandbox { addr, mode, api_key, uuid_keys } => {
                 let mode = match mode {

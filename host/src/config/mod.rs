@@ -51,6 +51,10 @@ pub struct Config {
     pub mcp: McpConfig,
     /// The downstreams plugins may be granted, by name (from the policy).
     pub downstreams: Downstreams,
+    /// How the host reaches each registry the policy names.
+    pub registries: crate::policy::Registries,
+    /// Whether every component from a registry must carry a publisher's signature.
+    pub require_signatures: bool,
     /// Where the policy came from (this file, or its `policy_file`).
     pub policy_source: String,
     /// Each plugin, in name order.
@@ -67,6 +71,8 @@ pub enum ComponentSource {
     Builtin(String),
     /// A `.wasm` file.
     File(PathBuf),
+    /// A Wasm component artifact in an OCI registry (`oci://…`).
+    Oci(crate::registry::OciRef),
 }
 
 impl fmt::Display for ComponentSource {
@@ -74,6 +80,7 @@ impl fmt::Display for ComponentSource {
         match self {
             Self::Builtin(name) => write!(f, "builtin:{name}"),
             Self::File(path) => write!(f, "{}", path.display()),
+            Self::Oci(r) => write!(f, "{r}"),
         }
     }
 }
@@ -188,6 +195,7 @@ impl Config {
             });
         }
 
+        let policy_require_signatures = policy.require_signatures;
         let mut plugins = Vec::with_capacity(raw.plugins.len());
         for (name, p) in raw.plugins {
             let at = |f: &str| format!("plugins.{name}.{f}");
@@ -200,14 +208,22 @@ impl Config {
                     let known = crate::builtin::names().join(", ");
                     return Err(err(&at("component"), format!("no builtin plugin `{b}`; builtins are: {known}")));
                 }
+                None if p.component.starts_with("oci://") => {
+                    ComponentSource::Oci(crate::registry::OciRef::parse(&p.component).map_err(|m| err(&at("component"), m))?)
+                }
                 None => ComponentSource::File(resolve(Path::new(&p.component))),
             };
+            let policy = policy.plugins.remove(&name).unwrap_or_default();
+            check_provenance(&name, &component, &policy, policy_require_signatures).map_err(|(f, m)| ConfigError {
+                file: policy_source.clone(),
+                field: format!("policy.plugins.{name}.{f}"),
+                message: m,
+            })?;
             let limits = host_limits.with(&p.limits);
             check_limits(&limits, &engine).map_err(|(f, m)| err(&at(&format!("limits.{f}")), m))?;
             if !p.tool_prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') || p.tool_prefix.len() > 32 {
                 return Err(err(&at("tool_prefix"), "up to 32 of A-Z a-z 0-9 _ -".into()));
             }
-            let policy = policy.plugins.remove(&name).unwrap_or_default();
             plugins.push(PluginConfig { name, component, limits, settings: p.config, tool_prefix: p.tool_prefix, policy });
         }
         if raw.mcp.max_request_bytes < 1024 {
@@ -260,10 +276,40 @@ impl Config {
             engine,
             mcp: raw.mcp,
             downstreams: policy.downstreams,
+            registries: policy.registries,
+            require_signatures: policy.require_signatures,
             policy_source,
             plugins,
             retention: raw.retention,
         })
+    }
+}
+
+/// Checks that what vouches for a component fits where it comes from:
+/// `signed_by` only on a registry component; under `require_signatures`,
+/// every registry component names its publishers and every file is pinned.
+fn check_provenance(name: &str, component: &ComponentSource, policy: &PluginPolicy, require: bool) -> Result<(), (String, String)> {
+    match component {
+        ComponentSource::Oci(_) if require && policy.signed_by.is_empty() => Err((
+            "signed_by".into(),
+            format!("`require_signatures` is on and plugin `{name}` comes from a registry: name its publisher, `signed_by = {{ key = \"publisher.pub\" }}`"),
+        )),
+        ComponentSource::File(_) | ComponentSource::Builtin(_) if !policy.signed_by.is_empty() => {
+            Err(("signed_by".into(), format!("plugin `{name}`'s component is not from a registry; pin a local file with `sha256`")))
+        }
+        ComponentSource::Oci(r) if r.digest.is_none() && policy.sha256.is_none() && policy.signed_by.is_empty() => Err((
+            "sha256".into(),
+            format!(
+                "plugin `{name}` comes from tag `{}`, which can move to other bytes: pin its component (`sha256`), name its publisher \
+                 (`signed_by`), or reference it by digest (`{}@sha256:…`)",
+                r.tag.as_deref().unwrap_or_default(),
+                r.name()
+            ),
+        )),
+        ComponentSource::File(_) if require && policy.sha256.is_none() => {
+            Err(("sha256".into(), format!("`require_signatures` is on: a local file cannot be signed, so pin plugin `{name}`'s component with `sha256`")))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -12,6 +12,7 @@ mod effect;
 mod effective;
 mod network;
 mod plugin;
+mod registry;
 
 pub use approval::{ApprovalRule, DEFAULT_APPROVAL_MINUTES, RawApproval};
 pub use authorize::{Refusal, authorize};
@@ -23,6 +24,7 @@ pub use effect::Effect;
 pub use effective::{Budgets, EffectiveGrant, EffectivePolicy, InjectedCredential, TlsView, ToolClass};
 pub use network::{TlsPolicy, is_loopback};
 pub use plugin::{DEFAULT_MAX_SENDS_PER_CALL, GRANTABLE_METHODS, Grant, PluginPolicy};
+pub use registry::{RawRegistry, RawSignedBy, RawSigner, Registries, Registry, RegistryCredentials};
 
 use crate::keys::ActionFields;
 use serde::Deserialize;
@@ -40,6 +42,12 @@ pub struct RawPolicy {
     #[serde(default)]
     /// Each plugin's policy, as written.
     pub plugins: BTreeMap<String, RawPluginPolicy>,
+    #[serde(default)]
+    /// How the host reaches each registry, by `host[:port]`.
+    pub registries: BTreeMap<String, RawRegistry>,
+    #[serde(default)]
+    /// Whether every component from a registry must carry a publisher's signature.
+    pub require_signatures: bool,
 }
 
 /// One plugin's policy as written.
@@ -48,6 +56,8 @@ pub struct RawPolicy {
 pub struct RawPluginPolicy {
     /// The sha256 the reviewed component must have.
     pub sha256: Option<String>,
+    /// Who may publish its component (registry components only).
+    pub signed_by: Option<RawSignedBy>,
     #[serde(default)]
     /// The effect class granted to each tool.
     pub tools: BTreeMap<String, RawToolPolicy>,
@@ -90,6 +100,10 @@ pub struct Policy {
     pub downstreams: Downstreams,
     /// Each plugin's policy, checked.
     pub plugins: BTreeMap<String, PluginPolicy>,
+    /// The registries the policy names.
+    pub registries: Registries,
+    /// Whether every component from a registry must carry a publisher's signature.
+    pub require_signatures: bool,
 }
 
 impl Policy {
@@ -102,6 +116,11 @@ impl Policy {
         for (name, d) in raw.downstreams {
             let d = Downstream::from_raw(&name, d, base).map_err(|(f, m)| (format!("downstreams.{name}.{f}"), m))?;
             downstreams.insert(name, Arc::new(d));
+        }
+        let mut registries = Registries::new();
+        for (host, r) in raw.registries {
+            let r = Registry::from_raw(&host, r, base).map_err(|(f, m)| (format!("registries.\"{host}\".{f}"), m))?;
+            registries.insert(r.host.clone(), Arc::new(r));
         }
         let mut plugins = BTreeMap::new();
         for (name, p) in raw.plugins {
@@ -157,9 +176,14 @@ impl Policy {
                     actions.insert(tool.clone(), ActionFields::new(pointers).map_err(|m| (field, m))?);
                 }
             }
+            let signed_by = match p.signed_by {
+                Some(raw) => registry::publisher_keys(raw, base).map_err(|(f, m)| (at(&f), m))?,
+                None => Vec::new(),
+            };
             let policy = PluginPolicy {
                 reviewed: true,
                 sha256: p.sha256,
+                signed_by,
                 tools: p.tools.into_iter().map(|(t, tp)| (t, tp.effect)).collect(),
                 actions,
                 approvals,
@@ -172,7 +196,7 @@ impl Policy {
             };
             plugins.insert(name, policy);
         }
-        Ok(Self { downstreams, plugins })
+        Ok(Self { downstreams, plugins, registries, require_signatures: raw.require_signatures })
     }
 }
 

@@ -46,6 +46,9 @@ pub struct PluginPolicy {
     pub reviewed: bool,
     /// Lower-case hex sha256 the component must have, if pinned.
     pub sha256: Option<String>,
+    /// The publishers whose signature admits its component from a registry
+    /// (any one of them); empty: no signature is asked for.
+    pub signed_by: Vec<crate::registry::keys::PublisherKey>,
     /// The effect class of each reviewed tool.
     pub tools: BTreeMap<String, Effect>,
     /// The arguments that name each irreversible tool's action, where the
@@ -83,6 +86,7 @@ impl Default for PluginPolicy {
         Self {
             reviewed: false,
             sha256: None,
+            signed_by: Vec::new(),
             tools: BTreeMap::new(),
             actions: BTreeMap::new(),
             approvals: BTreeMap::new(),

@@ -13,7 +13,6 @@ use crate::config::{ComponentSource, Config, PluginConfig};
 use crate::error::LoadError;
 use crate::guard::Guard;
 use crate::policy::EffectivePolicy;
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 impl Runtime {
@@ -56,7 +55,15 @@ impl Runtime {
     /// # Errors
     /// The engine cannot be set up, or any plugin is refused (all refusals are listed).
     pub async fn from_config_recovering_later(config: &Config) -> Result<Self, StartError> {
-        let engine = config.engine.fitted_to(footprint_of(&config.plugins));
+        // Every component first, pins and signatures checked before any is
+        // compiled; the pool is sized to those that will load.
+        let sources = super::source::Sources::of(config);
+        let mut components = Vec::with_capacity(config.plugins.len());
+        for plugin in &config.plugins {
+            components.push(sources.read(plugin).await);
+        }
+        let needs = components.iter().flatten().filter_map(|c| Footprint::of(&c.bytes).ok()).fold(Footprint::default(), Footprint::max);
+        let engine = config.engine.fitted_to(needs);
         let mut runtime = Self::new(&engine, config.compile_cache.clone())?.with_downstreams(config.downstreams.clone());
         let owned = config.clone();
         let ledger = tokio::task::spawn_blocking(move || owned.open_ledger(false))
@@ -65,9 +72,19 @@ impl Runtime {
             .map_err(|e| if e.is_busy() { StartError::LedgerBusy(e.to_string()) } else { StartError::Guard(e.to_string()) })?;
         runtime.set_guard(Guard::new(ledger, config.downstreams.clone()).map_err(StartError::Guard)?);
         let mut refused = Vec::new();
-        for plugin in &config.plugins {
-            if let Err(e) = runtime.add_plugin(plugin).await {
-                refused.push(e);
+        for (plugin, component) in config.plugins.iter().zip(components) {
+            match component {
+                Ok(component) => {
+                    if let Err(e) = runtime.add_component(plugin, component).await {
+                        refused.push(e);
+                    }
+                }
+                // Only the network is missing: the host serves the others.
+                Err(e @ LoadError::Unavailable { .. }) => {
+                    tracing::error!("{e}");
+                    runtime.unavailable.push(e.to_string());
+                }
+                Err(e) => refused.push(e),
             }
         }
         if !refused.is_empty() {
@@ -83,14 +100,19 @@ impl Runtime {
     /// # Errors
     /// Why the plugin was refused; see [`LoadError`].
     pub async fn add_plugin(&mut self, config: &PluginConfig) -> Result<(), LoadError> {
+        let component = super::source::Sources::local().read(config).await?;
+        self.add_component(config, component).await
+    }
+
+    /// Loads one plugin from its component, which its pin and signature
+    /// admitted ([`super::source::Sources::read`]). A refused plugin leaves
+    /// the runtime as it was.
+    ///
+    /// # Errors
+    /// Why the plugin was refused; see [`LoadError`].
+    pub async fn add_component(&mut self, config: &PluginConfig, component: super::source::Component) -> Result<(), LoadError> {
         let name = config.name.clone();
-        let bytes = read_component(config)?;
-        let digest = hex::encode(Sha256::digest(&bytes));
-        if let Some(expected) = &config.policy.sha256
-            && *expected != digest
-        {
-            return Err(LoadError::DigestMismatch { plugin: name, expected: expected.clone(), actual: digest });
-        }
+        let super::source::Component { bytes, sha256: digest, provenance } = component;
         // One validating parse serves both checks (a Python component is ~18 MB).
         let imports = crate::imports::component_imports(&bytes).map_err(|reason| LoadError::NotAComponent { plugin: name.clone(), reason })?;
         let forbidden = crate::imports::forbidden(&imports);
@@ -128,7 +150,7 @@ impl Runtime {
             footprint,
             grants: policy.rules.clone(),
         });
-        let mut loaded = LoadedPlugin { ctx, digest, pre, reconcile, policy: Arc::new(policy), policy_digest: String::new() };
+        let mut loaded = LoadedPlugin { ctx, digest, provenance, pre, reconcile, policy: Arc::new(policy), policy_digest: String::new() };
 
         // One sandbox: describe, and check the reconcile export's type if there is one.
         let (specs, _) = self
@@ -173,8 +195,8 @@ fn with_hint(reason: String) -> String {
     }
 }
 
-/// The most any of `plugins` takes from the pool (unreadable ones count as
-/// nothing here; loading them reports why).
+/// The most any of `plugins` takes from the pool (unreadable ones, and
+/// registry components, count as nothing here; loading them reports why).
 pub fn footprint_of(plugins: &[PluginConfig]) -> Footprint {
     plugins.iter().filter_map(|p| read_component(p).ok()).filter_map(|bytes| Footprint::of(&bytes).ok()).fold(Footprint::default(), Footprint::max)
 }
@@ -207,6 +229,9 @@ fn read_component(config: &PluginConfig) -> Result<Vec<u8>, LoadError> {
         }),
         ComponentSource::File(path) => {
             std::fs::read(path).map_err(|e| LoadError::Read { plugin: config.name.clone(), path: path.display().to_string(), reason: e.to_string() })
+        }
+        ComponentSource::Oci(r) => {
+            Err(LoadError::Read { plugin: config.name.clone(), path: r.to_string(), reason: "pulled when a runtime loads its configuration".into() })
         }
     }
 }

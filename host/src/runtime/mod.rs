@@ -22,6 +22,7 @@ mod plugin;
 mod reconcile;
 mod recovery;
 mod sandbox;
+pub mod source;
 pub mod state;
 pub mod wasi;
 
@@ -110,6 +111,9 @@ pub struct Runtime {
     unguarded: bool,
     /// When `toolguard call`s were received, beside a host's own ledger.
     receipts: Option<crate::receipts::Receipts>,
+    /// Plugins left out because their registry could not be reached (and
+    /// the cache did not hold them): why, one line each.
+    unavailable: Vec<String>,
 }
 
 /// Why a runtime could not start.
@@ -159,6 +163,7 @@ impl Runtime {
             downstreams: Downstreams::new(),
             unguarded: false,
             receipts: None,
+            unavailable: Vec::new(),
         })
     }
 
@@ -265,6 +270,16 @@ impl Runtime {
     /// The sha256 (hex) of each loaded plugin's component, by plugin name.
     pub fn plugin_digests(&self) -> BTreeMap<String, String> {
         self.plugins.iter().map(|p| (p.ctx.name.to_string(), p.digest.clone())).collect()
+    }
+
+    /// Where each loaded registry component came from and who signed it, by plugin name.
+    pub fn provenance(&self) -> BTreeMap<String, source::Provenance> {
+        self.plugins.iter().filter_map(|p| Some((p.ctx.name.to_string(), p.provenance.clone()?))).collect()
+    }
+
+    /// The plugins left out because their registry could not be reached: why, one line each.
+    pub fn unavailable(&self) -> &[String] {
+        &self.unavailable
     }
 
     /// How many sandboxes (stores) have been created, `describe` included.

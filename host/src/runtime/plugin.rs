@@ -70,6 +70,8 @@ pub(crate) struct LoadedPlugin {
     pub ctx: Arc<PluginContext>,
     /// sha256 of the component, lower-case hex.
     pub digest: String,
+    /// For a registry component: what was pulled and who signed it.
+    pub provenance: Option<super::source::Provenance>,
     /// Type-checked and linked once; instantiated per invocation.
     pub pre: PluginPre<HostState>,
     /// Its `reconcile` export, if it has one (checked at load).

@@ -1,0 +1,226 @@
+//! Components from OCI registries: `oci://` references, the distribution
+//! API (pull and push, bounded and digest-checked), the content-addressed
+//! cache under the data directory, and cosign-compatible signatures with
+//! publisher keys. Whether a fetched component may load — its pin, its
+//! signature — is decided in one place, `runtime::source`; this module only
+//! fetches, caches and verifies what it is asked to.
+
+pub mod cache;
+mod client;
+pub mod credentials;
+pub mod keys;
+pub mod manifest;
+pub mod reference;
+pub mod signature;
+
+pub use cache::Cache;
+pub use client::{Client, MAX_MANIFEST_BYTES};
+pub use credentials::Credentials;
+pub use reference::OciRef;
+
+use manifest::Manifest;
+use signature::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer};
+
+/// The largest component pulled unless the policy says otherwise.
+pub const DEFAULT_MAX_COMPONENT_BYTES: u64 = 256 << 20;
+
+/// What kind of failure a registry operation met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The registry could not be reached or is failing (a cache may stand in).
+    Unreachable,
+    /// The registry refused (not found, credentials, a challenge toolguard cannot answer).
+    Refused,
+    /// What it served is wrong: a digest mismatch, too large, malformed.
+    Invalid,
+    /// The local cache could not be written.
+    Local,
+}
+
+/// A registry operation that failed, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RegistryError {
+    /// The kind of failure.
+    pub failure: Failure,
+    /// What happened, for the operator.
+    pub message: String,
+}
+
+impl RegistryError {
+    fn new(failure: Failure, message: impl Into<String>) -> Self {
+        Self { failure, message: message.into() }
+    }
+    fn unreachable(message: impl Into<String>) -> Self {
+        Self::new(Failure::Unreachable, message)
+    }
+    fn refused(message: impl Into<String>) -> Self {
+        Self::new(Failure::Refused, message)
+    }
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new(Failure::Invalid, message)
+    }
+    fn local(message: impl Into<String>) -> Self {
+        Self::new(Failure::Local, message)
+    }
+    fn transport(e: reqwest::Error) -> Self {
+        let mut message = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            message = format!("{message}: {s}");
+            source = s.source();
+        }
+        Self::unreachable(format!("cannot reach the registry: {message}"))
+    }
+}
+
+/// A component fetched (or found in the cache), with what identifies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    /// The reference as configured.
+    pub reference: OciRef,
+    /// The manifest's digest: what a signature signs, and what a tag resolved to.
+    pub manifest_digest: String,
+    /// The component's bytes (the one `application/wasm` layer, digest-checked).
+    pub component: Vec<u8>,
+    /// The signatures stored for the manifest (fetched only when asked for).
+    pub signatures: Vec<SignatureLayer>,
+    /// When the manifest entered this host's cache (ms since the epoch).
+    pub pulled_ms: u64,
+    /// Why the registry was not consulted for the tag, if the cache stood in.
+    pub offline: Option<String>,
+    /// The manifest digest the tag resolved to before it moved, if it did.
+    pub moved_from: Option<String>,
+}
+
+/// Fetches the component `r` names, from `cache` where it can and from the
+/// registry otherwise; a tag is resolved at the registry when it answers and
+/// from the cache when it cannot be reached. With `signatures`, also the
+/// manifest's cosign signatures.
+///
+/// # Errors
+/// The registry cannot be reached and the cache cannot stand in; or it
+/// refused, or served something wrong (see [`Failure`]).
+pub async fn fetch(client: &Client, cache: &Cache, r: &OciRef, signatures: bool, max_component: u64) -> Result<Fetched, RegistryError> {
+    let Resolved { bytes, digest, moved_from, offline } =
+        resolve(client, cache, r, r.manifest_reference()).await?.ok_or_else(|| RegistryError::refused(format!("{r}: the registry has no such manifest")))?;
+    let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: {e}")))?;
+    let layer = manifest.wasm_layer().map_err(|e| RegistryError::invalid(format!("{r}: {e}")))?;
+    if layer.size > max_component {
+        return Err(RegistryError::invalid(format!("{r}: the component is {} bytes, over the {max_component} bytes allowed", layer.size)));
+    }
+    let component = blob(client, cache, &r.repository, &layer.digest, max_component, offline.is_some()).await?;
+    let signatures = if signatures { signatures_of(client, cache, r, &digest, offline.is_some()).await? } else { Vec::new() };
+    let pulled_ms = cache.stored_ms(&digest).unwrap_or_else(crate::ledger::records::now_ms);
+    Ok(Fetched { reference: r.clone(), manifest_digest: digest, component, signatures, pulled_ms, offline, moved_from })
+}
+
+/// A manifest found for a reference.
+struct Resolved {
+    bytes: Vec<u8>,
+    digest: String,
+    /// The digest a tag resolved to before it moved.
+    moved_from: Option<String>,
+    /// Why the cache stood in for the registry, if it did.
+    offline: Option<String>,
+}
+
+/// The manifest `reference` names, or `None` if the registry has none.
+/// Digests come from the cache first; tags from the registry first, and
+/// from the cache when the registry cannot be reached.
+async fn resolve(client: &Client, cache: &Cache, r: &OciRef, reference: &str) -> Result<Option<Resolved>, RegistryError> {
+    let local = |e: String| RegistryError::local(e);
+    if reference::is_sha256_digest(reference) {
+        if let Some(bytes) = cache.get(reference) {
+            return Ok(Some(Resolved { bytes, digest: reference.into(), moved_from: None, offline: None }));
+        }
+        let Some((bytes, digest)) = client.manifest(&r.repository, reference).await? else { return Ok(None) };
+        cache.put(&bytes).map_err(local)?;
+        return Ok(Some(Resolved { bytes, digest, moved_from: None, offline: None }));
+    }
+    match client.manifest(&r.repository, reference).await {
+        Ok(Some((bytes, digest))) => {
+            cache.put(&bytes).map_err(local)?;
+            let record = cache.set_tag(&r.registry, &r.repository, reference, &digest).map_err(local)?;
+            Ok(Some(Resolved { bytes, digest, moved_from: record.previous, offline: None }))
+        }
+        Ok(None) => {
+            cache.forget_tag(&r.registry, &r.repository, reference);
+            Ok(None)
+        }
+        Err(e) if e.failure == Failure::Unreachable => {
+            let cached = cache.tag(&r.registry, &r.repository, reference).and_then(|t| cache.get(&t.digest).map(|b| (b, t)));
+            let (bytes, tag) = cached.ok_or_else(|| RegistryError::unreachable(format!("{r}: {} — and it is not in this host's cache", e.message)))?;
+            Ok(Some(Resolved { bytes, digest: tag.digest, moved_from: tag.previous, offline: Some(e.message) }))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Blob `digest`: from the cache, else downloaded into it.
+async fn blob(client: &Client, cache: &Cache, repository: &str, digest: &str, max: u64, offline: bool) -> Result<Vec<u8>, RegistryError> {
+    if let Some(bytes) = cache.get(digest) {
+        return Ok(bytes);
+    }
+    if offline {
+        return Err(RegistryError::unreachable(format!("blob {digest} is not in this host's cache and the registry cannot be reached")));
+    }
+    let temp = cache.temp_path().map_err(RegistryError::local)?;
+    client.blob_to_file(repository, digest, max, &temp).await?;
+    let path = cache.commit(&temp, digest).map_err(RegistryError::local)?;
+    std::fs::read(&path).map_err(|e| RegistryError::local(format!("cannot read {}: {e}", path.display())))
+}
+
+/// The cosign signatures stored for manifest `digest` of `r`'s repository.
+async fn signatures_of(client: &Client, cache: &Cache, r: &OciRef, digest: &str, offline: bool) -> Result<Vec<SignatureLayer>, RegistryError> {
+    let tag = signature::signature_tag(digest);
+    let found = if offline {
+        cache.tag(&r.registry, &r.repository, &tag).and_then(|t| cache.get(&t.digest))
+    } else {
+        resolve(client, cache, r, &tag).await?.map(|found| found.bytes)
+    };
+    let Some(bytes) = found else { return Ok(Vec::new()) };
+    let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: its signature manifest: {e}")))?;
+    let mut layers = Vec::new();
+    for layer in manifest.layers.iter().filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE) {
+        let Some(sig) = layer.annotations.get(SIGNATURE_ANNOTATION) else { continue };
+        let payload = blob(client, cache, &r.repository, &layer.digest, signature::MAX_PAYLOAD_BYTES, offline).await?;
+        layers.push(SignatureLayer { payload, signature: sig.clone() });
+    }
+    Ok(layers)
+}
+
+/// Pushes `component` as a Wasm OCI artifact at `r` (its tag); answers the manifest digest.
+///
+/// # Errors
+/// The registry cannot be reached or refused.
+pub async fn push(client: &Client, r: &OciRef, component: &[u8], imports: &[String], exports: &[String]) -> Result<String, RegistryError> {
+    let layer = client.push_blob(&r.repository, manifest::WASM_LAYER_MEDIA_TYPE, component).await?;
+    let config = client.push_blob(&r.repository, manifest::WASM_CONFIG_MEDIA_TYPE, &manifest::wasm_config(&layer.digest, imports, exports)).await?;
+    let m = manifest::manifest(config, vec![layer]);
+    client.push_manifest(&r.repository, r.manifest_reference(), manifest::MANIFEST_MEDIA_TYPE, &m.to_bytes()).await
+}
+
+/// Signs manifest `digest` of `r`'s repository with `key`, adding the
+/// signature to those already stored under its `sha256-….sig` tag.
+///
+/// # Errors
+/// The registry cannot be reached or refused, or signing failed.
+pub async fn sign(client: &Client, r: &OciRef, digest: &str, key: &keys::SigningKey) -> Result<(), RegistryError> {
+    use base64::Engine as _;
+    let payload = signature::payload(&r.name(), digest);
+    let signature = base64::engine::general_purpose::STANDARD.encode(key.sign(&payload).map_err(RegistryError::local)?);
+    let tag = signature::signature_tag(digest);
+    let mut layers = match client.manifest(&r.repository, &tag).await? {
+        Some((bytes, _)) => Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("the existing signature manifest: {e}")))?.layers,
+        None => Vec::new(),
+    };
+    let mut layer = client.push_blob(&r.repository, SIMPLE_SIGNING_MEDIA_TYPE, &payload).await?;
+    layer.annotations.insert(SIGNATURE_ANNOTATION.into(), signature);
+    layers.push(layer);
+    let diff_ids: Vec<&str> = layers.iter().map(|l| l.digest.as_str()).collect();
+    let config = serde_json::json!({ "architecture": "", "os": "", "config": {}, "rootfs": { "type": "layers", "diff_ids": diff_ids } });
+    let config = client.push_blob(&r.repository, "application/vnd.oci.image.config.v1+json", &serde_json::to_vec(&config).unwrap_or_default()).await?;
+    let m = manifest::manifest(config, layers);
+    client.push_manifest(&r.repository, &tag, manifest::MANIFEST_MEDIA_TYPE, &m.to_bytes()).await.map(|_| ())
+}
