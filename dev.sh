@@ -8,7 +8,8 @@
 #                           build with test hooks (`--features toolguard/test-hooks`), with
 #                           the crash torture harness last and its tally shown (ARGS, if
 #                           given, go to a single `cargo test` instead), against a throwaway
-#                           PostgreSQL it starts for the shared ledger's tests
+#                           PostgreSQL it starts for the shared ledger's tests and real OCI
+#                           registries (Debian's docker-registry) for the registry tests
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -48,6 +49,12 @@ mcp_clients() {
     if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import mcp' 2>/dev/null; then
         python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet "mcp==2.3.0"
+    fi
+    # An independent OCI client (oras) that reads what `toolguard push`
+    # wrote and pushes artifacts toolguard pulls; bcrypt for the test
+    # registry's htpasswd file.
+    if ! "$venv/bin/python" -c 'import oras, bcrypt' 2>/dev/null; then
+        "$venv/bin/pip" install --quiet "oras==0.2.43" "bcrypt==5.0.0"
     fi
     export TOOLGUARD_NODE="$npm16/node_modules/.bin/node"
     export TOOLGUARD_CONFORMANCE="$npm16/node_modules/.bin/conformance"
@@ -118,6 +125,17 @@ postgres_stop() {
     rm -rf "$PG_DIR" "${SHIPPED_DIR:-}"
 }
 
+# A real OCI registry for the registry tests: Debian's `docker-registry`
+# (CNCF Distribution). Each test starts its own on loopback with throwaway
+# storage (tests/integration/registry.rs), so one can be stopped mid-test.
+registry_server() {
+    if ! command -v docker-registry >/dev/null; then
+        need_root apt-get update -qq
+        need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null
+    fi
+    export TOOLGUARD_REGISTRY_BIN="$(command -v docker-registry)"
+}
+
 # The tests' build: the host with its test hooks (failpoints, a skewed
 # clock) compiled in. The shipped binary never has them (docs/development.md).
 HOOKS=(--features toolguard/test-hooks)
@@ -150,6 +168,7 @@ case "${1:-}" in
         mcp_clients
         foreign_plugins
         postgres_server
+        registry_server
         shipped_binary
         if [ $# -gt 0 ]; then cargo test --workspace --locked "${HOOKS[@]}" "$@"; exit; fi
         cargo test --workspace --locked "${HOOKS[@]}" -- --skip torture

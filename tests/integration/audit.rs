@@ -27,7 +27,7 @@ fn audit(config: &Path, args: &[&str]) -> Output {
 }
 
 /// Checks `report` against `docs/audit.schema.json`.
-fn assert_schema(report: &Value) {
+pub fn assert_schema(report: &Value) {
     let schema: Value = serde_json::from_str(&std::fs::read_to_string(repo("docs/audit.schema.json")).unwrap()).unwrap();
     let validator = jsonschema::validator_for(&schema).expect("the documented schema compiles");
     let errors: Vec<String> = validator.iter_errors(report).map(|e| format!("{} at {}", e, e.instance_path())).collect();

@@ -37,6 +37,8 @@ mod migration;
 mod payments;
 mod properties;
 mod recovery_edges;
+mod registry;
+mod registry_faults;
 mod retention;
 mod sandbox_limits;
 mod security;

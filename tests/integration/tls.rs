@@ -22,6 +22,9 @@ pub struct Pki {
     pub wrong_ca_file: PathBuf,
     pub client_cert_file: PathBuf,
     pub client_key_file: PathBuf,
+    /// The server's certificate chain and key as PEM files (for servers run as processes).
+    pub server_cert_file: PathBuf,
+    pub server_key_file: PathBuf,
     server_chain: Vec<rustls::pki_types::CertificateDer<'static>>,
     server_key: rustls::pki_types::PrivateKeyDer<'static>,
     client_ca: rustls::pki_types::CertificateDer<'static>,
@@ -53,6 +56,8 @@ impl Pki {
         let wrong_ca_file = write("wrong-ca.pem", wrong_ca.pem());
         let client_cert_file = write("client.pem", client.pem());
         let client_key_file = write("client.key", client_key.serialize_pem());
+        let server_cert_file = write("server.pem", format!("{}{}", server.pem(), server_ca.pem()));
+        let server_key_file = write("server.key", server_key.serialize_pem());
         Self {
             server_chain: vec![server.der().clone(), server_ca.der().clone()],
             server_key: rustls::pki_types::PrivateKeyDer::try_from(server_key.serialize_der()).unwrap(),
@@ -62,6 +67,8 @@ impl Pki {
             wrong_ca_file,
             client_cert_file,
             client_key_file,
+            server_cert_file,
+            server_key_file,
         }
     }
 

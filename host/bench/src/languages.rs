@@ -85,7 +85,7 @@ pub async fn per_language(dir: &Path, scale: Scale, foreign: Option<&Path>) -> a
         let rust = *rust_p50.get_or_insert(p50);
         let size = match &entry.plugin.component {
             ComponentSource::File(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
-            ComponentSource::Builtin(_) => 0,
+            ComponentSource::Builtin(_) | ComponentSource::Oci(_) => 0,
         };
         let what = if size > 0 { format!(" ({:.1} MB sealed)", size as f64 / 1e6) } else { String::new() };
         figures.push(Figure::new(format!("(j) {}{what}: fresh sandbox + invoke, p50", entry.language), p50, "µs").against("the Rust tool", p50 / rust));

@@ -22,6 +22,9 @@ pub async fn run(config: &Path, json: bool) -> u8 {
             })
         })
         .collect();
+    for missing in runtime.unavailable() {
+        eprintln!("toolguard tools: {missing}");
+    }
     if json {
         super::print_json(&Value::Array(tools));
         return 0;

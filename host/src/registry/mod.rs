@@ -102,15 +102,16 @@ pub struct Fetched {
 /// The registry cannot be reached and the cache cannot stand in; or it
 /// refused, or served something wrong (see [`Failure`]).
 pub async fn fetch(client: &Client, cache: &Cache, r: &OciRef, signatures: bool, max_component: u64) -> Result<Fetched, RegistryError> {
+    let at = At { client, cache, r };
     let Resolved { bytes, digest, moved_from, offline } =
-        resolve(client, cache, r, r.manifest_reference()).await?.ok_or_else(|| RegistryError::refused(format!("{r}: the registry has no such manifest")))?;
+        at.resolve(r.manifest_reference()).await?.ok_or_else(|| RegistryError::refused(format!("{r}: the registry has no such manifest")))?;
     let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: {e}")))?;
     let layer = manifest.wasm_layer().map_err(|e| RegistryError::invalid(format!("{r}: {e}")))?;
     if layer.size > max_component {
         return Err(RegistryError::invalid(format!("{r}: the component is {} bytes, over the {max_component} bytes allowed", layer.size)));
     }
-    let component = blob(client, cache, &r.repository, &layer.digest, max_component, offline.is_some()).await?;
-    let signatures = if signatures { signatures_of(client, cache, r, &digest, offline.is_some()).await? } else { Vec::new() };
+    let component = at.blob(&layer.digest, max_component, offline.is_some()).await?;
+    let signatures = if signatures { at.signatures_of(&digest, offline.is_some()).await? } else { Vec::new() };
     let pulled_ms = cache.stored_ms(&digest).unwrap_or_else(crate::ledger::records::now_ms);
     Ok(Fetched { reference: r.clone(), manifest_digest: digest, component, signatures, pulled_ms, offline, moved_from })
 }
@@ -125,69 +126,82 @@ struct Resolved {
     offline: Option<String>,
 }
 
-/// The manifest `reference` names, or `None` if the registry has none.
-/// Digests come from the cache first; tags from the registry first, and
-/// from the cache when the registry cannot be reached.
-async fn resolve(client: &Client, cache: &Cache, r: &OciRef, reference: &str) -> Result<Option<Resolved>, RegistryError> {
-    let local = |e: String| RegistryError::local(e);
-    if reference::is_sha256_digest(reference) {
-        if let Some(bytes) = cache.get(reference) {
-            return Ok(Some(Resolved { bytes, digest: reference.into(), moved_from: None, offline: None }));
-        }
-        let Some((bytes, digest)) = client.manifest(&r.repository, reference).await? else { return Ok(None) };
-        cache.put(&bytes).map_err(local)?;
-        return Ok(Some(Resolved { bytes, digest, moved_from: None, offline: None }));
-    }
-    match client.manifest(&r.repository, reference).await {
-        Ok(Some((bytes, digest))) => {
+/// One repository, reached through a registry client and the cache.
+struct At<'a> {
+    client: &'a Client,
+    cache: &'a Cache,
+    r: &'a OciRef,
+}
+
+impl At<'_> {
+    /// The manifest `reference` names, or `None` if the registry has none.
+    /// Digests come from the cache first; tags from the registry first, and
+    /// from the cache when the registry cannot be reached.
+    async fn resolve(&self, reference: &str) -> Result<Option<Resolved>, RegistryError> {
+        let Self { client, cache, r } = *self;
+        let local = |e: String| RegistryError::local(e);
+        if reference::is_sha256_digest(reference) {
+            if let Some(bytes) = cache.get(reference) {
+                return Ok(Some(Resolved { bytes, digest: reference.into(), moved_from: None, offline: None }));
+            }
+            let Some((bytes, digest)) = client.manifest(&r.repository, reference).await? else { return Ok(None) };
             cache.put(&bytes).map_err(local)?;
-            let record = cache.set_tag(&r.registry, &r.repository, reference, &digest).map_err(local)?;
-            Ok(Some(Resolved { bytes, digest, moved_from: record.previous, offline: None }))
+            return Ok(Some(Resolved { bytes, digest, moved_from: None, offline: None }));
         }
-        Ok(None) => {
-            cache.forget_tag(&r.registry, &r.repository, reference);
-            Ok(None)
+        match client.manifest(&r.repository, reference).await {
+            Ok(Some((bytes, digest))) => {
+                cache.put(&bytes).map_err(local)?;
+                let record = cache.set_tag(&r.registry, &r.repository, reference, &digest).map_err(local)?;
+                Ok(Some(Resolved { bytes, digest, moved_from: record.previous, offline: None }))
+            }
+            Ok(None) => {
+                cache.forget_tag(&r.registry, &r.repository, reference);
+                Ok(None)
+            }
+            Err(e) if e.failure == Failure::Unreachable => {
+                let cached = cache.tag(&r.registry, &r.repository, reference).and_then(|t| cache.get(&t.digest).map(|b| (b, t)));
+                let (bytes, tag) = cached.ok_or_else(|| RegistryError::unreachable(format!("{r}: {} — and it is not in this host's cache", e.message)))?;
+                Ok(Some(Resolved { bytes, digest: tag.digest, moved_from: tag.previous, offline: Some(e.message) }))
+            }
+            Err(e) => Err(e),
         }
-        Err(e) if e.failure == Failure::Unreachable => {
-            let cached = cache.tag(&r.registry, &r.repository, reference).and_then(|t| cache.get(&t.digest).map(|b| (b, t)));
-            let (bytes, tag) = cached.ok_or_else(|| RegistryError::unreachable(format!("{r}: {} — and it is not in this host's cache", e.message)))?;
-            Ok(Some(Resolved { bytes, digest: tag.digest, moved_from: tag.previous, offline: Some(e.message) }))
-        }
-        Err(e) => Err(e),
     }
-}
 
-/// Blob `digest`: from the cache, else downloaded into it.
-async fn blob(client: &Client, cache: &Cache, repository: &str, digest: &str, max: u64, offline: bool) -> Result<Vec<u8>, RegistryError> {
-    if let Some(bytes) = cache.get(digest) {
-        return Ok(bytes);
+    /// Blob `digest`: from the cache, else downloaded into it.
+    async fn blob(&self, digest: &str, max: u64, offline: bool) -> Result<Vec<u8>, RegistryError> {
+        let Self { client, cache, r } = *self;
+        let repository = &r.repository;
+        if let Some(bytes) = cache.get(digest) {
+            return Ok(bytes);
+        }
+        if offline {
+            return Err(RegistryError::unreachable(format!("blob {digest} is not in this host's cache and the registry cannot be reached")));
+        }
+        let temp = cache.temp_path().map_err(RegistryError::local)?;
+        client.blob_to_file(repository, digest, max, &temp).await?;
+        let path = cache.commit(&temp, digest).map_err(RegistryError::local)?;
+        std::fs::read(&path).map_err(|e| RegistryError::local(format!("cannot read {}: {e}", path.display())))
     }
-    if offline {
-        return Err(RegistryError::unreachable(format!("blob {digest} is not in this host's cache and the registry cannot be reached")));
-    }
-    let temp = cache.temp_path().map_err(RegistryError::local)?;
-    client.blob_to_file(repository, digest, max, &temp).await?;
-    let path = cache.commit(&temp, digest).map_err(RegistryError::local)?;
-    std::fs::read(&path).map_err(|e| RegistryError::local(format!("cannot read {}: {e}", path.display())))
-}
 
-/// The cosign signatures stored for manifest `digest` of `r`'s repository.
-async fn signatures_of(client: &Client, cache: &Cache, r: &OciRef, digest: &str, offline: bool) -> Result<Vec<SignatureLayer>, RegistryError> {
-    let tag = signature::signature_tag(digest);
-    let found = if offline {
-        cache.tag(&r.registry, &r.repository, &tag).and_then(|t| cache.get(&t.digest))
-    } else {
-        resolve(client, cache, r, &tag).await?.map(|found| found.bytes)
-    };
-    let Some(bytes) = found else { return Ok(Vec::new()) };
-    let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: its signature manifest: {e}")))?;
-    let mut layers = Vec::new();
-    for layer in manifest.layers.iter().filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE) {
-        let Some(sig) = layer.annotations.get(SIGNATURE_ANNOTATION) else { continue };
-        let payload = blob(client, cache, &r.repository, &layer.digest, signature::MAX_PAYLOAD_BYTES, offline).await?;
-        layers.push(SignatureLayer { payload, signature: sig.clone() });
+    /// The cosign signatures stored for manifest `digest` of the repository.
+    async fn signatures_of(&self, digest: &str, offline: bool) -> Result<Vec<SignatureLayer>, RegistryError> {
+        let Self { cache, r, .. } = *self;
+        let tag = signature::signature_tag(digest);
+        let found = if offline {
+            cache.tag(&r.registry, &r.repository, &tag).and_then(|t| cache.get(&t.digest))
+        } else {
+            self.resolve(&tag).await?.map(|found| found.bytes)
+        };
+        let Some(bytes) = found else { return Ok(Vec::new()) };
+        let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: its signature manifest: {e}")))?;
+        let mut layers = Vec::new();
+        for layer in manifest.layers.iter().filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE) {
+            let Some(sig) = layer.annotations.get(SIGNATURE_ANNOTATION) else { continue };
+            let payload = self.blob(&layer.digest, signature::MAX_PAYLOAD_BYTES, offline).await?;
+            layers.push(SignatureLayer { payload, signature: sig.clone() });
+        }
+        Ok(layers)
     }
-    Ok(layers)
 }
 
 /// Pushes `component` as a Wasm OCI artifact at `r` (its tag); answers the manifest digest.

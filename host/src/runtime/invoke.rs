@@ -182,7 +182,10 @@ fn budgets(plugin: &super::plugin::LoadedPlugin, req: &CallRequest) -> Vec<crate
 
 fn unknown_tool(rt: &Runtime, name: &str) -> CallError {
     let known: Vec<&str> = rt.tools.keys().map(String::as_str).take(20).collect();
-    CallError::new(ErrorKind::UnknownTool, format!("no tool named `{name}`; available: {}", if known.is_empty() { "none".into() } else { known.join(", ") }))
+    let available = if known.is_empty() { "none".into() } else { known.join(", ") };
+    // A plugin left out (its registry unreachable) may be the one that offers it.
+    let missing = if rt.unavailable.is_empty() { String::new() } else { format!(". Not loaded now: {}", rt.unavailable.join("; ")) };
+    CallError::new(ErrorKind::UnknownTool, format!("no tool named `{name}`; available: {available}{missing}"))
 }
 
 /// Size, syntax and schema of the arguments, checked before any instance exists.
