@@ -35,6 +35,19 @@ struct ReconcileLabels {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ComponentLabels {
+    plugin: String,
+    /// The component's sha256 (hex).
+    sha256: String,
+    /// `builtin:NAME`, the file, or the `oci://` reference as configured.
+    source: String,
+    /// For a registry component: the manifest digest its reference resolved to.
+    manifest: String,
+    /// For a signed component: the fingerprint of the key that signed it.
+    signer: String,
+}
+
 /// Every metric of the process.
 struct Metrics {
     registry: Registry,
@@ -46,10 +59,11 @@ struct Metrics {
     synced_writes: Gauge<u64, AtomicU64>,
     wal_syncs: Gauge<u64, AtomicU64>,
     batch: Gauge<f64, AtomicU64>,
+    components: Family<ComponentLabels, Gauge>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    let (tool_calls, attempts, reconciles) = (Family::default(), Family::default(), Family::default());
+    let (tool_calls, attempts, reconciles, components) = (Family::default(), Family::default(), Family::default(), Family::default());
     // 10 µs … ~80 ms.
     let instantiate = Histogram::new(exponential_buckets(1e-5, 2.0, 14));
     let (unknown_outstanding, synced_writes, wal_syncs, batch) = (Gauge::default(), Gauge::default(), Gauge::default(), Gauge::default());
@@ -66,7 +80,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         wal_syncs.clone(),
     );
     registry.register("ledger_writes_per_fsync", "Mean group-commit batch: synced writes per WAL fsync so far", batch.clone());
-    Metrics { registry, tool_calls, attempts, reconciles, instantiate, unknown_outstanding, synced_writes, wal_syncs, batch }
+    registry.register("component_info", "Each loaded plugin's component: its sha256, source, resolved manifest and signer (value 1)", components.clone());
+    Metrics { registry, tool_calls, attempts, reconciles, instantiate, unknown_outstanding, synced_writes, wal_syncs, batch, components }
 });
 
 /// Counts a tool call's answer.
@@ -82,6 +97,18 @@ pub fn attempt(downstream: &str, state: AttemptState) {
 /// Counts a reconciliation's result.
 pub fn reconcile(result: &str) {
     METRICS.reconciles.get_or_create(&ReconcileLabels { result: result.into() }).inc();
+}
+
+/// Records a loaded plugin's component: what it is and where it came from.
+pub fn component(plugin: &str, sha256: &str, source: &str, manifest: Option<&str>, signer: Option<&str>) {
+    let labels = ComponentLabels {
+        plugin: plugin.into(),
+        sha256: sha256.into(),
+        source: source.into(),
+        manifest: manifest.unwrap_or_default().into(),
+        signer: signer.unwrap_or_default().into(),
+    };
+    METRICS.components.get_or_create(&labels).set(1);
 }
 
 /// Records how long a sandbox took to instantiate.

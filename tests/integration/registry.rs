@@ -174,6 +174,20 @@ fn push_sign_pull_verify_serve_and_call() {
     // What was recorded is the resolved digest: the grant history names the component's sha256.
     let history = String::from_utf8(toolguard(d, &["audit", "--history"]).stdout).unwrap();
     assert!(history.contains(&c["sha256"].as_str().unwrap()[..12]), "{history}");
+    // A serving host exports what it loaded: the component, the manifest it resolved to, the signer.
+    let server = crate::common::serve_http(&d.join("toolguard.toml"), &[]);
+    let url = server.url.replace(toolguard::mcp::http::PATH, toolguard::mcp::http::METRICS_PATH);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let text = tokio::runtime::Runtime::new().unwrap().block_on(async { reqwest::get(url).await.unwrap().text().await.unwrap() });
+    let line = text.lines().find(|l| l.starts_with("toolguard_component_info{")).unwrap_or_else(|| panic!("{text}"));
+    for part in [
+        format!("plugin=\"stats\""),
+        format!("manifest=\"{digest}\""),
+        format!("source=\"{reference}\""),
+        format!("signer=\"{}\"", c["registry"]["signature"]["fingerprint"].as_str().unwrap()),
+    ] {
+        assert!(line.contains(&part), "{part} in {line}");
+    }
 }
 
 #[test]
