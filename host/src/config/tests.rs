@@ -129,3 +129,37 @@ fn mcp_counts_are_at_least_one() {
     assert_eq!(parse("").unwrap().mcp.max_sessions_per_principal, 100);
     assert_eq!(parse("").unwrap().mcp.max_calls_per_principal, 64);
 }
+
+#[test]
+fn registry_components_need_something_to_vouch_for_them() {
+    let pin = format!("sha256 = \"{}\"", "a".repeat(64));
+    let with =
+        |component: &str, policy: &str, top: &str| parse(&format!("[plugins.a]\ncomponent = \"{component}\"\n[policy]\n{top}\n[policy.plugins.a]\n{policy}\n"));
+    let c = with("oci://r.example/t/a:1", &pin, "").unwrap();
+    assert_eq!(c.plugins[0].component.to_string(), "oci://r.example/t/a:1");
+    // A tag can move: a pin or a publisher must vouch for it; a digest needs neither.
+    let e = with("oci://r.example/t/a:1", "", "").unwrap_err();
+    assert!(e.message.contains("can move") && e.field == "policy.plugins.a.sha256", "{e}");
+    with(&format!("oci://r.example/t/a@sha256:{}", "b".repeat(64)), "", "").unwrap();
+    // require_signatures: registry components name publishers, files are pinned.
+    let e = with("oci://r.example/t/a:1", &pin, "require_signatures = true").unwrap_err();
+    assert!(e.field.ends_with("signed_by") && e.message.contains("require_signatures"), "{e}");
+    let e = with("a.wasm", "", "require_signatures = true").unwrap_err();
+    assert!(e.message.contains("pin"), "{e}");
+    with("a.wasm", &pin, "require_signatures = true").unwrap();
+    // Keyless identities are refused, saying so; a malformed reference names itself.
+    let e = with("oci://r.example/t/a:1", "signed_by = { issuer = \"https://id.example\", subject = \"ci@example\" }", "").unwrap_err();
+    assert!(e.message.contains("keyless") && e.field == "policy.plugins.a.signed_by[0]", "{e}");
+    let e = with("oci://r.example/t/A", &pin, "").unwrap_err();
+    assert_eq!(e.field, "plugins.a.component");
+}
+
+#[test]
+fn plain_http_is_for_loopback_registries_only() {
+    let e = parse("[policy.registries.\"r.example\"]\nplain_http = true\n").unwrap_err();
+    assert!(e.field.contains("plain_http") && e.message.contains("loopback"), "{e}");
+    let c = parse("[policy.registries.\"127.0.0.1:5000\"]\nplain_http = true\n").unwrap();
+    assert!(c.registries["127.0.0.1:5000"].plain_http);
+    let e = parse("[policy.registries.\"r.example\"]\nusername_env = \"U\"\n").unwrap_err();
+    assert!(e.message.contains("password_env"), "{e}");
+}
