@@ -52,9 +52,10 @@ mcp_clients() {
     fi
     # An independent OCI client (oras) that reads what `toolguard push`
     # wrote and pushes artifacts toolguard pulls; bcrypt for the test
-    # registry's htpasswd file.
-    if ! "$venv/bin/python" -c 'import oras, bcrypt' 2>/dev/null; then
-        "$venv/bin/pip" install --quiet "oras==0.2.43" "bcrypt==5.0.0"
+    # registry's htpasswd file; authlib (on Flask) for a real OAuth 2.1
+    # authorization server (tests/oauth/authorization_server.py).
+    if ! "$venv/bin/python" -c 'import oras, bcrypt, authlib, flask' 2>/dev/null; then
+        "$venv/bin/pip" install --quiet "oras==0.2.43" "bcrypt==5.0.0" "authlib==1.9.6" "flask==3.1.3"
     fi
     export TOOLGUARD_NODE="$npm16/node_modules/.bin/node"
     export TOOLGUARD_CONFORMANCE="$npm16/node_modules/.bin/conformance"

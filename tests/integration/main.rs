@@ -34,6 +34,7 @@ mod loading;
 mod mcp;
 mod metrics;
 mod migration;
+mod oauth;
 mod payments;
 mod properties;
 mod recovery_edges;

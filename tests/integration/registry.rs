@@ -181,7 +181,7 @@ fn push_sign_pull_verify_serve_and_call() {
     let text = tokio::runtime::Runtime::new().unwrap().block_on(async { reqwest::get(url).await.unwrap().text().await.unwrap() });
     let line = text.lines().find(|l| l.starts_with("toolguard_component_info{")).unwrap_or_else(|| panic!("{text}"));
     for part in [
-        format!("plugin=\"stats\""),
+        "plugin=\"stats\"".to_string(),
         format!("manifest=\"{digest}\""),
         format!("source=\"{reference}\""),
         format!("signer=\"{}\"", c["registry"]["signature"]["fingerprint"].as_str().unwrap()),

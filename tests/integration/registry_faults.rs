@@ -24,6 +24,16 @@ fn sha256_of(path: &Path) -> String {
     hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
 }
 
+/// A registry holding text-stats (unsigned) at `tools/text-stats:1.0`, a
+/// working directory, and the component's reference.
+fn pushed_text_stats() -> (TestRegistry, tempfile::TempDir, String) {
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = registry.reference("tools/text-stats:1.0");
+    ok(dir.path(), &["push", wasm("text-stats").to_str().unwrap(), &reference, "--plain-http"]);
+    (registry, dir, reference)
+}
+
 /// What a failed command said, both streams.
 fn said(out: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
@@ -31,12 +41,9 @@ fn said(out: &std::process::Output) -> String {
 
 #[test]
 fn a_tampered_layer_is_refused_and_nothing_loads() {
-    let registry = TestRegistry::start();
-    let dir = tempfile::tempdir().unwrap();
+    let (registry, dir, reference) = pushed_text_stats();
     let d = dir.path();
     let component = wasm("text-stats");
-    let reference = registry.reference("tools/text-stats:1.0");
-    ok(d, &["push", component.to_str().unwrap(), &reference, "--plain-http"]);
     let layer = format!("sha256:{}", sha256_of(&component));
     let stored = registry.stored_blob(&layer);
     let mut bytes = std::fs::read(&stored).unwrap();
@@ -191,12 +198,9 @@ fn the_registry_down_a_warm_cache_serves_and_a_cold_one_leaves_only_that_plugin_
 
 #[test]
 fn a_damaged_cache_is_fetched_again_not_trusted() {
-    let registry = TestRegistry::start();
-    let dir = tempfile::tempdir().unwrap();
+    let (registry, dir, reference) = pushed_text_stats();
     let d = dir.path();
     let component = wasm("text-stats");
-    let reference = registry.reference("tools/text-stats:1.0");
-    ok(d, &["push", component.to_str().unwrap(), &reference, "--plain-http"]);
     write_config(d, &registry, &reference, &format!("sha256 = \"{}\"", sha256_of(&component)), "");
     assert!(count_words(d, "c1").status.success());
     let cached = d.join("data/registry/blobs/sha256").join(sha256_of(&component));

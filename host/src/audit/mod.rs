@@ -43,6 +43,13 @@ pub async fn audit(config: &Config, config_path: &Path, extra: &[PathBuf]) -> Re
         };
         components.push(audit_one(&config.engine, &config.compile_cache, &sources, &plugin, &config.downstreams).await?);
     }
+    if let Some(oauth) = &config.mcp.oauth {
+        for c in &mut components {
+            for t in &mut c.tools {
+                t.scopes = oauth.scopes.needed(&t.name, &c.plugin, t.granted.as_str());
+            }
+        }
+    }
     let verdict = if components.iter().all(|c| c.verdict == Verdict::PASS) { Verdict::PASS } else { Verdict::FAIL };
     Ok(Report {
         schema: SCHEMA,
@@ -190,6 +197,7 @@ fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
         action: t.action.as_ref().map(|a| a.pointers().to_vec()),
         approval: t.approval.as_ref().map(approval_words),
         confirm_repeat_within_minutes: t.confirm_repeat_ms.map(|ms| ms / 60_000),
+        scopes: Vec::new(),
     }
 }
 

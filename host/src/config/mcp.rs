@@ -65,6 +65,9 @@ pub struct McpConfig {
     /// How long a task is kept for `tasks/get` after it was created
     /// (`ttlMs`); its call stays in the ledger for its retention either way.
     pub task_ttl_ms: u64,
+    /// `serve --http` as an OAuth 2.1 resource server: principals and
+    /// scopes from the platform's identity provider (`docs/mcp.md`).
+    pub oauth: Option<super::OAuthConfig>,
 }
 
 impl Default for McpConfig {
@@ -85,6 +88,7 @@ impl Default for McpConfig {
             task_after_ms: 2_000,
             task_poll_ms: 1_000,
             task_ttl_ms: 3_600_000,
+            oauth: None,
         }
     }
 }

@@ -11,6 +11,7 @@ mod engine;
 mod ledger;
 pub mod limits;
 mod mcp;
+mod oauth;
 mod raw;
 
 pub use engine::{DEFAULT_COMPONENT_FOOTPRINT, DEFAULT_MEMORY_CEILING_MB, DEFAULT_POOL_INSTANCES, EngineConfig, Footprint};
@@ -18,6 +19,7 @@ pub use ledger::Retention;
 use ledger::{RETENTION_MARGIN_HOURS, ledger_cache, ledger_location, ledger_pool};
 pub use limits::{LimitOverrides, Limits};
 pub use mcp::{McpConfig, McpToken, MissingCallId, valid_principal};
+pub use oauth::{ACCEPTABLE_ALGORITHMS, IssuerConfig, OAuthConfig, ScopeRules};
 use raw::{RawConfig, parse_toml};
 
 use crate::ledger::LedgerLocation;
@@ -154,7 +156,7 @@ impl Config {
     /// The text is not valid TOML or a field is wrong.
     pub fn parse(text: &str, file: &str, base: &Path) -> Result<Self, ConfigError> {
         let err = |field: &str, message: String| ConfigError { file: file.into(), field: field.into(), message };
-        let raw: RawConfig = parse_toml(text, file)?;
+        let mut raw: RawConfig = parse_toml(text, file)?;
 
         let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
         let data_dir = resolve(&raw.data_dir);
@@ -240,6 +242,12 @@ impl Config {
         for (field, n) in counts {
             if n == 0 {
                 return Err(err(field, "must be at least 1".into()));
+            }
+        }
+        if let Some(oauth) = raw.mcp.oauth.take() {
+            raw.mcp.oauth = Some(oauth.checked(base).map_err(|(f, m)| err(&format!("mcp.oauth.{f}"), m))?);
+            if !raw.mcp.all_tokens().is_empty() {
+                return Err(err("mcp.oauth", "with [mcp.oauth] every client authenticates with the identity provider: remove [mcp] token_env and tokens (static tokens are for loopback and development)".into()));
             }
         }
         let tokens = raw.mcp.all_tokens();

@@ -163,3 +163,22 @@ fn plain_http_is_for_loopback_registries_only() {
     let e = parse("[policy.registries.\"r.example\"]\nusername_env = \"U\"\n").unwrap_err();
     assert!(e.message.contains("password_env"), "{e}");
 }
+
+#[test]
+fn oauth_refuses_what_would_fail_open() {
+    let oauth = |extra: &str| {
+        parse(&format!("[mcp.oauth]\nresource = \"https://tools.example/mcp\"\n{extra}\n[[mcp.oauth.issuers]]\nissuer = \"https://idp.example\"\n"))
+    };
+    assert!(oauth("").unwrap().mcp.oauth.is_some());
+    for alg in ["none", "HS256"] {
+        let e = oauth(&format!("algorithms = [\"{alg}\"]")).unwrap_err();
+        assert!(e.field == "mcp.oauth.algorithms" && e.message.contains("never HMAC"), "{e}");
+    }
+    let e = parse("[mcp]\ntoken_env = \"T\"\n[mcp.oauth]\nresource = \"https://t.example/mcp\"\n[[mcp.oauth.issuers]]\nissuer = \"https://idp.example\"\n")
+        .unwrap_err();
+    assert!(e.message.contains("static tokens"), "{e}");
+    let e = parse("[mcp.oauth]\nresource = \"https://t.example/mcp\"\n[[mcp.oauth.issuers]]\nissuer = \"http://idp.example\"\n").unwrap_err();
+    assert!(e.field.ends_with("issuer") && e.message.contains("https"), "{e}");
+    let e = oauth("[mcp.oauth.scopes]\neffects = { destructive = \"x\" }").unwrap_err();
+    assert!(e.field.contains("scopes.effects"), "{e}");
+}

@@ -55,8 +55,20 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
         anyhow::ensure!(token.len() >= 16, "the token in `{var}` is shorter than 16 characters; use a long random one");
         tokens.push((Principal(principal), token));
     }
+    // An OAuth 2.1 resource server (`[mcp.oauth]`) instead of static tokens (oauth/).
+    let oauth = match &config.oauth {
+        Some(o) => {
+            let auth = super::oauth::Authenticator::new(o).map_err(anyhow::Error::msg)?;
+            let tools = host.runtime.tools().map(|t| (t.name.as_str(), t.plugin.as_str(), t.effect.as_str()));
+            Some(Arc::new(super::oauth::gate::Gate { scopes: super::oauth::scopes::ScopeMap::new(&o.scopes, tools), auth }))
+        }
+        None => None,
+    };
     if !addr.ip().is_loopback() {
-        anyhow::ensure!(!tokens.is_empty(), "binding {addr} beyond loopback needs a bearer token: set [mcp] token_env (or tokens)");
+        anyhow::ensure!(
+            !tokens.is_empty() || oauth.is_some(),
+            "binding {addr} beyond loopback needs client authentication: set [mcp.oauth] (or, for development, [mcp] token_env or tokens)"
+        );
         anyhow::ensure!(
             !config.allowed_hosts.is_empty(),
             "binding {addr} beyond loopback needs [mcp] allowed_hosts: the host names clients use (DNS-rebinding protection)"
@@ -92,11 +104,27 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let tokens_clone = tokens.clone();
     let tokens = Arc::new(tokens);
     let max_bytes = config.max_request_bytes;
+    // Innermost first: the scopes a read body needs; the body read whole; who is asking.
+    let router = match &oauth {
+        Some(gate) => {
+            let gate = gate.clone();
+            router.layer(axum::middleware::from_fn(move |req, next| super::oauth::gate::require_scopes(gate.clone(), req, next)))
+        }
+        None => router,
+    };
     let router = router.layer(axum::middleware::from_fn(move |req, next| super::listen::whole_body(max_bytes, req, next)));
-    let router = router.layer(axum::middleware::from_fn(move |req, next| {
-        let tokens = tokens.clone();
-        async move { bearer(&tokens, req, next).await }
-    }));
+    let router = match &oauth {
+        Some(gate) => {
+            let inner = gate.clone();
+            router
+                .layer(axum::middleware::from_fn(move |req, next| super::oauth::gate::authenticate(inner.clone(), req, next)))
+                .merge(super::oauth::gate::metadata_routes(gate))
+        }
+        None => router.layer(axum::middleware::from_fn(move |req, next| {
+            let tokens = tokens.clone();
+            async move { bearer(&tokens, req, next).await }
+        })),
+    };
     // The operator's routes sit beside the clients', behind their own token (operator.rs).
     let Some(var) = config.operator_token_env.as_deref() else { return Ok(router) };
     let token = std::env::var(var).map_err(|_| anyhow::anyhow!("the operator's token is in `{var}`, which is not set"))?;
@@ -108,10 +136,7 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     Ok(router.merge(operator))
 }
 
-/// The authenticated principal of an HTTP request, put in its extensions
-/// by the bearer middleware (which rmcp hands on to the tool call).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal(pub String);
+pub use super::principals::Principal;
 
 /// Whether the request's `Host` is loopback or one of `allowed` (with or without a port).
 fn host_allowed(req: &axum::extract::Request, allowed: &[String]) -> bool {

@@ -12,6 +12,7 @@ mod delivery;
 pub mod http;
 pub mod ids;
 pub mod listen;
+pub mod oauth;
 mod operator;
 pub mod principals;
 mod request_ids;

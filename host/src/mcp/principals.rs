@@ -1,4 +1,6 @@
-//! One principal's share of the host's tool calls. The instance pool is
+//! Principals: who an HTTP request speaks for ([`Principal`], named by a
+//! static token or an OAuth access token), and one principal's share of
+//! the host's tool calls. The instance pool is
 //! first come, first served, so a token holder firing thousands of slow calls
 //! would queue every other principal's behind them. Each authenticated
 //! principal therefore has at most `[mcp] max_calls_per_principal` tool
@@ -8,6 +10,12 @@
 //! HTTP without tokens) have one client and are not counted.
 
 use std::collections::HashMap;
+
+/// The authenticated principal of an HTTP request, put in its extensions
+/// by the authentication middleware (a static token's, or an OAuth
+/// token's, `oauth/`), which rmcp hands on to the tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal(pub String);
 use std::sync::{Arc, Mutex};
 
 /// The tool calls each principal has in flight, capped.

@@ -57,7 +57,7 @@ impl TlsPolicy {
     ///
     /// # Errors
     /// `(field, message)` for the first problem, the field under `tls`.
-    pub(super) fn checked(mut self, origin: &Url, base: &Path) -> Result<Self, (String, String)> {
+    pub fn checked(mut self, origin: &Url, base: &Path) -> Result<Self, (String, String)> {
         let at = |f: &str| format!("tls.{f}");
         if origin.scheme() != "https" && self != Self::default() {
             return Err(("tls".into(), "TLS settings need an https:// URL".into()));
