@@ -17,6 +17,8 @@ use toolguard_sandbox::{Mode, Sandbox};
 pub struct AuthServer {
     child: Child,
     pub issuer: String,
+    /// The CA its HTTPS certificate chains to, if it serves HTTPS.
+    ca_file: Option<std::path::PathBuf>,
 }
 
 impl Drop for AuthServer {
@@ -33,6 +35,15 @@ fn free_port() -> u16 {
 impl AuthServer {
     /// Clients: (id, secret, allowed scopes); tokens live `lifetime` seconds.
     pub fn start(clients: &[(&str, &str, &str)], lifetime: u64) -> Self {
+        Self::serving(clients, lifetime, None)
+    }
+
+    /// [`AuthServer::start`] over HTTPS with the test PKI's server certificate.
+    fn over_https(pki: &crate::tls::Pki) -> Self {
+        Self::serving(&[], 300, Some(pki))
+    }
+
+    fn serving(clients: &[(&str, &str, &str)], lifetime: u64, pki: Option<&crate::tls::Pki>) -> Self {
         let python = std::env::var("TOOLGUARD_PYTHON").expect("TOOLGUARD_PYTHON: run the tests with ./dev.sh test");
         let port = free_port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/oauth/authorization_server.py");
@@ -40,20 +51,21 @@ impl AuthServer {
         let mut child = Command::new(python)
             .arg(script)
             .args([port.to_string(), clients, lifetime.to_string()])
+            .args(pki.map(|p| [p.server_cert_file.clone(), p.server_key_file.clone()]).into_iter().flatten())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         assert_eq!(lines.next().unwrap().unwrap(), "listening");
-        let issuer = format!("http://127.0.0.1:{port}");
+        let issuer = format!("{}://127.0.0.1:{port}", if pki.is_some() { "https" } else { "http" });
         for _ in 0..200 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(25));
         }
-        Self { child, issuer }
+        Self { child, issuer, ca_file: pki.map(|p| p.ca_file.clone()) }
     }
 
     fn control(&self, path: &str, body: serde_json::Value) -> String {
@@ -61,11 +73,14 @@ impl AuthServer {
         rt.block_on(async {
             let _ = rustls::crypto::ring::default_provider().install_default();
             let url = format!("{}/control/{path}", self.issuer);
-            let request = if body.is_null() {
-                reqwest::Client::new().get(url)
-            } else {
-                reqwest::Client::new().post(url).header("content-type", "application/json").body(body.to_string())
+            let client = match &self.ca_file {
+                Some(ca) => {
+                    let tls = toolguard::policy::TlsPolicy { ca_file: Some(ca.clone()), platform_roots: false, ..Default::default() };
+                    reqwest::Client::builder().tls_backend_preconfigured(toolguard::guard::tls::rustls_config(&tls, "test").unwrap()).build().unwrap()
+                }
+                None => reqwest::Client::new(),
             };
+            let request = if body.is_null() { client.get(url) } else { client.post(url).header("content-type", "application/json").body(body.to_string()) };
             request.send().await.unwrap().text().await.unwrap()
         })
     }
@@ -109,6 +124,11 @@ impl Drop for Resource {
 impl Resource {
     /// `oauth` is the body of `[mcp.oauth]` after `resource` and the issuer.
     fn start(auth: &AuthServer, oauth: &str) -> Self {
+        Self::with_issuer(auth, oauth, "")
+    }
+
+    /// [`Resource::start`] with `issuer` lines (TLS, say) in the issuer's table.
+    fn with_issuer(auth: &AuthServer, oauth: &str, issuer: &str) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
         sandbox.add_payment_intent("pi_mcp", 100_000);
@@ -116,7 +136,7 @@ impl Resource {
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}/mcp");
         let text = format!(
-            "{}\n[mcp.oauth]\nresource = \"{url}\"\n{oauth}\n[[mcp.oauth.issuers]]\nissuer = \"{}\"\n",
+            "{}\n[mcp.oauth]\nresource = \"{url}\"\n{oauth}\n[[mcp.oauth.issuers]]\nissuer = \"{}\"\n{issuer}\n",
             config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default()),
             auth.issuer
         );
@@ -368,4 +388,28 @@ fn principals_come_from_the_token_and_one_cannot_reach_anothers_calls() {
     let out = Command::new(BIN).args(["ledger", "list", "--json", "--config"]).arg(server._dir.path().join("host.toml")).output().unwrap();
     let listing = stdout_json(&out).to_string();
     assert!(listing.contains("agent-a") && listing.contains("agent-b"), "{listing}");
+}
+
+#[test]
+fn keys_come_only_over_the_tls_the_reviewer_set() {
+    let pki = crate::tls::Pki::new();
+    let auth = AuthServer::over_https(&pki);
+    let claims = serde_json::json!({ "sub": "agent-a" });
+    let ca = format!("ca_file = {:?}, platform_roots = false", pki.ca_file.display().to_string());
+    // The private CA and the right pin: keys are fetched, tokens accepted.
+    let tls = format!("tls = {{ {ca}, spki_sha256 = [{:?}] }}", pki.server_pin());
+    let server = Resource::with_issuer(&auth, "", &tls);
+    let token = auth.mint(&server.url, claims.clone(), false);
+    server.session(&token);
+    // Another CA, or a pin the IdP's key does not match: no keys, so every request is refused (503), never accepted.
+    let wrong_ca = format!("tls = {{ ca_file = {:?}, platform_roots = false }}", pki.wrong_ca_file.display().to_string());
+    let wrong_pin = format!("tls = {{ {ca}, spki_sha256 = [\"sha256/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\"] }}");
+    for tls in [wrong_ca, wrong_pin] {
+        let server = Resource::with_issuer(&auth, "", &tls);
+        let token = auth.mint(&server.url, claims.clone(), false);
+        let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+        let (status, _, body) = server.post(Some(&token), &[], init.into());
+        assert_eq!(status, 503, "{tls}: {body}");
+        assert!(body.contains("not available"), "{body}");
+    }
 }

@@ -5,9 +5,9 @@ metadata and a JWKS. Test controls under /control: mint a token with
 chosen claims (to be expired, for another audience, signed by a key the
 JWKS does not publish…), rotate the signing key, go down, count JWKS fetches.
 
-Usage: authorization_server.py PORT CLIENTS_JSON [TOKEN_SECONDS]
-CLIENTS_JSON: [[client_id, secret, "allowed scopes"], ...]. Prints
-"listening" once it serves.
+Usage: authorization_server.py PORT CLIENTS_JSON [TOKEN_SECONDS [CERT KEY]]
+CLIENTS_JSON: [[client_id, secret, "allowed scopes"], ...]. With CERT and
+KEY (PEM) it serves HTTPS. Prints "listening" once it serves.
 """
 
 import json
@@ -23,7 +23,8 @@ from joserfc.jwk import KeySet, RSAKey
 
 port = int(sys.argv[1])
 lifetime = int(sys.argv[3]) if len(sys.argv) > 3 else 300
-issuer = f"http://127.0.0.1:{port}"
+tls = (sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else None
+issuer = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
 app = Flask(__name__)
 
 
@@ -160,4 +161,4 @@ def jwks_fetches():
 
 
 print("listening", flush=True)
-app.run(host="127.0.0.1", port=port)
+app.run(host="127.0.0.1", port=port, ssl_context=tls)
