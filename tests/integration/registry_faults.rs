@@ -274,4 +274,28 @@ fn a_registry_answering_a_huge_or_malformed_manifest_is_bounded_and_named() {
     const INDEX: &[u8] = br#"{"schemaVersion":2,"manifests":[]}"#;
     let (host, _) = hostile_registry(|| (Some(INDEX.len() as u64), Box::new(std::iter::once(INDEX.to_vec()))));
     assert!(said(&serve(&host)).contains("image index"));
+    // A manifest whose layer "digest" is a path, and a redirect to plain HTTP beyond loopback.
+    let traversal = r#"{"schemaVersion":2,"config":{"mediaType":"application/vnd.wasm.config.v0+json","digest":"sha256:00","size":2},"layers":[{"mediaType":"application/wasm","digest":"sha256:../../../../tmp/x","size":4}]}"#;
+    let host = fixed_registry(format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/vnd.oci.image.manifest.v1+json\r\ncontent-length: {}\r\n\r\n{traversal}",
+        traversal.len()
+    ));
+    assert!(said(&serve(&host)).contains("not a sha256 digest"), "{}", said(&serve(&host)));
+    let host = fixed_registry("HTTP/1.1 302 Found\r\nlocation: http://192.0.2.1/v2/x\r\ncontent-length: 0\r\n\r\n".into());
+    assert!(said(&serve(&host)).contains("neither https nor loopback"), "{}", said(&serve(&host)));
+}
+
+/// A registry that answers every request with `response`, as raw HTTP.
+fn fixed_registry(response: String) -> String {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    host
 }

@@ -45,7 +45,17 @@ impl Client {
             .read_timeout(std::time::Duration::from_secs(60))
             // Blobs are often served from a storage service the registry redirects to;
             // reqwest drops the Authorization header when a redirect changes host.
-            .redirect(reqwest::redirect::Policy::limited(5));
+            // Never from HTTPS down to plain HTTP, and plain HTTP only on loopback.
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                let (safe, url) = (safe_to_reach(attempt.url()), attempt.url().to_string());
+                if attempt.previous().len() >= 5 {
+                    attempt.error("more than 5 redirects")
+                } else if safe {
+                    attempt.follow()
+                } else {
+                    attempt.error(format!("a redirect to {url}, which is neither https nor loopback"))
+                }
+            }));
         let builder = match tls {
             Some(config) => builder.tls_backend_preconfigured(config),
             None => builder,
@@ -238,6 +248,12 @@ impl Client {
         let t: Token = serde_json::from_slice(&body).map_err(|e| RegistryError::refused(format!("the token service's answer is not a token: {e}")))?;
         t.token.or(t.access_token).ok_or_else(|| RegistryError::refused("the token service's answer holds no token"))
     }
+}
+
+/// Whether the host may follow a registry to `url`: https, or plain http on loopback.
+fn safe_to_reach(url: &Url) -> bool {
+    let loopback = url.host_str().is_some_and(|h| h == "localhost" || h.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()));
+    url.scheme() == "https" || (url.scheme() == "http" && loopback)
 }
 
 /// `key="value", key2=value2` of an auth challenge.

@@ -21,6 +21,9 @@ pub use reference::OciRef;
 use manifest::Manifest;
 use signature::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer};
 
+/// The most signatures of one manifest examined.
+pub const MAX_SIGNATURES: usize = 16;
+
 /// The largest component pulled unless the policy says otherwise.
 pub const DEFAULT_MAX_COMPONENT_BYTES: u64 = 256 << 20;
 
@@ -171,6 +174,10 @@ impl At<'_> {
     async fn blob(&self, digest: &str, max: u64, offline: bool) -> Result<Vec<u8>, RegistryError> {
         let Self { client, cache, r } = *self;
         let repository = &r.repository;
+        // A digest is a path in the cache and in the registry's URL: only the one form is taken.
+        if !reference::is_sha256_digest(digest) {
+            return Err(RegistryError::invalid(format!("{r}: a descriptor names `{digest}`, which is not a sha256 digest")));
+        }
         if let Some(bytes) = cache.get(digest) {
             return Ok(bytes);
         }
@@ -195,7 +202,8 @@ impl At<'_> {
         let Some(bytes) = found else { return Ok(Vec::new()) };
         let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: its signature manifest: {e}")))?;
         let mut layers = Vec::new();
-        for layer in manifest.layers.iter().filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE) {
+        // A registry listing thousands of "signatures" would cost as many requests: the first few are read.
+        for layer in manifest.layers.iter().filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE).take(MAX_SIGNATURES) {
             let Some(sig) = layer.annotations.get(SIGNATURE_ANNOTATION) else { continue };
             let payload = self.blob(&layer.digest, signature::MAX_PAYLOAD_BYTES, offline).await?;
             layers.push(SignatureLayer { payload, signature: sig.clone() });
