@@ -295,7 +295,7 @@ fn http_is_hardened() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("allowed_hosts"), "{}", String::from_utf8_lossy(&out.stderr));
     let plain = write(dir.path(), "plain.toml", &std::fs::read_to_string(conformance_config(dir.path())).unwrap());
     let out = Command::new(BIN).args(["serve", "--config", plain.to_str().unwrap(), "--http", "0.0.0.0:0"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a bearer token"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs client authentication"), "{}", String::from_utf8_lossy(&out.stderr));
 
     let server = serve_http(&config, &[("TG_TEST_TOKEN", "t0ken-long-enough-16")]);
     assert_eq!(post(&server.url, &[], INITIALIZE.into()), 401, "no token");

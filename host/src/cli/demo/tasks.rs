@@ -17,6 +17,7 @@ pub(super) async fn run(runtime: Arc<Runtime>, args: &str) -> anyhow::Result<()>
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let url = format!("http://{}/mcp", listener.local_addr()?);
+    let runtime_for_ledger = runtime.clone();
     let app = crate::mcp::http::router(McpHost::new(runtime, config), addr)?;
     tokio::spawn(crate::mcp::listen::serve_on(listener, app, 16));
     let client = McpClient::connect(&url).await?;
@@ -36,8 +37,30 @@ pub(super) async fn run(runtime: Arc<Runtime>, args: &str) -> anyhow::Result<()>
         let got = client.request(id, "tasks/get", json!({ "taskId": task, "_meta": tasks })).await?["result"].clone();
         if got["status"] != "working" {
             println!("   → tasks/get after {} polls: {}, {}", id - 1, got["status"], got["result"]["structuredContent"]);
+            settled_in_ledger(&runtime_for_ledger).await;
             return Ok(());
         }
     }
     anyhow::bail!("task {task} was still working after 50 s")
+}
+
+/// Waits (at most 5 s) until the ledger shows call_4 completed and its
+/// final answer recorded as told: that record is written once the
+/// `tasks/get` response carrying it has been sent, just after the client
+/// read it — the ledger the demo prints next shows it.
+async fn settled_in_ledger(runtime: &Runtime) {
+    let Some(guard) = runtime.guard() else { return };
+    for _ in 0..100 {
+        let settled = guard
+            .ledger()
+            .calls(None)
+            .ok()
+            .into_iter()
+            .flatten()
+            .any(|c| c.call_id == "call_4" && c.state == crate::ledger::CallState::Completed && c.reported.as_str() == "definitive");
+        if settled {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
