@@ -46,6 +46,26 @@ struct ComponentLabels {
     manifest: String,
     /// For a signed component: the fingerprint of the key that signed it.
     signer: String,
+    /// The digest of the effective policy it runs under (what approvals bind
+    /// to): hosts of a fleet serving different policies show different ones.
+    policy: String,
+}
+
+/// A loaded plugin, as `toolguard_component_info` names it.
+#[derive(Debug, Clone, Copy)]
+pub struct ComponentInfo<'a> {
+    /// The plugin's name.
+    pub plugin: &'a str,
+    /// The component's sha256 (hex).
+    pub sha256: &'a str,
+    /// `builtin:NAME`, the file, or the `oci://` reference as configured.
+    pub source: &'a str,
+    /// For a registry component: the manifest digest its reference resolved to.
+    pub manifest: Option<&'a str>,
+    /// For a signed component: the fingerprint of the key that signed it.
+    pub signer: Option<&'a str>,
+    /// The digest of its effective policy.
+    pub policy: &'a str,
 }
 
 /// Every metric of the process.
@@ -80,7 +100,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         wal_syncs.clone(),
     );
     registry.register("ledger_writes_per_fsync", "Mean group-commit batch: synced writes per WAL fsync so far", batch.clone());
-    registry.register("component_info", "Each loaded plugin's component: its sha256, source, resolved manifest and signer (value 1)", components.clone());
+    registry.register(
+        "component_info",
+        "Each loaded plugin's component: its sha256, source, resolved manifest, signer and effective policy digest (value 1)",
+        components.clone(),
+    );
     Metrics { registry, tool_calls, attempts, reconciles, instantiate, unknown_outstanding, synced_writes, wal_syncs, batch, components }
 });
 
@@ -99,14 +123,15 @@ pub fn reconcile(result: &str) {
     METRICS.reconciles.get_or_create(&ReconcileLabels { result: result.into() }).inc();
 }
 
-/// Records a loaded plugin's component: what it is and where it came from.
-pub fn component(plugin: &str, sha256: &str, source: &str, manifest: Option<&str>, signer: Option<&str>) {
+/// Records a loaded plugin's component: what it is, where it came from, the policy it runs under.
+pub fn component(c: ComponentInfo<'_>) {
     let labels = ComponentLabels {
-        plugin: plugin.into(),
-        sha256: sha256.into(),
-        source: source.into(),
-        manifest: manifest.unwrap_or_default().into(),
-        signer: signer.unwrap_or_default().into(),
+        plugin: c.plugin.into(),
+        sha256: c.sha256.into(),
+        source: c.source.into(),
+        manifest: c.manifest.unwrap_or_default().into(),
+        signer: c.signer.unwrap_or_default().into(),
+        policy: c.policy.into(),
     };
     METRICS.components.get_or_create(&labels).set(1);
 }

@@ -181,3 +181,37 @@ fn spans_reach_a_collector(pki: Option<&crate::tls::Pki>) {
     assert_eq!(attempt["traceId"], call["traceId"]);
     assert_eq!(attempt["parentSpanId"], call["spanId"], "the attempt is the tool call's child");
 }
+
+/// What a host serves, from its `/info`.
+fn info(server: &crate::common::Server) -> serde_json::Value {
+    let url = server.url.replace(toolguard::mcp::http::PATH, toolguard::mcp::http::INFO_PATH);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        serde_json::from_str(&reqwest::get(url).await.unwrap().text().await.unwrap()).unwrap()
+    })
+}
+
+/// Hosts of a fleet that serve different policies for one plugin show
+/// different policy digests (in `/info` and in `toolguard_component_info`);
+/// hosts serving the same one show the same.
+#[test]
+fn a_fleets_hosts_show_which_policy_each_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = |name: &str, refunds_per_session_hour: u32| {
+        let config = dir.path().join(format!("{name}.toml"));
+        let d = Downstream { refunds_per_session_hour, ..Downstream::default() };
+        std::fs::write(&config, config_text("http://127.0.0.1:9", &dir.path().join(name), &d)).unwrap();
+        serve_http(&config, &[])
+    };
+    let (a, b, c) = (host("a", 1_000), host("b", 1_000), host("c", 5));
+    let digest = |s: &crate::common::Server| info(s)["plugins"]["payments"]["policy_digest"].as_str().unwrap().to_string();
+    let (da, db, dc) = (digest(&a), digest(&b), digest(&c));
+    assert_eq!(da, db, "the same policy, the same digest");
+    assert_ne!(da, dc, "a narrower budget is another policy");
+    assert_eq!(info(&a)["plugins"]["payments"]["sha256"].as_str().map(str::len), Some(64));
+    let url = c.url.replace(toolguard::mcp::http::PATH, toolguard::mcp::http::METRICS_PATH);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let text = rt.block_on(async { reqwest::get(url).await.unwrap().text().await.unwrap() });
+    assert!(text.lines().any(|l| l.starts_with("toolguard_component_info{") && l.contains(&format!("policy=\"{dc}\""))), "{text}");
+}

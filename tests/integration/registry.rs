@@ -185,6 +185,7 @@ fn push_sign_pull_verify_serve_and_call() {
         format!("manifest=\"{digest}\""),
         format!("source=\"{reference}\""),
         format!("signer=\"{}\"", c["registry"]["signature"]["fingerprint"].as_str().unwrap()),
+        "policy=\"".to_string(),
     ] {
         assert!(line.contains(&part), "{part} in {line}");
     }

@@ -17,6 +17,10 @@ pub const PATH: &str = "/mcp";
 /// Where Prometheus scrapes this host's metrics (behind the same token).
 pub const METRICS_PATH: &str = "/metrics";
 
+/// What this host serves — each plugin's component and policy digest —
+/// as JSON, for an operator comparing a fleet's hosts (behind the same token).
+pub const INFO_PATH: &str = "/info";
+
 /// `GET /metrics`: OpenMetrics text (the ledger is read on a blocking thread).
 async fn metrics(ledger: Option<crate::ledger::Ledger>) -> axum::response::Response {
     use axum::response::IntoResponse as _;
@@ -80,6 +84,7 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let ledger = host.runtime.guard().map(|g| g.ledger().clone());
     let runtime = host.runtime.clone();
     let runtime_for_operator = host.runtime.clone();
+    let info = Arc::new(host.runtime.info());
     let sessions = Arc::new(super::sessions::CappedSessions::new(config.max_sessions, config.max_sessions_per_principal));
     let service = StreamableHttpService::new(move || Ok(host.clone()), sessions, mcp_config);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
@@ -90,6 +95,7 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
         .layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)))
         .layer(axum::middleware::from_fn(move |req, next| super::request_ids::claim(open_ids.clone(), req, next)));
     let hosts = Arc::new(hosts);
+    let hosts_for_info = hosts.clone();
     let metrics_route = axum::routing::get(move |req: axum::extract::Request| {
         let (ledger, hosts) = (ledger.clone(), hosts.clone());
         async move {
@@ -100,7 +106,17 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
             metrics(ledger).await
         }
     });
-    let router = mcp.route(METRICS_PATH, metrics_route);
+    let info_route = axum::routing::get(move |req: axum::extract::Request| {
+        let (info, hosts) = (info.clone(), hosts_for_info.clone());
+        async move {
+            use axum::response::IntoResponse as _;
+            if !host_allowed(&req, &hosts) {
+                return (axum::http::StatusCode::FORBIDDEN, "this Host is not served\n").into_response();
+            }
+            axum::Json((*info).clone()).into_response()
+        }
+    });
+    let router = mcp.route(METRICS_PATH, metrics_route).route(INFO_PATH, info_route);
     let tokens_clone = tokens.clone();
     let tokens = Arc::new(tokens);
     let max_bytes = config.max_request_bytes;

@@ -176,13 +176,14 @@ impl Runtime {
         Arc::make_mut(&mut loaded.policy).tools = tools.iter().map(ToolInfo::class).collect();
         loaded.policy_digest = loaded.policy.digest();
         let provenance = loaded.provenance.as_ref();
-        crate::metrics::component(
-            &name,
-            &loaded.digest,
-            &config.component.to_string(),
-            provenance.map(|p| p.manifest_digest.as_str()),
-            provenance.and_then(|p| p.signer.as_ref()).map(|s| s.fingerprint.as_str()),
-        );
+        crate::metrics::component(crate::metrics::ComponentInfo {
+            plugin: &name,
+            sha256: &loaded.digest,
+            source: &config.component.to_string(),
+            manifest: provenance.map(|p| p.manifest_digest.as_str()),
+            signer: provenance.and_then(|p| p.signer.as_ref()).map(|s| s.fingerprint.as_str()),
+            policy: &loaded.policy_digest,
+        });
         let index = self.plugins.len();
         self.plugins.push(Arc::new(loaded));
         self.tools.extend(tools.into_iter().map(|t| (t.name.clone(), (index, t))));

@@ -277,6 +277,27 @@ impl Runtime {
         self.plugins.iter().filter_map(|p| Some((p.ctx.name.to_string(), p.provenance.clone()?))).collect()
     }
 
+    /// What this host serves, plugin by plugin: component sha256, effective
+    /// policy digest, and for a registry component its manifest and signer
+    /// (`/info`; a fleet's hosts compare it).
+    pub fn info(&self) -> serde_json::Value {
+        let plugins: serde_json::Map<String, serde_json::Value> = self
+            .plugins
+            .iter()
+            .map(|p| {
+                let provenance = p.provenance.as_ref();
+                let entry = serde_json::json!({
+                    "sha256": p.digest,
+                    "policy_digest": p.policy_digest,
+                    "manifest_digest": provenance.map(|v| v.manifest_digest.clone()),
+                    "signer": provenance.and_then(|v| v.signer.as_ref()).map(|s| s.fingerprint.clone()),
+                });
+                (p.ctx.name.to_string(), entry)
+            })
+            .collect();
+        serde_json::json!({ "version": env!("CARGO_PKG_VERSION"), "plugins": plugins, "unavailable": self.unavailable })
+    }
+
     /// The plugins left out because their registry could not be reached: why, one line each.
     pub fn unavailable(&self) -> &[String] {
         &self.unavailable
