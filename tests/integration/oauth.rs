@@ -112,6 +112,8 @@ struct Resource {
     child: Child,
     /// `http://127.0.0.1:PORT/mcp`: the resource URI and the endpoint.
     url: String,
+    /// Everything the host has logged so far.
+    log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Drop for Resource {
@@ -154,8 +156,10 @@ impl Resource {
                 break;
             }
         }
-        std::thread::spawn(move || lines.for_each(drop));
-        Self { _rt: rt, sandbox, _dir: dir, child, url }
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().unwrap().push_str(&format!("{l}\n"))));
+        Self { _rt: rt, sandbox, _dir: dir, child, url, log }
     }
 
     /// POSTs a JSON-RPC body with `token` (if any): status, headers, body.
@@ -310,6 +314,17 @@ fn every_token_it_must_refuse_is_refused_with_its_status_and_challenge_and_nothi
     let (status, _, body) = server.refund(Some(&good), &session, "c-good");
     assert_eq!(status, 200, "{body}");
     assert_eq!(server.sandbox.refunds().len(), 1);
+    // No token, accepted or refused, is logged or stored: not in the host's log, not in its ledger.
+    let signature_of = |t: &str| t.rsplit('.').next().unwrap().to_string();
+    let log = server.log.lock().unwrap().clone();
+    let out = Command::new(BIN).args(["ledger", "export", "--config"]).arg(server._dir.path().join("host.toml")).output().unwrap();
+    let ledger = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && ledger.contains("c-good"), "{ledger}");
+    for token in [&good, &reader] {
+        let (header, signature) = (token.split('.').next().unwrap(), signature_of(token));
+        assert!(!log.contains(&signature) && !log.contains(header), "a token reached the log:\n{log}");
+        assert!(!ledger.contains(&signature) && !ledger.contains(header), "a token reached the ledger");
+    }
 }
 
 #[test]

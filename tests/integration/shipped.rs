@@ -62,3 +62,38 @@ fn the_shipped_binary_reads_no_test_hook() {
     let offset = recorded_offset_ms(&w, "s1");
     assert!(offset.abs() < 3_600_000, "the shipped binary recorded the call on the host's own clock: {offset} ms from now");
 }
+
+/// The crates the shipped build compiles when the README's cold-build
+/// figure was measured (`./dev.sh demo` on a fresh clone, 2026-12-07:
+/// 15 min 29 s, README "Quick start"; docs/development.md "The cold build").
+/// A test cannot time a cold build (tests never assert wall-clock times),
+/// but it can see the build grow: adding a crate to the shipped build fails
+/// this until someone measures the cold demo again and updates the README's
+/// figure and this number together.
+const SHIPPED_CRATES_MEASURED: usize = 379;
+
+#[test]
+fn the_shipped_build_compiles_no_crate_beyond_those_its_cold_build_was_measured_with() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let out = Command::new(cargo)
+        .args(["tree", "--manifest-path", manifest, "-p", "toolguard", "--edges", "normal,build", "--prefix", "none", "--locked", "--offline", "-f", "{p}"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut crates: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim_end_matches(" (*)").trim_end_matches(" (proc-macro)").split(" (").next().unwrap_or_default().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    crates.sort();
+    crates.dedup();
+    assert!(
+        crates.len() <= SHIPPED_CRATES_MEASURED,
+        "the shipped build now compiles {} crates, {} more than when its cold build was measured: time `./dev.sh demo` on a fresh clone \
+         with an empty target directory, then update the README's quick-start figure, docs/development.md and SHIPPED_CRATES_MEASURED together",
+        crates.len(),
+        crates.len() - SHIPPED_CRATES_MEASURED
+    );
+}
