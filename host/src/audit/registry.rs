@@ -48,14 +48,11 @@ pub struct SignatureReport {
 /// its signature admits it; a refusal goes to `reasons`.
 pub(super) fn report(plugin: &PluginConfig, fetched: &Fetched, reasons: &mut Vec<String>) -> (RegistryReport, Option<Provenance>) {
     let expected: Vec<String> = plugin.policy.signed_by.iter().map(|k| format!("{} ({})", k.label, k.fingerprint)).collect();
-    let found = source::Unchecked { bytes: Vec::new(), sha256: String::new(), fetched: Some(fetched.clone()) };
     // The pin is reported on its own; here only the signature decides.
-    let unpinned = PluginConfig { policy: crate::policy::PluginPolicy { sha256: None, ..plugin.policy.clone() }, ..plugin.clone() };
-    let (provenance, status) = match source::admit(&unpinned, found) {
-        Ok(c) => {
-            let p = c.provenance;
-            let status = if p.as_ref().is_some_and(|p| p.signer.is_some()) { "verified" } else { "not-required" };
-            (p, status)
+    let (provenance, status) = match source::vouch(plugin, fetched.clone()) {
+        Ok(p) => {
+            let status = if p.signer.is_some() { "verified" } else { "not-required" };
+            (Some(p), status)
         }
         Err(e) => {
             reasons.push(e.to_string());

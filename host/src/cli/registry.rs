@@ -59,7 +59,7 @@ pub fn keygen(out: &Path) -> u8 {
     if let Err(e) = write_private(&key_path, private.as_bytes()).and_then(|()| std::fs::write(&pub_path, &public)) {
         return fail("keygen", &format!("cannot write the key pair: {e}"));
     }
-    let fingerprint = crate::registry::keys::PublisherKey::from_pem("", public.as_bytes()).map(|k| k.fingerprint).unwrap_or_default();
+    let fingerprint = SigningKey::from_pem("new key", private.as_bytes()).map(|k| k.fingerprint()).unwrap_or_default();
     println!("wrote {} (keep it secret) and {} ({fingerprint})", key_path.display(), pub_path.display());
     println!("a reviewer names the publisher: [policy.plugins.NAME] signed_by = {{ key = \"{}\" }}", pub_path.display());
     0
@@ -90,7 +90,7 @@ pub async fn push(component: &Path, target: &str, sign: Option<&Path>, args: &Re
         match key {
             Some(key) => {
                 registry::sign(&client, &r, &digest, &key).await.map_err(|e| e.to_string())?;
-                println!("signed {digest} as {}", signer_text(&key));
+                println!("signed {digest} as {}", key.fingerprint());
             }
             None => println!("pin it: [policy.plugins.NAME] sha256 = \"{sha256}\", or sign it: toolguard sign {}@{digest} --key KEY", r.name()),
         }
@@ -116,7 +116,7 @@ pub async fn sign(target: &str, key: &Path, args: &RegistryArgs) -> u8 {
             }
         };
         registry::sign(&client, &r, &digest, &key).await.map_err(|e| e.to_string())?;
-        println!("signed {}@{digest} as {}", r.name(), signer_text(&key));
+        println!("signed {}@{digest} as {}", r.name(), key.fingerprint());
         Ok::<(), String>(())
     }
     .await;
@@ -154,10 +154,6 @@ pub async fn pull(config: &Path, plugins: &[String]) -> u8 {
 fn read_signing_key(path: &Path) -> Result<SigningKey, String> {
     let pem = std::fs::read(path).map_err(|e| format!("cannot read the signing key {}: {e}", path.display()))?;
     SigningKey::from_pem(&path.display().to_string(), &pem)
-}
-
-fn signer_text(key: &SigningKey) -> String {
-    crate::registry::keys::PublisherKey::from_pem("", key.public_pem().as_bytes()).map(|k| k.fingerprint).unwrap_or_default()
 }
 
 fn fail(command: &str, message: &str) -> u8 {

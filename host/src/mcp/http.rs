@@ -94,29 +94,19 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
         .nest_service(PATH, service)
         .layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)))
         .layer(axum::middleware::from_fn(move |req, next| super::request_ids::claim(open_ids.clone(), req, next)));
+    // The operator's views of this host, behind the same Host check (and, below, the same token).
     let hosts = Arc::new(hosts);
-    let hosts_for_info = hosts.clone();
-    let metrics_route = axum::routing::get(move |req: axum::extract::Request| {
-        let (ledger, hosts) = (ledger.clone(), hosts.clone());
-        async move {
-            use axum::response::IntoResponse as _;
-            if !host_allowed(&req, &hosts) {
-                return (axum::http::StatusCode::FORBIDDEN, "this Host is not served\n").into_response();
-            }
-            metrics(ledger).await
-        }
-    });
-    let info_route = axum::routing::get(move |req: axum::extract::Request| {
-        let (info, hosts) = (info.clone(), hosts_for_info.clone());
-        async move {
-            use axum::response::IntoResponse as _;
-            if !host_allowed(&req, &hosts) {
-                return (axum::http::StatusCode::FORBIDDEN, "this Host is not served\n").into_response();
-            }
-            axum::Json((*info).clone()).into_response()
-        }
-    });
-    let router = mcp.route(METRICS_PATH, metrics_route).route(INFO_PATH, info_route);
+    let views = axum::Router::new()
+        .route(METRICS_PATH, axum::routing::get(move || metrics(ledger.clone())))
+        .route(
+            INFO_PATH,
+            axum::routing::get(move || {
+                let info = info.clone();
+                async move { axum::Json((*info).clone()) }
+            }),
+        )
+        .layer(axum::middleware::from_fn(move |req, next| only_allowed_hosts(hosts.clone(), req, next)));
+    let router = mcp.merge(views);
     let tokens_clone = tokens.clone();
     let tokens = Arc::new(tokens);
     let max_bytes = config.max_request_bytes;
@@ -153,6 +143,15 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
 }
 
 pub use super::principals::Principal;
+
+/// Lets through only a request whose `Host` is allowed ([`host_allowed`]).
+async fn only_allowed_hosts(allowed: Arc<Vec<String>>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    if !host_allowed(&req, &allowed) {
+        return (axum::http::StatusCode::FORBIDDEN, "this Host is not served\n").into_response();
+    }
+    next.run(req).await
+}
 
 /// Whether the request's `Host` is loopback or one of `allowed` (with or without a port).
 fn host_allowed(req: &axum::extract::Request, allowed: &[String]) -> bool {

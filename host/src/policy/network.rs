@@ -135,15 +135,9 @@ pub(super) fn checked_route(origin: &Url, proxy: Option<&str>, insecure_http: bo
     Ok(Some(url))
 }
 
-/// Whether `url`'s host is loopback (`localhost`, 127.0.0.0/8, `::1`).
-pub fn is_loopback(url: &Url) -> bool {
-    match url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    }
-}
+/// Whether `url`'s host is loopback (`localhost`, 127.0.0.0/8, `::1`): one
+/// rule for downstreams, registries and authorization servers.
+pub use crate::registry::reference::is_loopback_url as is_loopback;
 
 #[cfg(test)]
 mod tests {

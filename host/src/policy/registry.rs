@@ -77,12 +77,11 @@ impl Registry {
     /// # Errors
     /// `(field, message)` for the first problem, the field under the entry.
     pub fn from_raw(host: &str, raw: RawRegistry, base: &Path) -> Result<Self, (String, String)> {
-        let probe = crate::registry::OciRef { registry: host.to_ascii_lowercase(), repository: "x".into(), tag: Some("x".into()), digest: None };
-        if raw.plain_http && !probe.is_loopback() {
-            return Err(("plain_http".into(), format!("plain HTTP only to a loopback registry; `{host}` is not loopback: use HTTPS")));
-        }
         let scheme = if raw.plain_http { "http" } else { "https" };
         let origin = url::Url::parse(&format!("{scheme}://{host}/")).map_err(|e| (".".to_string(), format!("`{host}` is not host[:port]: {e}")))?;
+        if raw.plain_http && !super::is_loopback(&origin) {
+            return Err(("plain_http".into(), format!("plain HTTP only to a loopback registry; `{host}` is not loopback: use HTTPS")));
+        }
         let tls = raw.tls.unwrap_or_default().checked(&origin, base)?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let credentials = match (raw.docker_config, raw.username_env, raw.password_env) {

@@ -252,8 +252,7 @@ impl Client {
 
 /// Whether the host may follow a registry to `url`: https, or plain http on loopback.
 fn safe_to_reach(url: &Url) -> bool {
-    let loopback = url.host_str().is_some_and(|h| h == "localhost" || h.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()));
-    url.scheme() == "https" || (url.scheme() == "http" && loopback)
+    url.scheme() == "https" || (url.scheme() == "http" && super::reference::is_loopback_url(url))
 }
 
 /// `key="value", key2=value2` of an auth challenge.

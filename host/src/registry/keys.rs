@@ -57,7 +57,7 @@ impl PublisherKey {
             }
         };
         let point = info.subject_public_key.raw_bytes().to_vec();
-        Ok(Self { label: label.into(), fingerprint: format!("sha256:{}", hex::encode(Sha256::digest(der.as_ref()))), algorithm, point })
+        Ok(Self { label: label.into(), fingerprint: fingerprint_of(der.as_ref()), algorithm, point })
     }
 
     /// Whether `signature` (DER ECDSA, or raw Ed25519) over `message` is this key's.
@@ -100,9 +100,18 @@ impl SigningKey {
 
     /// Its public key as PEM SubjectPublicKeyInfo.
     pub fn public_pem(&self) -> String {
+        pem("PUBLIC KEY", &self.public_der())
+    }
+
+    /// Its public key's fingerprint, as [`PublisherKey::fingerprint`] names it.
+    pub fn fingerprint(&self) -> String {
+        fingerprint_of(&self.public_der())
+    }
+
+    fn public_der(&self) -> Vec<u8> {
         let mut der = P256_SPKI_PREFIX.to_vec();
         der.extend_from_slice(self.pair.public_key().as_ref());
-        pem("PUBLIC KEY", &der)
+        der
     }
 
     /// An ECDSA P-256 SHA-256 signature (DER) over `message`.
@@ -112,6 +121,11 @@ impl SigningKey {
     pub fn sign(&self, message: &[u8]) -> Result<Vec<u8>, String> {
         self.pair.sign(&SystemRandom::new(), message).map(|s| s.as_ref().to_vec()).map_err(|e| format!("cannot sign: {e}"))
     }
+}
+
+/// `sha256:` of a SubjectPublicKeyInfo (DER).
+fn fingerprint_of(spki_der: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(spki_der)))
 }
 
 fn pem(label: &str, der: &[u8]) -> String {
@@ -135,6 +149,7 @@ mod tests {
         let other = PublisherKey::from_pem("o.pub", SigningKey::generate().unwrap().1.as_bytes()).unwrap();
         assert!(!other.verifies(b"payload", &sig));
         assert_ne!(public_key.fingerprint, other.fingerprint);
+        assert_eq!(key.fingerprint(), public_key.fingerprint);
     }
 
     #[test]

@@ -75,12 +75,17 @@ impl OciRef {
 
     /// Whether the registry host is loopback (plain HTTP may be allowed there).
     pub fn is_loopback(&self) -> bool {
-        let host = match self.registry.rsplit_once(':') {
-            Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) && !h.ends_with(':') => h,
-            _ => self.registry.as_str(),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        url::Url::parse(&format!("http://{}/", self.registry)).is_ok_and(|u| is_loopback_url(&u))
+    }
+}
+
+/// Whether `url`'s host is loopback (`localhost`, 127.0.0.0/8, `::1`).
+pub fn is_loopback_url(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
     }
 }
 

@@ -9,7 +9,7 @@ use super::outbound::Mode;
 use super::plugin::LoadedPlugin;
 use super::sandbox::Slot;
 use super::{Allocator, Footprint, StartError, ToolInfo, compile, plugin, reconcile};
-use crate::config::{ComponentSource, Config, PluginConfig};
+use crate::config::{Config, PluginConfig};
 use crate::error::LoadError;
 use crate::guard::Guard;
 use crate::policy::EffectivePolicy;
@@ -207,7 +207,7 @@ fn with_hint(reason: String) -> String {
 /// The most any of `plugins` takes from the pool (unreadable ones, and
 /// registry components, count as nothing here; loading them reports why).
 pub fn footprint_of(plugins: &[PluginConfig]) -> Footprint {
-    plugins.iter().filter_map(|p| read_component(p).ok()).filter_map(|bytes| Footprint::of(&bytes).ok()).fold(Footprint::default(), Footprint::max)
+    plugins.iter().filter_map(|p| super::source::read_local(p).ok()).filter_map(|bytes| Footprint::of(&bytes).ok()).fold(Footprint::default(), Footprint::max)
 }
 
 /// Refuses a component the pool has no room for, naming the setting to raise.
@@ -226,21 +226,5 @@ fn check_room(plugin: &str, need: Footprint, room: Footprint) -> Result<(), Load
                  set [engine] {setting} = {need} (a host started from its config sizes the pool to its plugins)"
             ),
         }),
-    }
-}
-
-fn read_component(config: &PluginConfig) -> Result<Vec<u8>, LoadError> {
-    match &config.component {
-        ComponentSource::Builtin(b) => crate::builtin::component(b).map(<[u8]>::to_vec).ok_or_else(|| LoadError::Read {
-            plugin: config.name.clone(),
-            path: format!("builtin:{b}"),
-            reason: "no such builtin plugin".into(),
-        }),
-        ComponentSource::File(path) => {
-            std::fs::read(path).map_err(|e| LoadError::Read { plugin: config.name.clone(), path: path.display().to_string(), reason: e.to_string() })
-        }
-        ComponentSource::Oci(r) => {
-            Err(LoadError::Read { plugin: config.name.clone(), path: r.to_string(), reason: "pulled when a runtime loads its configuration".into() })
-        }
     }
 }

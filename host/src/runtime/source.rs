@@ -108,16 +108,12 @@ impl Sources {
     /// # Errors
     /// It cannot be read or pulled ([`LoadError::Unavailable`] when only the network is missing).
     pub async fn fetch(&self, plugin: &PluginConfig) -> Result<Unchecked, LoadError> {
-        let read_error = |path: String, reason: String| LoadError::Read { plugin: plugin.name.clone(), path, reason };
         let (bytes, fetched) = match &plugin.component {
-            ComponentSource::Builtin(b) => {
-                (crate::builtin::component(b).map(<[u8]>::to_vec).ok_or_else(|| read_error(format!("builtin:{b}"), "no such builtin plugin".into()))?, None)
-            }
-            ComponentSource::File(path) => (std::fs::read(path).map_err(|e| read_error(path.display().to_string(), e.to_string()))?, None),
             ComponentSource::Oci(r) => {
                 let mut fetched = self.pull(plugin, r).await?;
                 (std::mem::take(&mut fetched.component), Some(fetched))
             }
+            _ => (read_local(plugin)?, None),
         };
         Ok(Unchecked { sha256: hex::encode(Sha256::digest(&bytes)), bytes, fetched })
     }
@@ -138,6 +134,22 @@ impl Sources {
     }
 }
 
+/// The bytes of an embedded or file component (a registry component is
+/// pulled by [`Sources::fetch`], never read here).
+///
+/// # Errors
+/// No such builtin, the file cannot be read, or the component is in a registry.
+pub fn read_local(plugin: &PluginConfig) -> Result<Vec<u8>, LoadError> {
+    let read_error = |path: String, reason: String| LoadError::Read { plugin: plugin.name.clone(), path, reason };
+    match &plugin.component {
+        ComponentSource::Builtin(b) => {
+            crate::builtin::component(b).map(<[u8]>::to_vec).ok_or_else(|| read_error(format!("builtin:{b}"), "no such builtin plugin".into()))
+        }
+        ComponentSource::File(path) => std::fs::read(path).map_err(|e| read_error(path.display().to_string(), e.to_string())),
+        ComponentSource::Oci(r) => Err(read_error(r.to_string(), "pulled when a runtime loads its configuration".into())),
+    }
+}
+
 /// A client of the registry `settings` describe.
 ///
 /// # Errors
@@ -154,8 +166,11 @@ pub fn client_for(settings: &Registry) -> Result<Client, String> {
 }
 
 /// The provenance of a pulled component, once a publisher's signature
-/// vouches for it where the policy asks for one.
-fn vouch(plugin: &PluginConfig, fetched: Fetched) -> Result<Provenance, LoadError> {
+/// vouches for it where the policy asks for one (the pin is [`admit`]'s).
+///
+/// # Errors
+/// [`LoadError::Unverified`]: no signature by a key the policy names.
+pub fn vouch(plugin: &PluginConfig, fetched: Fetched) -> Result<Provenance, LoadError> {
     let keys = &plugin.policy.signed_by;
     let signer = if keys.is_empty() {
         None

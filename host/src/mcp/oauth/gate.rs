@@ -41,12 +41,8 @@ pub async fn authenticate(gate: Arc<Gate>, mut req: axum::extract::Request, next
             req.extensions_mut().insert(who);
             crate::mcp::sessions::PRINCIPAL.scope(Some(name), next.run(req)).await
         }
-        Err(refusal) => {
-            if let Refusal::Unavailable(why) = &refusal {
-                tracing::warn!("refusing a request: {why}");
-            }
-            refuse(&refusal, &gate)
-        }
+        // An unavailable issuer is logged where its keys' fetch failed (keys.rs), once per attempt, not per request.
+        Err(refusal) => refuse(&refusal, &gate),
     }
 }
 
