@@ -16,6 +16,8 @@
 //! - [`runtime`]: the engine, plugin loading, one sandboxed invocation, and
 //!   the `outbound` capability (the plugin's only way out, into the guard).
 //! - [`audit`]: what each component can reach, against the policy.
+//! - [`reload`]: changing tools and policy while serving: a new generation,
+//!   checked whole, swapped in; calls finish under the one that admitted them.
 //! - [`local`]: handing a call to the process that holds a data directory.
 //! - [`telemetry`]: OpenTelemetry export of the guard's spans.
 //! - [`mcp`]: the tools as an MCP server.
@@ -39,6 +41,7 @@ pub mod phases;
 pub mod policy;
 pub mod receipts;
 pub mod registry;
+pub mod reload;
 pub mod runtime;
 pub mod schema;
 pub mod seal;

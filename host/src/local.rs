@@ -15,7 +15,8 @@
 //! holder was exiting) ran nothing: the caller tries again.
 
 use crate::error::{CallError, ErrorKind};
-use crate::runtime::{CallOutput, CallRequest, Runtime};
+use crate::reload::Live;
+use crate::runtime::{CallOutput, CallRequest};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -83,27 +84,31 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Listens on `path` for calls run on `runtime` (whose config has `digest`).
-    /// A stale socket file (its holder died) is replaced: the caller holds the
-    /// ledger's lock, so no other holder can be alive.
+    /// Listens on `path` for calls run on what `live` serves (with its
+    /// config: a caller's must be the same), and for reloads of it. A stale
+    /// socket file (its holder died) is replaced; one that answers is left
+    /// to its holder (another `serve` sharing this data directory on a
+    /// PostgreSQL ledger).
     ///
     /// # Errors
-    /// The socket cannot be bound.
-    pub fn start(path: PathBuf, runtime: Arc<Runtime>, digest: String) -> std::io::Result<Self> {
+    /// Another process listens there, or the socket cannot be bound.
+    pub fn start(path: PathBuf, live: Arc<Live>) -> std::io::Result<Self> {
+        if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("another toolguard process listens on {}", path.display())));
+        }
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
         let active = Arc::new(AtomicUsize::new(0));
         let a = active.clone();
-        let digest: Arc<str> = digest.into();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 // Counted before the next await: an abort of this loop never
                 // leaves an accepted call uncounted.
                 a.fetch_add(1, Ordering::SeqCst);
-                let (runtime, digest, a) = (runtime.clone(), digest.clone(), a.clone());
+                let (live, a) = (live.clone(), a.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = serve_one(stream, &runtime, &digest).await {
+                    if let Err(e) = serve_one(stream, &live).await {
                         tracing::debug!(error = %e, "a handed-over call's caller went away");
                     }
                     a.fetch_sub(1, Ordering::SeqCst);
@@ -136,10 +141,16 @@ impl Drop for Listener {
 
 /// Runs one handed-over call and records that its caller was told, once it
 /// says it printed the answer.
-async fn serve_one(stream: UnixStream, runtime: &Runtime, digest: &str) -> std::io::Result<()> {
+async fn serve_one(stream: UnixStream, live: &Live) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read.take(MAX_LINE as u64 * 2));
-    let Some(hello) = read_line::<Hello>(&mut lines).await? else { return Ok(()) };
+    let hello = match read_line::<Incoming>(&mut lines).await? {
+        None => return Ok(()),
+        Some(Incoming::Reload { .. }) => return send(&mut write, &reloaded(live).await).await,
+        Some(Incoming::Call(hello)) => hello,
+    };
+    // The generation serving as the call arrives runs it to its end.
+    let (runtime, digest) = (live.runtime(), live.config().map(|c| config_digest(&c)).unwrap_or_default());
     if hello.config != digest {
         let message = "another toolguard process holds this data directory with a different config (plugins or policy); \
                        use the same config, or another data_dir"
@@ -157,6 +168,51 @@ async fn serve_one(stream: UnixStream, runtime: &Runtime, digest: &str) -> std::
         runtime.report(&hello.request, &answer).await;
     }
     Ok(())
+}
+
+/// What a caller sends: a call, or (`toolguard reload`) a reload.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Incoming {
+    Reload {
+        #[allow(dead_code)] // its presence is the message
+        reload: bool,
+    },
+    Call(Hello),
+}
+
+/// What `toolguard reload` hears back: the report, or why it was refused.
+async fn reloaded(live: &Live) -> serde_json::Value {
+    match live.reload().await {
+        Ok(report) => serde_json::json!({ "reloaded": true, "report": report }),
+        Err(refused) => serde_json::json!({ "reloaded": false, "error": refused.to_string() }),
+    }
+}
+
+/// Asks the `toolguard serve` listening on `path` to reload, and returns
+/// what it answered (`{"reloaded": …}`).
+///
+/// # Errors
+/// Nobody listens there, or it went away before answering.
+pub async fn ask_reload(path: &Path) -> Result<serde_json::Value, String> {
+    let mut stream =
+        UnixStream::connect(path).await.map_err(|e| format!("no `toolguard serve` of this config listens on {} ({e}); is it running?", path.display()))?;
+    send(&mut stream, &serde_json::json!({ "reload": true })).await.map_err(|e| e.to_string())?;
+    let mut lines = BufReader::new(&mut stream);
+    read_line::<serde_json::Value>(&mut lines)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "the host closed the connection before it answered; look at its log".to_string())
+}
+
+/// The socket a `serve` of `config` listens on for handed-over calls and
+/// reloads: beside its RocksDB ledger, or `<data_dir>/serve.sock` on
+/// PostgreSQL; `None` if the path is too long for a Unix socket.
+pub fn control_socket(config: &crate::Config) -> Option<PathBuf> {
+    match config.ledger_dir() {
+        Some(dir) => socket_path(dir),
+        None => Some(config.data_dir.join("serve.sock")).filter(|p| p.as_os_str().len() <= MAX_PATH),
+    }
 }
 
 /// The caller's acknowledgement: it printed the answer.

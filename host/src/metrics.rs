@@ -136,6 +136,11 @@ pub fn component(c: ComponentInfo<'_>) {
     METRICS.components.get_or_create(&labels).set(1);
 }
 
+/// Forgets every component published so far (a reload publishes its own).
+pub fn components_cleared() {
+    METRICS.components.clear();
+}
+
 /// Records how long a sandbox took to instantiate.
 pub fn instantiated(elapsed: std::time::Duration) {
     METRICS.instantiate.observe(elapsed.as_secs_f64());

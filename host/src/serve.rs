@@ -7,16 +7,18 @@
 use crate::Runtime;
 use std::sync::Arc;
 
-/// Serves `runtime` (opened from `config`) over MCP — on `http` if given,
-/// else stdio — with its background passes, until the client or process ends.
+/// Serves `runtime` (opened from `config`, read from the file at `path`)
+/// over MCP — on `http` if given, else stdio — with its background passes,
+/// reloading on SIGHUP and `toolguard reload`, until the client or process ends.
 ///
 /// # Errors
 /// The MCP server failed (the address was taken, stdio closed badly).
-pub async fn run(runtime: Arc<Runtime>, config: &crate::Config, http: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
+pub async fn run(runtime: Arc<Runtime>, config: &crate::Config, path: &std::path::Path, http: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
     let shared = runtime.guard().is_some_and(|g| g.ledger().shared());
-    let passes = runtime.clone();
+    let live = crate::reload::Live::new(runtime.clone(), config.clone(), path.to_path_buf());
+    let passes = live.clone();
     tokio::spawn(async move {
-        start_up_pass(&passes).await;
+        start_up_pass(&passes.runtime()).await;
         if shared {
             takeovers(passes).await;
         }
@@ -24,13 +26,15 @@ pub async fn run(runtime: Arc<Runtime>, config: &crate::Config, http: Option<std
     if let (Some(retention), Some(guard)) = (config.retention, runtime.guard()) {
         tokio::spawn(prune_every(guard.ledger().clone(), retention));
     }
-    // `toolguard call`s on this data directory hand their calls to this process.
-    let _listener = config.ledger_dir().and_then(crate::local::socket_path).and_then(|path| {
-        crate::local::Listener::start(path, runtime.clone(), crate::local::config_digest(config))
-            .inspect_err(|e| tracing::warn!(error = %e, "cannot take `toolguard call`s from other processes"))
+    reload_on_hangup(live.clone())?;
+    // `toolguard call`s on this data directory hand their calls to this
+    // process, and `toolguard reload` asks it to reload, on this socket.
+    let _listener = crate::local::control_socket(config).and_then(|path| {
+        crate::local::Listener::start(path, live.clone())
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot take `toolguard call`s or `toolguard reload` from other processes (SIGHUP still reloads)"))
             .ok()
     });
-    let host = crate::mcp::McpHost::new(runtime, config.mcp.clone());
+    let host = crate::mcp::McpHost::new(live, config.mcp.clone());
     match http {
         Some(addr) => crate::mcp::http::serve(host, addr).await,
         None => {
@@ -39,6 +43,23 @@ pub async fn run(runtime: Arc<Runtime>, config: &crate::Config, http: Option<std
             host.serve_stdio().await
         }
     }
+}
+
+/// Reloads `live` on every SIGHUP, logging what happened.
+fn reload_on_hangup(live: Arc<crate::reload::Live>) -> anyhow::Result<()> {
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match live.reload().await {
+                Ok(report) => eprintln!("toolguard: reloaded: {}", serde_json::to_string(&report).unwrap_or_default()),
+                Err(refused) => {
+                    tracing::error!("{refused}");
+                    eprintln!("toolguard: {refused}");
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 /// `serve`'s start-up recovery pass, run while it already answers: a
@@ -58,10 +79,11 @@ const TAKEOVER_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2)
 /// takes over the unsettled attempts of calls whose claim lapsed (their host
 /// died) and resolves them with the same keys; an attempt no pass settles is
 /// tried less often as it ages ([`Runtime::takeover_pass`]).
-async fn takeovers(runtime: Arc<Runtime>) {
+async fn takeovers(live: Arc<crate::reload::Live>) {
     loop {
         tokio::time::sleep(TAKEOVER_INTERVAL).await;
-        if let Err(e) = runtime.takeover_pass().await {
+        // With the generation serving now: its grants and reconcilers.
+        if let Err(e) = live.runtime().takeover_pass().await {
             tracing::warn!(error = %e, "takeover pass failed; retrying");
         }
     }

@@ -40,6 +40,7 @@ mod properties;
 mod recovery_edges;
 mod registry;
 mod registry_faults;
+mod reload;
 mod retention;
 mod sandbox_limits;
 mod security;

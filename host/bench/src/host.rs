@@ -75,7 +75,7 @@ pub async fn mcp_http(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::Result
     let scratch = tempfile::tempdir_in(dir)?;
     let runtime = Arc::new(stats_host(scratch.path(), 1).await?);
     let addr: std::net::SocketAddr = "127.0.0.1:0".parse()?;
-    let app = toolguard::mcp::http::router(toolguard::mcp::McpHost::new(runtime, Default::default()), addr)?;
+    let app = toolguard::mcp::http::router(toolguard::mcp::McpHost::new(toolguard::reload::Live::fixed(runtime), Default::default()), addr)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let url = format!("http://{}{}", listener.local_addr()?, toolguard::mcp::http::PATH);
     tokio::spawn(async move {

@@ -52,7 +52,7 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
     let deadline = Instant::now() + super::LEDGER_WAIT;
     loop {
         match Runtime::from_config(&config).await {
-            Ok(runtime) => hold_and_call(Arc::new(runtime), socket, digest, &request, receipts.as_ref()).await,
+            Ok(runtime) => hold_and_call(Arc::new(runtime), socket, config.clone(), &request, receipts.as_ref()).await,
             Err(StartError::LedgerBusy(why)) => {
                 if let Some(path) = &socket {
                     match local::hand_over(path, &digest, &request).await {
@@ -88,11 +88,11 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
 async fn hold_and_call(
     runtime: Arc<Runtime>,
     socket: Option<std::path::PathBuf>,
-    digest: String,
+    config: crate::Config,
     request: &CallRequest,
     receipts: Option<&crate::receipts::Receipts>,
 ) -> ! {
-    let listener = socket.and_then(|path| match local::Listener::start(path, runtime.clone(), digest) {
+    let listener = socket.and_then(|path| match local::Listener::start(path, crate::reload::Live::pinned(runtime.clone(), config)) {
         Ok(l) => Some(l),
         Err(e) => {
             tracing::warn!(error = %e, "cannot take calls from other toolguard processes on this data directory; they will wait");

@@ -9,6 +9,7 @@ mod ledger;
 mod logging;
 mod output;
 mod registry;
+mod reload;
 mod sandbox;
 mod seal;
 mod tools;
@@ -49,6 +50,13 @@ enum Command {
         /// Async worker threads [default: 1 over stdio (one client), one per core over HTTP].
         #[arg(long)]
         workers: Option<std::num::NonZeroUsize>,
+    },
+    /// Have the running `toolguard serve` of this config read it again:
+    /// checked whole, swapped in if valid, refused whole if not (prints JSON).
+    Reload {
+        /// The config file (the one the serve was started with).
+        #[arg(long, default_value = "toolguard.toml")]
+        config: PathBuf,
     },
     /// List the tools of the configured plugins, with their schemas.
     Tools {
@@ -221,6 +229,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Demo => demo::run().await,
             Command::Serve { config, http, workers: _ } => serve(&config, http).await,
+            Command::Reload { config } => reload::run(&config).await,
             Command::Tools { config, json } => tools::run(&config, json).await,
             Command::Call { config, session, call_id, tool, args } => call::run(&config, session, call_id, tool, args).await,
             // The ledger's client blocks (PostgreSQL's runs its own runtime).
@@ -341,7 +350,7 @@ async fn serve(path: &std::path::Path, http: Option<std::net::SocketAddr>) -> u8
             return EXIT_CONFIG;
         }
     };
-    match crate::serve::run(runtime, &config, http).await {
+    match crate::serve::run(runtime, &config, path, http).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("toolguard serve: {e:#}");

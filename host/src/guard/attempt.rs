@@ -20,6 +20,8 @@ pub(super) struct Drive<'a> {
     pub attempt: &'a mut AttemptRecord,
     /// Where it goes.
     pub downstream: &'a Downstream,
+    /// The HTTP client to it.
+    pub client: &'a reqwest::Client,
     /// Its plugin's `reconcile`, if it has one.
     pub reconciler: Option<&'a dyn Reconciler>,
     /// The tool call it belongs to.

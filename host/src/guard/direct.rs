@@ -3,14 +3,14 @@
 //! unguarded baseline, which sends the same way.
 
 use super::transport::Outcome;
-use super::{Guard, Request, Response, SendError, wire};
+use super::{Request, Response, SendError, Wires, wire};
 use crate::policy::{self, Grant};
 
 /// A read-only request inside `grants`.
 ///
 /// # Errors
 /// Not a GET or HEAD, a body, no grant covers it, or nothing came back.
-pub async fn fetch(guard: &Guard, grants: &[Grant], req: Request) -> Result<Response, SendError> {
+pub async fn fetch(wires: &Wires, grants: &[Grant], req: Request) -> Result<Response, SendError> {
     if !req.method.eq_ignore_ascii_case("GET") && !req.method.eq_ignore_ascii_case("HEAD") {
         let method = req.method.chars().take(32).collect::<String>();
         return Err(SendError::Invalid(format!("fetch is for GET and HEAD, not {method}; side effects go through send")));
@@ -18,25 +18,25 @@ pub async fn fetch(guard: &Guard, grants: &[Grant], req: Request) -> Result<Resp
     if !req.body.is_empty() {
         return Err(SendError::Invalid("fetch sends no body (GET and HEAD carry none); nothing was sent".into()));
     }
-    direct(guard, grants, req).await
+    direct(wires, grants, req).await
 }
 
 /// `toolguard bench`'s unguarded baseline: the request authorised and sent
 /// as a guarded send would be — no admission, no ledger write, no key.
 /// Reachable only from a runtime built by the bench.
-pub(crate) async fn send_unguarded(guard: &Guard, grants: &[Grant], req: Request) -> Result<Response, SendError> {
-    direct(guard, grants, req).await
+pub(crate) async fn send_unguarded(wires: &Wires, grants: &[Grant], req: Request) -> Result<Response, SendError> {
+    direct(wires, grants, req).await
 }
 
 /// Authorises `req` under `grants` and sends it once, keyless and unrecorded.
-async fn direct(guard: &Guard, grants: &[Grant], req: Request) -> Result<Response, SendError> {
-    let (downstream, url) = policy::authorize(grants, &guard.downstreams, &req.method, &req.url).map_err(SendError::from)?;
+async fn direct(wires: &Wires, grants: &[Grant], req: Request) -> Result<Response, SendError> {
+    let (downstream, url) = policy::authorize(grants, wires.downstreams(), &req.method, &req.url).map_err(SendError::from)?;
     let request = wire::stored(&req.method, url.as_str(), req.headers, &req.body);
     wire::check_headers(&request, &downstream).map_err(SendError::Invalid)?;
     let wire = wire::build(&request, url, &downstream, None);
     let mut tries = 0;
     let _http = crate::phases::time(crate::phases::Phase::Http);
-    match super::transport::perform(guard.client(&downstream), &downstream, &wire, &mut tries).await {
+    match super::transport::perform(wires.client(&downstream), &downstream, &wire, &mut tries).await {
         Outcome::Answered { response, .. } | Outcome::Unsettled { response: Some(response), .. } => Ok(response.into()),
         Outcome::Unsettled { reason, .. } | Outcome::NotSent { reason } => Err(SendError::Transport(reason)),
     }

@@ -116,7 +116,7 @@ impl Guard {
             }
             let wire = wire::build(&d.attempt.request, url, downstream, Some(&d.attempt.key));
             let http = crate::phases::time(crate::phases::Phase::Http);
-            let outcome = super::transport::perform(self.client(downstream), downstream, &wire, &mut d.attempt.tries).await;
+            let outcome = super::transport::perform(d.client, downstream, &wire, &mut d.attempt.tries).await;
             drop(http);
             failpoint("after-answer");
             outcome

@@ -21,7 +21,7 @@ fn completed(call_id: &str) -> CallRecord {
 async fn the_next_holder_of_a_calls_lock_waits_for_its_queued_completion() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(dir.path()).unwrap();
-    let guard = Arc::new(Guard::new(ledger.clone(), Default::default()).unwrap());
+    let guard = Arc::new(Guard::new(ledger.clone()));
     simulate_slow_fsync(Duration::from_millis(300));
     let record = completed("c1");
     let write = ledger.queue(LedgerWrite::new().call(record.clone()), Durability::Synced);

@@ -46,6 +46,7 @@ pub mod transport;
 mod unconfirmed;
 mod upgrade;
 pub mod wire;
+mod wires;
 
 pub use attempt::{Reconciled, Reconciler};
 pub use consent::{Ask, is_decision as is_consent_decision};
@@ -58,20 +59,17 @@ pub use recover::{Pace, RecoveryReport, ToolRules, pause_ms};
 pub use send::CallGuard;
 pub use start::Admission;
 pub use task::Gate;
+pub use wires::Wires;
 
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::Ledger;
-use crate::policy::{Downstreams, Effect, Grant};
+use crate::policy::{Effect, Grant};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 /// Shared by all tool calls of a host: the ledger, the downstreams and their HTTP clients.
 pub struct Guard {
     ledger: Ledger,
-    /// One HTTP client per downstream, by name: each with its own TLS and proxy.
-    clients: BTreeMap<String, reqwest::Client>,
-    downstreams: Downstreams,
     /// One lock per tool call in progress: concurrent duplicates wait for it.
     in_flight: claim::Locks<(String, String), Option<landing::Landing>>,
     /// Irreversible calls' completions waiting to ride with their reports.
@@ -114,6 +112,10 @@ pub struct CallRules {
     pub effect: Effect,
     /// What the plugin may reach.
     pub grants: Arc<[Grant]>,
+    /// The downstreams of the configuration that admitted the call.
+    pub wires: Arc<Wires>,
+    /// The digest of the effective policy that admitted the call (each attempt records it).
+    pub policy_digest: String,
     /// The plugin's `reconcile`, if it has one.
     pub reconciler: Option<Arc<dyn Reconciler>>,
     /// Sends one tool call may make.
@@ -153,36 +155,12 @@ pub struct Budget {
 pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
 
 impl Guard {
-    /// A guard over `ledger` that may reach `downstreams`.
-    ///
-    /// # Errors
-    /// A credential cannot be read or sent, or an HTTP client cannot be
-    /// built (no TLS roots, for instance).
-    pub fn new(ledger: Ledger, downstreams: Downstreams) -> Result<Self, String> {
+    /// A guard over `ledger`; what its calls may reach comes with each
+    /// call's rules ([`Wires`]).
+    pub fn new(ledger: Ledger) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        // Credentials are read now, once: a missing one stops the host at start.
-        let mut resolved = Downstreams::new();
-        for (name, d) in downstreams {
-            let mut d = (*d).clone();
-            if let Some(spec) = &d.credential {
-                let secret = spec.resolve().map_err(|e| format!("the credential of downstream `{name}` ({}): {e}", spec.source()))?;
-                if http::HeaderValue::from_str(secret.expose()).is_err() {
-                    return Err(format!(
-                        "the credential of downstream `{name}` ({}) cannot be sent as a header value: it has a control character \
-                         (a newline inside it, or a NUL); fix the secret",
-                        spec.source()
-                    ));
-                }
-                d.secret = Some(secret);
-            }
-            resolved.insert(name, Arc::new(d));
-        }
-        let downstreams = resolved;
-        let clients = downstreams.iter().map(|(name, d)| Ok((name.clone(), tls::client(d)?))).collect::<Result<_, String>>()?;
-        Ok(Self {
+        Self {
             ledger,
-            clients,
-            downstreams,
             in_flight: claim::Locks::default(),
             deferrals: landing::Deferrals::default(),
             actions: claim::Locks::default(),
@@ -191,25 +169,12 @@ impl Guard {
             completed: Mutex::default(),
             host: claim::host_id(),
             schema: upgrade::SchemaWatch::default(),
-        })
+        }
     }
 
     /// The ledger the guard records into.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
-    }
-
-    /// The HTTP client of downstream `d` (each is built at start).
-    fn client(&self, d: &crate::policy::Downstream) -> &reqwest::Client {
-        self.clients.get(&d.name).expect("every configured downstream has its client")
-    }
-
-    /// How long a call held behind an identical earlier one waits for it:
-    /// the longest reconcile window among the downstreams `grants` reach
-    /// (the time the host itself gives a provider to tell), or
-    /// [`DEFAULT_HOLD_WAIT`] without any.
-    pub fn hold_wait(&self, grants: &[Grant]) -> std::time::Duration {
-        grants.iter().filter_map(|g| self.downstreams.get(&g.downstream)).map(|d| d.reconcile_window).max().unwrap_or(DEFAULT_HOLD_WAIT)
     }
 }
 

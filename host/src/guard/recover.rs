@@ -91,6 +91,8 @@ enum Resolved {
 pub struct ToolRules {
     /// Where its sends may go (checked again before any re-send).
     pub grants: Arc<[Grant]>,
+    /// The downstreams those grants resolve against, as configured now.
+    pub wires: Arc<super::Wires>,
     /// Its `reconcile` export, if it has one.
     pub reconciler: Option<Arc<dyn Reconciler>>,
 }
@@ -238,7 +240,7 @@ impl Guard {
             return Ok(Resolved::NeedsOperator(format!("not re-sent: tool `{}` is no longer loaded, so nothing may act for it", attempt.tool)));
         };
         let request = &attempt.request;
-        let downstream = match crate::policy::authorize(&rules.grants, &self.downstreams, &request.method, &request.url) {
+        let downstream = match crate::policy::authorize(&rules.grants, rules.wires.downstreams(), &request.method, &request.url) {
             Ok((d, _)) if d.name == attempt.downstream => d,
             granted => {
                 let why = match granted {
@@ -258,7 +260,14 @@ impl Guard {
         if let Claim::Busy(_) = self.claim(call.clone(), true, lease_ms).await? {
             return Ok(Resolved::RunningElsewhere);
         }
-        let drive = Drive { attempt: &mut attempt, downstream: &downstream, reconciler: rules.reconciler.as_deref(), call: &call, possibly_sent: true };
+        let drive = Drive {
+            attempt: &mut attempt,
+            downstream: &downstream,
+            client: rules.wires.client(&downstream),
+            reconciler: rules.reconciler.as_deref(),
+            call: &call,
+            possibly_sent: true,
+        };
         let driven = self.drive(drive, None).await;
         self.release(&call).await;
         Ok(match driven {

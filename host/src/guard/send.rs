@@ -118,7 +118,7 @@ impl CallGuard {
         {
             return Err(SendError::Denied("this tool call was cancelled by its caller; nothing was sent".into()));
         }
-        let (downstream, url) = policy::authorize(&self.rules.grants, &self.guard.downstreams, &req.method, &req.url).map_err(SendError::from)?;
+        let (downstream, url) = policy::authorize(&self.rules.grants, self.rules.wires.downstreams(), &req.method, &req.url).map_err(SendError::from)?;
         if req.body.len() > downstream.max_request_bytes {
             return Err(SendError::Invalid(format!(
                 "the request body is {} bytes; `{}` takes at most {} (max_request_bytes); nothing was sent",
@@ -196,10 +196,9 @@ impl CallGuard {
     /// Drives `attempt` and tells the plugin how it ended, keeping track of
     /// this run's steps whose outcome is not settled.
     async fn drive_step(&mut self, attempt: &mut AttemptRecord, downstream: &Downstream, possibly_sent: bool) -> Result<Response, SendError> {
-        let reconciler = self.rules.reconciler.clone();
-        let step = attempt.step;
-        let drive = Drive { attempt: &mut *attempt, downstream, reconciler: reconciler.as_deref(), call: &self.record, possibly_sent };
-        match self.guard.drive(drive, Some(&mut self.progress)).await {
+        let (rec, wires, step) = (self.rules.reconciler.clone(), self.rules.wires.clone(), attempt.step);
+        let d = Drive { attempt: &mut *attempt, downstream, client: wires.client(downstream), reconciler: rec.as_deref(), call: &self.record, possibly_sent };
+        match self.guard.drive(d, Some(&mut self.progress)).await {
             Driven::Answered(response) => {
                 self.open_steps.retain(|(_, info)| info.step != step);
                 Ok(response.into())
@@ -246,7 +245,8 @@ impl CallGuard {
     fn fresh_attempt(&self, send: PlannedSend, format: keys::KeyFormat) -> AttemptRecord {
         let (r, step, generation) = (&self.record, send.step, send.generation);
         let input = keys::KeyInput { session: &r.session, call_id: &r.call_id, tool: &r.tool, args_digest: &r.args_digest, step, generation };
-        AttemptRecord::pending(r, keys::mint_as(self.guard.ledger.secret(), input, format), send)
+        let policy = Some(self.rules.policy_digest.clone()).filter(|d| !d.is_empty());
+        AttemptRecord { policy, ..AttemptRecord::pending(r, keys::mint_as(self.guard.ledger.secret(), input, format), send) }
     }
 
     /// Makes `attempt` durable as pending (with the call, the first time) before anything is sent.

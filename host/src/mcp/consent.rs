@@ -79,7 +79,7 @@ impl McpHost {
     /// # Errors
     /// In words: no such request waiting, or the ledger failed.
     pub(super) async fn decide_at_client(&self, call: &CallRequest, request: &str, answer: &Value) -> Result<Option<bool>, String> {
-        let (Some((approve, note)), Some(guard)) = (decision_of(answer), self.runtime.guard()) else { return Ok(None) };
+        let (Some((approve, note)), Some(guard)) = (decision_of(answer), self.runtime().guard().cloned()) else { return Ok(None) };
         let by = format!("client:{}", call.principal.as_deref().unwrap_or("unauthenticated"));
         let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
         guard.decide_approval(&call.session, &call.call_id, request, decision).await?;
@@ -126,6 +126,7 @@ impl McpHost {
         &self,
         cx: &RequestContext<RoleServer>,
         call: &CallRequest,
+        runtime: &crate::Runtime,
         answer: Result<crate::CallOutput, crate::CallError>,
     ) -> Result<crate::CallOutput, crate::CallError> {
         let approval = awaited(&answer).cloned();
@@ -143,6 +144,6 @@ impl McpHost {
                 return answer;
             }
         }
-        self.runtime.call(call).await
+        runtime.call(call).await
     }
 }

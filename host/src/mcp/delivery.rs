@@ -26,13 +26,16 @@ use std::time::{Duration, Instant};
 pub(crate) struct Answer {
     pub(crate) request: CallRequest,
     pub(crate) answer: Result<CallOutput, CallError>,
+    /// The generation that ran the call: what it told is judged by its
+    /// rules, even after a reload.
+    pub(crate) runtime: Arc<Runtime>,
 }
 
 impl Answer {
     /// Records that the caller was told it, its response having been
     /// written at `at_ms`.
-    pub(crate) async fn delivered(self, runtime: &Runtime, at_ms: u64) {
-        runtime.report_at(&self.request, &self.answer, at_ms).await;
+    pub(crate) async fn delivered(self, at_ms: u64) {
+        self.runtime.report_at(&self.request, &self.answer, at_ms).await;
     }
 }
 
@@ -78,7 +81,6 @@ impl Pending {
 pub(crate) struct Delivering<T> {
     pub(crate) inner: T,
     pub(crate) pending: Arc<Pending>,
-    pub(crate) runtime: Arc<Runtime>,
 }
 
 impl<T: Transport<RoleServer>> Transport<RoleServer> for Delivering<T> {
@@ -90,11 +92,11 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Delivering<T> {
             _ => None,
         };
         let sent = self.inner.send(item);
-        let (pending, runtime) = (self.pending.clone(), self.runtime.clone());
+        let pending = self.pending.clone();
         async move {
             sent.await?;
             if let Some(answer) = id.and_then(|id| pending.take(&id)) {
-                answer.delivered(&runtime, crate::ledger::records::now_ms()).await;
+                answer.delivered(crate::ledger::records::now_ms()).await;
             }
             Ok(())
         }
@@ -187,17 +189,16 @@ impl KeptUntilAnswered {
 
 /// Middleware: gives the request a [`Slot`], and records its answer once
 /// the response carrying it has left.
-pub(crate) async fn track(runtime: Arc<Runtime>, mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+pub(crate) async fn track(mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
     let slot = Slot::default();
     req.extensions_mut().insert(slot.clone());
     let kept = req.extensions_mut().remove::<KeptUntilAnswered>();
     let response = next.run(req).await;
     let record: Record = Arc::new(move |answers, at_ms| {
-        let runtime = runtime.clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 for answer in answers {
-                    answer.delivered(&runtime, at_ms).await;
+                    answer.delivered(at_ms).await;
                 }
             });
         }
@@ -257,7 +258,14 @@ mod tests {
 
     fn answer(call_id: &str) -> Answer {
         let request = CallRequest { session: "s".into(), call_id: call_id.into(), tool: "refund".into(), args_json: "{}".into(), principal: None };
-        Answer { request, answer: Ok(CallOutput { value: serde_json::Value::Null, replayed: false }) }
+        Answer { request, answer: Ok(CallOutput { value: serde_json::Value::Null, replayed: false }), runtime: runtime() }
+    }
+
+    /// One small runtime for every answer of these tests (it is never asked anything).
+    fn runtime() -> Arc<Runtime> {
+        static RUNTIME: std::sync::OnceLock<Arc<Runtime>> = std::sync::OnceLock::new();
+        let engine = crate::config::EngineConfig { pool_instances: 1, ..Default::default() };
+        RUNTIME.get_or_init(|| Arc::new(Runtime::new(&engine, std::env::temp_dir().join("toolguard-delivery-tests")).unwrap())).clone()
     }
 
     #[test]

@@ -53,26 +53,13 @@ pub async fn serve(host: McpHost, addr: SocketAddr) -> anyhow::Result<()> {
 /// variable that is unset.
 pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let config = host.config.clone();
-    let mut tokens = Vec::new();
-    for (principal, var) in config.all_tokens() {
-        let token = std::env::var(&var).map_err(|_| anyhow::anyhow!("the token of principal `{principal}` is in `{var}`, which is not set"))?;
-        anyhow::ensure!(token.len() >= 16, "the token in `{var}` is shorter than 16 characters; use a long random one");
-        tokens.push((Principal(principal), token));
-    }
-    // An OAuth 2.1 resource server (`[mcp.oauth]`) instead of static tokens (oauth/).
-    let oauth = match &config.oauth {
-        Some(o) => {
-            let auth = super::oauth::Authenticator::new(o).map_err(anyhow::Error::msg)?;
-            let tools = host.runtime.tools().map(|t| (t.name.as_str(), t.plugin.as_str(), t.effect.as_str()));
-            Some(Arc::new(super::oauth::gate::Gate { scopes: super::oauth::scopes::ScopeMap::new(&o.scopes, tools), auth }))
-        }
-        None => None,
-    };
+    // Who may come in: static tokens or OAuth, read again on every reload (access.rs).
+    let access = super::access::Access::of(&config, &host.runtime(), None, addr).map_err(anyhow::Error::msg)?;
+    let client_tokens: Vec<String> = access.tokens.iter().map(|(_, t)| t.clone()).collect();
+    let first_gate = access.oauth.clone();
+    let doors = super::access::Doors::new(access, addr);
+    host.live.follow(Arc::new(super::access::Following(doors.clone())));
     if !addr.ip().is_loopback() {
-        anyhow::ensure!(
-            !tokens.is_empty() || oauth.is_some(),
-            "binding {addr} beyond loopback needs client authentication: set [mcp.oauth] (or, for development, [mcp] token_env or tokens)"
-        );
         anyhow::ensure!(
             !config.allowed_hosts.is_empty(),
             "binding {addr} beyond loopback needs [mcp] allowed_hosts: the host names clients use (DNS-rebinding protection)"
@@ -81,10 +68,8 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1", "[::1]"].iter().map(|h| h.to_string()).collect();
     hosts.extend(config.allowed_hosts.iter().cloned());
     let mcp_config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts.clone()).with_max_request_body_bytes(config.max_request_bytes);
-    let ledger = host.runtime.guard().map(|g| g.ledger().clone());
-    let runtime = host.runtime.clone();
-    let runtime_for_operator = host.runtime.clone();
-    let info = Arc::new(host.runtime.info());
+    let ledger = host.runtime().guard().map(|g| g.ledger().clone());
+    let (live, live_for_operator) = (host.live.clone(), host.live.clone());
     let sessions = Arc::new(super::sessions::CappedSessions::new(config.max_sessions, config.max_sessions_per_principal));
     let service = StreamableHttpService::new(move || Ok(host.clone()), sessions, mcp_config);
     // Answers are recorded as told once their response body has been sent (delivery.rs).
@@ -92,7 +77,7 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let open_ids = Arc::new(super::request_ids::OpenIds::default());
     let mcp = axum::Router::new()
         .nest_service(PATH, service)
-        .layer(axum::middleware::from_fn(move |req, next| super::delivery::track(runtime.clone(), req, next)))
+        .layer(axum::middleware::from_fn(super::delivery::track))
         .layer(axum::middleware::from_fn(move |req, next| super::request_ids::claim(open_ids.clone(), req, next)));
     // The operator's views of this host, behind the same Host check (and, below, the same token).
     let hosts = Arc::new(hosts);
@@ -101,44 +86,43 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
         .route(
             INFO_PATH,
             axum::routing::get(move || {
-                let info = info.clone();
-                async move { axum::Json((*info).clone()) }
+                let mut info = live.runtime().info();
+                info["generation"] = live.generation().into();
+                async move { axum::Json(info) }
             }),
         )
         .layer(axum::middleware::from_fn(move |req, next| only_allowed_hosts(hosts.clone(), req, next)));
     let router = mcp.merge(views);
-    let tokens_clone = tokens.clone();
-    let tokens = Arc::new(tokens);
     let max_bytes = config.max_request_bytes;
     // Innermost first: the scopes a read body needs; the body read whole; who is asking.
-    let router = match &oauth {
-        Some(gate) => {
-            let gate = gate.clone();
-            router.layer(axum::middleware::from_fn(move |req, next| super::oauth::gate::require_scopes(gate.clone(), req, next)))
+    let router = match &first_gate {
+        Some(_) => {
+            let doors = doors.clone();
+            router.layer(axum::middleware::from_fn(move |req, next| super::oauth::gate::require_scopes(doors.gate(), req, next)))
         }
         None => router,
     };
     let router = router.layer(axum::middleware::from_fn(move |req, next| super::listen::whole_body(max_bytes, req, next)));
-    let router = match &oauth {
+    let router = match &first_gate {
         Some(gate) => {
-            let inner = gate.clone();
+            let (inner, current) = (doors.clone(), doors.clone());
             router
-                .layer(axum::middleware::from_fn(move |req, next| super::oauth::gate::authenticate(inner.clone(), req, next)))
-                .merge(super::oauth::gate::metadata_routes(gate))
+                .layer(axum::middleware::from_fn(move |req, next| super::oauth::gate::authenticate(inner.gate(), req, next)))
+                .merge(super::oauth::gate::metadata_routes(gate, move || current.gate()))
         }
         None => router.layer(axum::middleware::from_fn(move |req, next| {
-            let tokens = tokens.clone();
-            async move { bearer(&tokens, req, next).await }
+            let access = doors.current();
+            async move { bearer(&access.tokens, req, next).await }
         })),
     };
     // The operator's routes sit beside the clients', behind their own token (operator.rs).
     let Some(var) = config.operator_token_env.as_deref() else { return Ok(router) };
     let token = std::env::var(var).map_err(|_| anyhow::anyhow!("the operator's token is in `{var}`, which is not set"))?;
     anyhow::ensure!(token.len() >= 16, "the token in `{var}` is shorter than 16 characters; use a long random one");
-    anyhow::ensure!(!tokens_clone.iter().any(|(_, t)| *t == token), "the operator's token in `{var}` is also an MCP client's token: use its own");
+    anyhow::ensure!(!client_tokens.contains(&token), "the operator's token in `{var}` is also an MCP client's token: use its own");
     let max_bytes = config.max_request_bytes;
     let operator =
-        super::operator::router(runtime_for_operator, token).layer(axum::middleware::from_fn(move |req, next| super::listen::whole_body(max_bytes, req, next)));
+        super::operator::router(live_for_operator, token).layer(axum::middleware::from_fn(move |req, next| super::listen::whole_body(max_bytes, req, next)));
     Ok(router.merge(operator))
 }
 

@@ -6,6 +6,7 @@
 //! [`client`] is the minimal Streamable HTTP client the benchmarks and the
 //! integration tests drive it with.
 
+mod access;
 pub mod client;
 mod consent;
 mod delivery;
@@ -20,26 +21,28 @@ pub mod results;
 pub mod sessions;
 mod task_calls;
 pub mod tasks;
+mod view;
 
 use crate::config::McpConfig;
 use crate::error::ErrorKind;
 use crate::policy::Effect;
 use crate::runtime::{CallRequest, Runtime};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, GetTaskParams, GetTaskResult, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations, UpdateTaskParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, GetTaskParams, GetTaskResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, UpdateTaskParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// The MCP face of a runtime. Cheap to clone: the HTTP transport makes one per request.
+/// The MCP face of the generation serving now. Cheap to clone: the HTTP
+/// transport makes one per request.
 #[derive(Clone)]
 pub struct McpHost {
-    pub(crate) runtime: Arc<Runtime>,
-    /// Tools in name order (the list is the same for every client).
-    tools: Arc<BTreeMap<String, (Tool, Effect)>>,
+    /// What serves now, and how to reload it.
+    pub(crate) live: Arc<crate::reload::Live>,
+    /// The runtime and tool list MCP serves now ([`view`]).
+    views: Arc<view::Views>,
     config: Arc<McpConfig>,
     /// Each principal's tool calls in flight (`[mcp] max_calls_per_principal`).
     in_flight: Arc<principals::CallsInFlight>,
@@ -50,31 +53,19 @@ pub struct McpHost {
 }
 
 impl McpHost {
-    /// The MCP view of `runtime`'s tools.
-    pub fn new(runtime: Arc<Runtime>, config: McpConfig) -> Self {
-        let tools = runtime
-            .tools()
-            .map(|t| {
-                let input: JsonObject = t.input_schema.json().as_object().cloned().unwrap_or_default();
-                let mut tool = Tool::new(t.name.clone(), t.description.clone(), Arc::new(input));
-                if let Some(output) = t.output_schema.as_ref().and_then(|s| s.json().as_object().cloned()) {
-                    tool = tool.with_raw_output_schema(Arc::new(output));
-                }
-                let read_only = t.effect == Effect::ReadOnly;
-                let annotations = ToolAnnotations::new()
-                    .read_only(read_only)
-                    .destructive(t.effect == Effect::Irreversible)
-                    // Repeating an idempotent (or read-only) call changes nothing more,
-                    // and the guard deduplicates by tool-call id; an irreversible one is a new effect.
-                    .idempotent(t.effect != Effect::Irreversible)
-                    .open_world(runtime.has_grants(&t.plugin));
-                (t.name.clone(), (tool.with_annotations(annotations), t.effect))
-            })
-            .collect();
+    /// The MCP view of what `live` serves, following its reloads.
+    pub fn new(live: Arc<crate::reload::Live>, config: McpConfig) -> Self {
+        let views = view::Views::new(live.runtime());
+        live.follow(Arc::new(view::Following(views.clone())));
         let in_flight = principals::CallsInFlight::new(config.max_calls_per_principal);
         let ms = std::time::Duration::from_millis;
-        let tasks = Arc::new(tasks::Tasks::new(runtime.clone(), ms(config.task_poll_ms), ms(config.task_ttl_ms)));
-        Self { runtime, tools: Arc::new(tools), config: Arc::new(config), in_flight, pending: None, tasks }
+        let tasks = Arc::new(tasks::Tasks::new(views.clone(), ms(config.task_poll_ms), ms(config.task_ttl_ms)));
+        Self { live, views, config: Arc::new(config), in_flight, pending: None, tasks }
+    }
+
+    /// The runtime a call made now runs in.
+    pub(crate) fn runtime(&self) -> Arc<Runtime> {
+        self.views.current().runtime.clone()
     }
 
     /// Serves MCP over stdin/stdout until the client goes away.
@@ -89,7 +80,7 @@ impl McpHost {
         // message; anything else falls back to tokio's blocking stdio.
         let (stdin, stdout) = rmcp::transport::stdio_pipes();
         let inner = rmcp::transport::async_rw::AsyncRwTransport::new_server(stdin, stdout);
-        let transport = delivery::Delivering { inner, pending, runtime: self.runtime.clone() };
+        let transport = delivery::Delivering { inner, pending };
         let running = self.serve(transport).await?;
         running.waiting().await?;
         Ok(())
@@ -97,16 +88,16 @@ impl McpHost {
 
     /// Records what the caller of an irreversible tool was told once the
     /// response carrying it has been written ([`delivery`]).
-    fn deliver(&self, cx: &RequestContext<RoleServer>, request: CallRequest, answer: Result<crate::CallOutput, crate::CallError>) {
-        let answer = delivery::Answer { request, answer };
+    fn deliver(&self, cx: &RequestContext<RoleServer>, ran: (CallRequest, Arc<Runtime>), answer: Result<crate::CallOutput, crate::CallError>) {
+        let (request, runtime) = ran;
+        let answer = delivery::Answer { request, answer, runtime };
         let slot = cx.extensions.get::<axum::http::request::Parts>().and_then(|p| p.extensions.get::<delivery::Slot>());
         match (slot, &self.pending) {
             (Some(slot), _) => slot.push(cx.id.clone(), answer),
             (None, Some(pending)) => pending.insert(cx.id.clone(), answer),
             // Another transport: the answer is as good as sent.
             (None, None) => {
-                let runtime = self.runtime.clone();
-                tokio::spawn(async move { answer.delivered(&runtime, crate::ledger::records::now_ms()).await });
+                tokio::spawn(async move { answer.delivered(crate::ledger::records::now_ms()).await });
             }
         }
     }
@@ -121,7 +112,7 @@ impl McpHost {
 
 impl ServerHandler for McpHost {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().enable_tasks().build())
             .with_server_info(Implementation::new("toolguard", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "Tools run under toolguard: side effects are idempotent per tool call. Send the model's tool-call id \
@@ -131,16 +122,23 @@ impl ServerHandler for McpHost {
             )
     }
 
+    async fn on_initialized(&self, cx: NotificationContext<RoleServer>) {
+        // Told when a reload changes the tools (view.rs).
+        self.views.joined(cx.peer);
+    }
+
     async fn list_tools(&self, _request: Option<PaginatedRequestParams>, _cx: RequestContext<RoleServer>) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools.values().map(|(t, _)| t.clone()).collect()))
+        Ok(ListToolsResult::with_all_items(self.views.current().tools.values().map(|(t, _)| t.clone()).collect()))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.tools.get(name).map(|(t, _)| t.clone())
+        self.views.current().tools.get(name).map(|(t, _)| t.clone())
     }
 
     async fn call_tool(&self, request: CallToolRequestParams, cx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
-        let Some((_, effect)) = self.tools.get(request.name.as_ref()) else {
+        // One generation for the whole call: the one serving as it arrives.
+        let view = self.views.current();
+        let Some((_, effect)) = view.tools.get(request.name.as_ref()) else {
             return Err(ErrorData::invalid_params(format!("Unknown tool: {}", request.name), None));
         };
         let args_json = serde_json::to_string(&request.arguments.unwrap_or_default()).unwrap_or_else(|_| "{}".into());
@@ -175,18 +173,19 @@ impl ServerHandler for McpHost {
         };
         let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json, principal };
         let opted_in = cx.client_capabilities().is_some_and(|c| c.supports_tasks());
-        if opted_in && side_effects && self.runtime.guard().is_some() {
+        let runtime = view.runtime.clone();
+        if opted_in && side_effects && runtime.guard().is_some() {
             return self.call_as_task(call, *effect, &cx).await;
         }
         if let Some(responses) = &request.input_responses {
             self.record_responses(&call, responses).await?;
         }
-        let answer = self.runtime.call(&call).await;
+        let answer = runtime.call(&call).await;
         if let Some(asked) = self.input_required(&cx, &answer) {
             return Ok(asked.into());
         }
-        let answer = self.ask_at_client(&cx, &call, answer).await;
-        self.answer(&cx, call, *effect, answer).map(Into::into)
+        let answer = self.ask_at_client(&cx, &call, &runtime, answer).await;
+        self.answer(&cx, (call, runtime), *effect, answer).map(Into::into)
     }
 
     async fn get_task(&self, request: GetTaskParams, cx: RequestContext<RoleServer>) -> Result<GetTaskResult, ErrorData> {
@@ -205,15 +204,21 @@ impl ServerHandler for McpHost {
 impl McpHost {
     /// The MCP result of `answer` to `call` (a JSON-RPC error for an
     /// unknown tool), recorded as told once written if the tool is irreversible.
-    fn answer(&self, cx: &RequestContext<RoleServer>, call: CallRequest, effect: Effect, answer: tasks::Answer) -> Result<CallToolResult, ErrorData> {
+    fn answer(
+        &self,
+        cx: &RequestContext<RoleServer>,
+        ran: (CallRequest, Arc<Runtime>),
+        effect: Effect,
+        answer: tasks::Answer,
+    ) -> Result<CallToolResult, ErrorData> {
         let result = match &answer {
             Ok(out) => results::success(out.clone()),
             Err(e) if e.kind == ErrorKind::UnknownTool => return Err(ErrorData::invalid_params(e.message.clone(), None)),
             Err(e) => results::error_result(e),
         };
-        let result = results::naming(result, &call.call_id);
+        let result = results::naming(result, &ran.0.call_id);
         if effect == Effect::Irreversible {
-            self.deliver(cx, call, answer);
+            self.deliver(cx, ran, answer);
         }
         Ok(result)
     }

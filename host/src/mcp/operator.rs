@@ -1,7 +1,8 @@
-//! The operator's approvals over HTTP (`docs/tasks.md`, "Consent"), for a
-//! host whose ledger the command line cannot open (a `serve` holding its
-//! RocksDB ledger) and for a fleet: `GET /approvals` lists the calls waiting
-//! for a decision, `POST /approvals` decides one. Served only when
+//! The operator's routes over HTTP: approvals (`docs/tasks.md`, "Consent"),
+//! for a host whose ledger the command line cannot open (a `serve` holding
+//! its RocksDB ledger) and for a fleet — `GET /approvals` lists the calls
+//! waiting for a decision, `POST /approvals` decides one — and `POST
+//! /reload`, a reload of this host (`docs/operations.md`). Served only when
 //! `[mcp] operator_token_env` names the operator's bearer token — never an
 //! MCP client's: a model holding a client token cannot approve its own
 //! actions.
@@ -17,6 +18,9 @@ use std::sync::Arc;
 
 /// Where the approvals are served.
 pub const PATH: &str = "/approvals";
+
+/// Where a reload is asked for.
+pub const RELOAD_PATH: &str = "/reload";
 
 /// One decision, as `POST /approvals` takes it.
 #[derive(Debug, Deserialize)]
@@ -34,15 +38,27 @@ struct Decide {
 }
 
 /// The approvals routes, behind the operator's `token`.
-pub fn router(runtime: Arc<Runtime>, token: String) -> axum::Router {
+pub fn router(live: Arc<crate::reload::Live>, token: String) -> axum::Router {
     let token = Arc::new(token);
     let list = {
-        let (runtime, token) = (runtime.clone(), token.clone());
+        let (live, token) = (live.clone(), token.clone());
         move |req: axum::extract::Request| async move {
             if !authorized(&req, &token) {
                 return refused();
             }
-            waiting(&runtime).await
+            waiting(&live.runtime()).await
+        }
+    };
+    let reload = {
+        let (live, token) = (live.clone(), token.clone());
+        move |req: axum::extract::Request| async move {
+            if !authorized(&req, &token) {
+                return refused();
+            }
+            match live.reload().await {
+                Ok(report) => axum::Json(json!({ "reloaded": true, "report": report })).into_response(),
+                Err(refused) => (StatusCode::CONFLICT, axum::Json(json!({ "reloaded": false, "error": refused.to_string() }))).into_response(),
+            }
         }
     };
     let decide = move |req: axum::extract::Request| async move {
@@ -51,11 +67,11 @@ pub fn router(runtime: Arc<Runtime>, token: String) -> axum::Router {
         }
         let Ok(body) = axum::body::to_bytes(req.into_body(), 64 << 10).await else { return (StatusCode::BAD_REQUEST, "unreadable body\n").into_response() };
         match serde_json::from_slice::<Decide>(&body) {
-            Ok(d) => decide(&runtime, d).await,
+            Ok(d) => decide(&live.runtime(), d).await,
             Err(e) => (StatusCode::BAD_REQUEST, format!("expected {{session, call_id, request, decision, by, note?}}: {e}\n")).into_response(),
         }
     };
-    axum::Router::new().route(PATH, axum::routing::get(list).post(decide))
+    axum::Router::new().route(PATH, axum::routing::get(list).post(decide)).route(RELOAD_PATH, axum::routing::post(reload))
 }
 
 fn authorized(req: &axum::extract::Request, token: &str) -> bool {

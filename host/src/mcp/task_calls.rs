@@ -33,7 +33,7 @@ impl McpHost {
             let settled = state.borrow().settled().cloned();
             if in_time {
                 if let Some(answer) = settled {
-                    return self.answer(cx, (*request).clone(), effect, answer).map(Into::into);
+                    return self.answer(cx, ((*request).clone(), self.runtime()), effect, answer).map(Into::into);
                 }
                 in_time = matches!(tokio::time::timeout_at(budget, state.changed()).await, Ok(Ok(())));
                 continue;
@@ -43,7 +43,7 @@ impl McpHost {
             }
             if let Some(answer) = settled {
                 // Refused before it was recorded (bad arguments, a conflict): no task to name.
-                return self.answer(cx, (*request).clone(), effect, answer).map(Into::into);
+                return self.answer(cx, ((*request).clone(), self.runtime()), effect, answer).map(Into::into);
             }
             tokio::time::sleep(RECORD_POLL).await;
         }
@@ -63,9 +63,9 @@ impl McpHost {
             // Its first try waits inside the hold rule: the ledger says behind what.
             snapshot.progress = Progress::Working(tasks::HELD.into());
         }
-        let effect = self.tools.get(&request.tool).map_or(Effect::ReadOnly, |(_, e)| *e);
+        let effect = self.views.current().tools.get(&request.tool).map_or(Effect::ReadOnly, |(_, e)| *e);
         let result = match snapshot.settled() {
-            Some(answer) => Some(self.answer(cx, (*request).clone(), effect, answer.clone())?),
+            Some(answer) => Some(self.answer(cx, ((*request).clone(), self.runtime()), effect, answer.clone())?),
             None => None,
         };
         let elicit = cx.client_capabilities().is_some_and(|c| c.elicitation.is_some());
@@ -114,7 +114,7 @@ impl McpHost {
             return Ok(watched);
         }
         let record = self.recorded(&session, &call_id).await?.ok_or_else(unknown)?;
-        if !self.tools.contains_key(&record.tool) {
+        if !self.views.current().tools.contains_key(&record.tool) {
             let message = format!("task `{task_id}` is a call of `{}`, which this host does not serve; ask a host that does", record.tool);
             return Err(ErrorData::invalid_params(message, None));
         }
@@ -126,7 +126,7 @@ impl McpHost {
 
     /// The ledger's record of call (`session`, `call_id`).
     async fn recorded(&self, session: &str, call_id: &str) -> Result<Option<CallRecord>, ErrorData> {
-        let Some(guard) = self.runtime.guard() else { return Ok(None) };
+        let Some(guard) = self.runtime().guard().cloned() else { return Ok(None) };
         let (s, c) = (session.to_string(), call_id.to_string());
         let read = guard.ledger().read(move |ledger| ledger.call(&s, &c)).await;
         read.map_err(|e| ErrorData::internal_error(format!("the ledger could not be read ({e}); ask again"), None))

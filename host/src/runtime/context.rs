@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What one plugin's invocations share: its name, settings, limits and grants.
-#[derive(Debug)]
 pub struct PluginContext {
     /// The plugin's configured name.
     pub name: Arc<str>,
@@ -22,4 +21,7 @@ pub struct PluginContext {
     pub footprint: Footprint,
     /// What `outbound` may reach: its effective policy's grants.
     pub grants: Arc<[Grant]>,
+    /// The downstreams those grants resolve against, with their
+    /// credentials and HTTP clients (of the configuration that loaded it).
+    pub wires: Arc<crate::guard::Wires>,
 }

@@ -43,12 +43,14 @@ impl Runtime {
                 let rules = CallRules {
                     effect: tool.effect,
                     grants: plugin.ctx.grants.clone(),
+                    wires: plugin.ctx.wires.clone(),
+                    policy_digest: plugin.policy_digest.clone(),
                     reconciler: PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>),
                     max_sends: plugin.policy.budgets.max_sends_per_call,
                     budgets: budgets(plugin, req),
                     // The wall clock cuts a run off, so nothing is sent after it.
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
-                    hold_wait: guard.hold_wait(&plugin.ctx.grants),
+                    hold_wait: plugin.ctx.wires.hold_wait(&plugin.ctx.grants),
                     gate,
                     arrived_ms: self.receipts.as_ref().filter(|_| tool.effect == super::Effect::Irreversible).and_then(|r| r.of(&req.session, &req.call_id)),
                 };

@@ -16,23 +16,6 @@ use crate::policy::EffectivePolicy;
 use std::sync::Arc;
 
 impl Runtime {
-    /// Records each plugin's digest and effective policy in the ledger's
-    /// grant history (only what changed since its last entry).
-    async fn record_grants(&self) -> Result<(), String> {
-        let Some(guard) = self.guard() else { return Ok(()) };
-        let now = crate::ledger::records::now_ms();
-        let records: Vec<crate::ledger::GrantRecord> = self
-            .plugins
-            .iter()
-            .map(|p| crate::ledger::GrantRecord { plugin: p.ctx.name.to_string(), digest: p.digest.clone(), grants: p.policy.to_record(), recorded_ms: now })
-            .collect();
-        let ledger = guard.ledger().clone();
-        tokio::task::spawn_blocking(move || records.iter().try_for_each(|r| ledger.record_grants(r).map(|_| ())))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
-    }
-
     /// A runtime with every plugin of `config` loaded, once a recovery pass
     /// has resolved every unsettled attempt it can: a one-shot command then
     /// acts on a settled ledger ([`Runtime::recovery`] says what it did).
@@ -65,12 +48,14 @@ impl Runtime {
         let needs = components.iter().flatten().filter_map(|c| Footprint::of(&c.bytes).ok()).fold(Footprint::default(), Footprint::max);
         let engine = config.engine.fitted_to(needs);
         let mut runtime = Self::new(&engine, config.compile_cache.clone())?.with_downstreams(config.downstreams.clone());
+        // Credentials are read now, once: a missing one stops the host at start.
+        runtime.wires = Arc::new(crate::guard::Wires::new(&config.downstreams).map_err(StartError::Guard)?);
         let owned = config.clone();
         let ledger = tokio::task::spawn_blocking(move || owned.open_ledger(false))
             .await
             .map_err(|e| StartError::Guard(e.to_string()))?
             .map_err(|e| if e.is_busy() { StartError::LedgerBusy(e.to_string()) } else { StartError::Guard(e.to_string()) })?;
-        runtime.set_guard(Guard::new(ledger, config.downstreams.clone()).map_err(StartError::Guard)?);
+        runtime.set_guard(Guard::new(ledger));
         let mut refused = Vec::new();
         for (plugin, component) in config.plugins.iter().zip(components) {
             match component {
@@ -91,6 +76,7 @@ impl Runtime {
             return Err(StartError::Plugins(refused));
         }
         runtime.record_grants().await.map_err(StartError::Guard)?;
+        runtime.publish(config);
         runtime.receipts = config.ledger_dir().map(crate::receipts::Receipts::beside);
         Ok(runtime)
     }
@@ -149,6 +135,7 @@ impl Runtime {
             limits: config.limits,
             footprint,
             grants: policy.rules.clone(),
+            wires: self.wires.clone(),
         });
         let mut loaded = LoadedPlugin { ctx, digest, provenance, pre, reconcile, policy: Arc::new(policy), policy_digest: String::new() };
 
@@ -175,15 +162,6 @@ impl Runtime {
         }
         Arc::make_mut(&mut loaded.policy).tools = tools.iter().map(ToolInfo::class).collect();
         loaded.policy_digest = loaded.policy.digest();
-        let provenance = loaded.provenance.as_ref();
-        crate::metrics::component(crate::metrics::ComponentInfo {
-            plugin: &name,
-            sha256: &loaded.digest,
-            source: &config.component.to_string(),
-            manifest: provenance.map(|p| p.manifest_digest.as_str()),
-            signer: provenance.and_then(|p| p.signer.as_ref()).map(|s| s.fingerprint.as_str()),
-            policy: &loaded.policy_digest,
-        });
         let index = self.plugins.len();
         self.plugins.push(Arc::new(loaded));
         self.tools.extend(tools.into_iter().map(|t| (t.name.clone(), (index, t))));

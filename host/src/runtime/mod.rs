@@ -13,6 +13,7 @@ pub mod compile;
 pub mod context;
 pub mod engine;
 mod footprint;
+mod generation;
 mod inert_fs;
 mod invoke;
 pub mod limits;
@@ -28,6 +29,7 @@ pub mod wasi;
 
 pub use engine::Allocator;
 pub use footprint::Footprint;
+pub use generation::RunningCall;
 pub use load::footprint_of;
 pub use plugin::{Effect, ToolInfo};
 
@@ -107,6 +109,8 @@ pub struct Runtime {
     recovery: Option<RecoveryReport>,
     /// The downstreams plugins' grants point at (their effective policies resolve against them).
     downstreams: Downstreams,
+    /// Those downstreams with their credentials and clients, for the plugins loaded from now on.
+    wires: Arc<crate::guard::Wires>,
     /// Bench only ([`Runtime::unguarded_for_bench`]): `send` goes straight to HTTP.
     unguarded: bool,
     /// When `toolguard call`s were received, beside a host's own ledger.
@@ -152,6 +156,7 @@ impl Runtime {
             reconcile_slots: tokio::sync::Semaphore::new(engine::RECONCILE_SLOTS as usize),
             sandboxes: AtomicU64::new(0),
             guard: std::sync::OnceLock::new(),
+            running: generation::Running::default(),
         };
         Ok(Self {
             core: Arc::new(core),
@@ -161,6 +166,7 @@ impl Runtime {
             tools: BTreeMap::new(),
             recovery: None,
             downstreams: Downstreams::new(),
+            wires: crate::guard::Wires::none(),
             unguarded: false,
             receipts: None,
             unavailable: Vec::new(),
@@ -234,6 +240,8 @@ impl Runtime {
         if let Err(why) = ids {
             return Err(CallError::new(ErrorKind::InvalidArgs, format!("{why}; nothing was run")));
         }
+        let running = RunningCall { tool: request.tool.clone(), session: request.session.clone(), call_id: request.call_id.clone() };
+        let _running = self.core.running.enter(running);
         // A panic while running one call (a bug in the host, reachable from some
         // plugin or client input) fails that call; the host goes on serving.
         let running = std::panic::AssertUnwindSafe(self.invoke(request, gate).instrument(span.clone()));

@@ -32,7 +32,7 @@ impl Runtime {
             let (index, _) = self.tools.get(tool)?;
             let plugin = &self.plugins[*index];
             let reconciler = reconcile::PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>);
-            Some(ToolRules { grants: plugin.ctx.grants.clone(), reconciler })
+            Some(ToolRules { grants: plugin.ctx.grants.clone(), wires: plugin.ctx.wires.clone(), reconciler })
         };
         guard.recover(&rules_for, pace).await.map_err(|e| e.to_string())
     }

@@ -69,6 +69,8 @@ pub(crate) struct Core {
     pub sandboxes: AtomicU64,
     /// The guard for sends, set once before serving.
     pub guard: OnceLock<Arc<Guard>>,
+    /// The tool calls running now, in every generation.
+    pub running: super::generation::Running,
 }
 
 impl Core {

@@ -146,6 +146,10 @@ pub struct AttemptRecord {
     pub fingerprint: String,
     /// The configured downstream it went to.
     pub downstream: String,
+    /// The digest of the effective policy of its plugin that admitted its
+    /// call (a reload changes what new calls run under, not this).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub policy: Option<String>,
     /// The request, without key or credentials.
     pub request: StoredRequest,
     /// Where it stands.
@@ -203,6 +207,7 @@ impl AttemptRecord {
             generation,
             fingerprint,
             downstream,
+            policy: None,
             request,
             state: AttemptState::Pending,
             response: None,

@@ -18,7 +18,7 @@ pub(super) async fn run(runtime: Arc<Runtime>, args: &str) -> anyhow::Result<()>
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let url = format!("http://{}/mcp", listener.local_addr()?);
     let runtime_for_ledger = runtime.clone();
-    let app = crate::mcp::http::router(McpHost::new(runtime, config), addr)?;
+    let app = crate::mcp::http::router(McpHost::new(crate::reload::Live::fixed(runtime), config), addr)?;
     tokio::spawn(crate::mcp::listen::serve_on(listener, app, 16));
     let client = McpClient::connect(&url).await?;
     let tasks = json!({ "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } } });

@@ -151,7 +151,7 @@ impl Guard {
                 Next::Wait(executor) if Instant::now() < deadline => self.wait_for(&id.session, &executor, deadline).await,
                 Next::Settle(executor) if Instant::now() < deadline && !resolved_once => {
                     resolved_once = true;
-                    let tool = super::ToolRules { grants: rules.grants.clone(), reconciler: rules.reconciler.clone() };
+                    let tool = super::ToolRules { grants: rules.grants.clone(), wires: rules.wires.clone(), reconciler: rules.reconciler.clone() };
                     self.resolve_in_background(executor, tool, deadline).await;
                 }
                 Next::Wait(executor) | Next::Settle(CallRecord { call_id: executor, .. }) => return Err(self.held(&id, &executor).await),

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 /// The authenticator and the scopes each tool needs.
 pub struct Gate {
-    /// Checks tokens.
-    pub auth: Authenticator,
+    /// Checks tokens (kept across a reload that leaves `[mcp.oauth]` as it was).
+    pub auth: Arc<Authenticator>,
     /// What each request needs.
     pub scopes: ScopeMap,
 }
@@ -19,11 +19,11 @@ pub struct Gate {
 /// The protected-resource metadata, at RFC 9728's well-known path for the
 /// resource and at the bare well-known path (unauthenticated, as clients
 /// fetch it before they hold a token).
-pub fn metadata_routes(gate: &Arc<Gate>) -> axum::Router {
-    let document = Arc::new(metadata::document(&gate.auth.config));
+pub fn metadata_routes(gate: &Arc<Gate>, current: impl Fn() -> Option<Arc<Gate>> + Clone + Send + Sync + 'static) -> axum::Router {
+    // Read per request: a reload may change the issuers and scopes (not the resource).
     let handler = move || {
-        let document = document.clone();
-        async move { axum::Json((*document).clone()) }
+        let document = current().map(|g| metadata::document(&g.auth.config));
+        async move { axum::Json(document) }
     };
     let with_path = metadata::path(&gate.auth.config.resource);
     let router = axum::Router::new().route("/.well-known/oauth-protected-resource", axum::routing::get(handler.clone()));
@@ -32,7 +32,8 @@ pub fn metadata_routes(gate: &Arc<Gate>) -> axum::Router {
 
 /// Lets a request through only with an access token this server accepts,
 /// and tells the rest of the stack whose it is and what it may do.
-pub async fn authenticate(gate: Arc<Gate>, mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+pub async fn authenticate(gate: Option<Arc<Gate>>, mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let Some(gate) = gate else { return closed() };
     let header = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
     match gate.auth.authenticate(header.as_deref()).await {
         Ok(who) => {
@@ -47,7 +48,8 @@ pub async fn authenticate(gate: Arc<Gate>, mut req: axum::extract::Request, next
 }
 
 /// Refuses a request (its body read whole) whose token lacks a scope it needs.
-pub async fn require_scopes(gate: Arc<Gate>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+pub async fn require_scopes(gate: Option<Arc<Gate>>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let Some(gate) = gate else { return closed() };
     let granted = req.extensions().get::<Authenticated>().map(|a| a.scopes.clone()).unwrap_or_default();
     let (parts, body) = req.into_parts();
     // Already read whole and bounded (listen::whole_body).
@@ -59,6 +61,12 @@ pub async fn require_scopes(gate: Arc<Gate>, req: axum::extract::Request, next: 
         return refuse(&Refusal::InsufficientScope(missing), &gate);
     }
     next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await
+}
+
+/// No gate to check a token with (cannot happen: a reload does not turn
+/// `[mcp.oauth]` off), so nothing is let in.
+fn closed() -> axum::response::Response {
+    (axum::http::StatusCode::SERVICE_UNAVAILABLE, "this server cannot check access tokens now\n").into_response()
 }
 
 fn refuse(refusal: &Refusal, gate: &Gate) -> axum::response::Response {

@@ -102,7 +102,9 @@ impl Entry {
 
 /// The tasks this host drives, by call (session, tool-call id).
 pub(crate) struct Tasks {
-    runtime: Arc<Runtime>,
+    /// Where a task's driver takes its runtime from: the generation serving
+    /// when the task starts, which it keeps.
+    views: Arc<super::view::Views>,
     poll: Duration,
     ttl: Duration,
     entries: Mutex<HashMap<(String, String), Entry>>,
@@ -110,8 +112,8 @@ pub(crate) struct Tasks {
 
 impl Tasks {
     /// No tasks yet; settling retries start `poll` apart, and a task is kept `ttl`.
-    pub(crate) fn new(runtime: Arc<Runtime>, poll: Duration, ttl: Duration) -> Self {
-        Self { runtime, poll, ttl, entries: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(views: Arc<super::view::Views>, poll: Duration, ttl: Duration) -> Self {
+        Self { views, poll, ttl, entries: Mutex::new(HashMap::new()) }
     }
 
     /// The task of `request`'s call: the one this host is driving (or has
@@ -132,7 +134,8 @@ impl Tasks {
         let (state, _) = watch::channel(snapshot);
         let until = Instant::now() + self.ttl;
         let (request, gate, wake) = (Arc::new(request), Arc::new(Gate::default()), Arc::new(tokio::sync::Notify::new()));
-        let driving = Driving { runtime: self.runtime.clone(), request: request.clone(), gate: gate.clone(), state: state.clone(), wake: wake.clone() };
+        let driving =
+            Driving { runtime: self.views.current().runtime.clone(), request: request.clone(), gate: gate.clone(), state: state.clone(), wake: wake.clone() };
         let driver = tokio::spawn(driving.settle(self.poll, until)).abort_handle();
         let entry = Entry { request, state, gate, wake, driver };
         let watched = entry.watched();
@@ -171,7 +174,8 @@ impl Tasks {
             let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             entries.get(&key).map(|e| (e.request.clone(), e.gate.clone(), e.driver.clone(), e.state.clone()))
         };
-        let (Some((request, gate, driver, state)), Some(guard)) = (found, self.runtime.guard()) else { return };
+        let runtime = self.views.current().runtime.clone();
+        let (Some((request, gate, driver, state)), Some(guard)) = (found, runtime.guard()) else { return };
         if state.borrow().settled().is_some() {
             return;
         }

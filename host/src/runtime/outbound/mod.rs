@@ -75,7 +75,7 @@ impl Outbound {
     async fn send(&mut self, req: guard::Request) -> Result<guard::Response, SendError> {
         match (&mut self.mode, &self.guard) {
             (Mode::Guarded(call), _) => call.send(req).await,
-            (Mode::Unguarded, Some(guard)) => guard::send_unguarded(guard, &self.plugin.grants, req).await,
+            (Mode::Unguarded, Some(_)) => guard::send_unguarded(&self.plugin.wires, &self.plugin.grants, req).await,
             (Mode::Unguarded, None) => Err(SendError::Denied("no guard to borrow a client from; nothing was sent".into())),
             (Mode::ReadOnly(tool), _) => Err(SendError::Denied(format!("`{tool}` is a read-only tool: it may fetch but not send; nothing was sent"))),
             (Mode::NoCall, _) => Err(SendError::Denied(format!(
@@ -88,7 +88,7 @@ impl Outbound {
     /// `fetch`, in the guard's terms.
     async fn fetch(&mut self, req: guard::Request) -> Result<guard::Response, SendError> {
         match &self.guard {
-            Some(guard) => guard::fetch(guard, &self.plugin.grants, req).await,
+            Some(_) => guard::fetch(&self.plugin.wires, &self.plugin.grants, req).await,
             None => Err(SendError::Denied(format!(
                 "{} {}: plugin `{}` has no outbound grant for this URL; nothing was sent",
                 req.method, req.url, self.plugin.name

@@ -1,0 +1,24 @@
+//! `toolguard reload`: asks the `toolguard serve` of a config to read it
+//! again (`docs/operations.md`) and prints what it answered.
+
+use std::path::Path;
+
+/// Reloads the serve of the config at `path`: 0 if it swapped the new
+/// configuration in, 1 if it refused it (still serving the old one), 3 if
+/// no serve could be asked.
+pub(super) async fn run(path: &Path) -> u8 {
+    let config = match crate::Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return super::config_error(format!("reload refused, the running configuration keeps serving: {e}")),
+    };
+    let Some(socket) = crate::local::control_socket(&config) else {
+        return super::config_error("the data directory's path is too long for a Unix socket; send the serve SIGHUP instead".into());
+    };
+    match crate::local::ask_reload(&socket).await {
+        Ok(answer) => {
+            super::output::print_json(&answer);
+            if answer["reloaded"] == true { 0 } else { super::EXIT_CALL_FAILED }
+        }
+        Err(e) => super::config_error(e),
+    }
+}
