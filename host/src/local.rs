@@ -97,6 +97,10 @@ impl Listener {
             return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("another toolguard process listens on {}", path.display())));
         }
         let _ = std::fs::remove_file(&path);
+        // On PostgreSQL nothing else may have made the data directory yet.
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
         let listener = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
         let active = Arc::new(AtomicUsize::new(0));

@@ -27,6 +27,7 @@ pub async fn run(runtime: Arc<Runtime>, config: &crate::Config, path: &std::path
         tokio::spawn(prune_every(guard.ledger().clone(), retention));
     }
     reload_on_hangup(live.clone())?;
+    tokio::spawn(live.clone().note_serving_every(SERVING_NOTE_INTERVAL));
     // `toolguard call`s on this data directory hand their calls to this
     // process, and `toolguard reload` asks it to reload, on this socket.
     let _listener = crate::local::control_socket(config).and_then(|path| {
@@ -71,6 +72,9 @@ async fn start_up_pass(runtime: &Runtime) {
         tracing::warn!(error = %e, "start-up recovery pass failed; each call still drives its own unsettled attempts");
     }
 }
+
+/// How often a host notes in the ledger what it serves (besides at start and on each reload).
+const SERVING_NOTE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// How often a host of a fleet looks for tool calls whose host died.
 const TAKEOVER_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);

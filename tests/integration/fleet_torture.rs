@@ -29,6 +29,10 @@
 //! before that answer is recorded there is held instead). At the end no attempt may be
 //! left pending or unknown once the hosts' takeover passes have run.
 //!
+//! Reloads are in the mix: in half the trials one host's policy flips (a
+//! budget: another effective policy, the same identity of every action) and
+//! it is sent SIGHUP at a random moment while the trial's calls run.
+//!
 //! CI runs 40 trials (~50 s); `TOOLGUARD_FLEET_TORTURE_TRIALS=200 ./dev.sh test -p
 //! toolguard --test integration fleet_torture -- --nocapture` runs more
 //! (`TOOLGUARD_TORTURE_SEED` replays a run).
@@ -52,6 +56,9 @@ const WARM_UP_AMOUNTS: [u64; 2] = [99_999_998, 99_999_999];
 
 /// Added to a trial's amount for the other arguments of its tool-call id.
 const OTHER_AMOUNT: u64 = 10_000_000;
+
+/// The two policies the hosts flip between (the budget line of each config).
+const BUDGETS: [&str; 2] = ["max_irreversible_calls_per_session_hour = 1000000\n", "max_irreversible_calls_per_session_hour = 999999\n"];
 
 /// A call in flight: its host's answer, or the transport error if the host died.
 type InFlight = tokio::task::JoinHandle<Result<Value, String>>;
@@ -92,6 +99,33 @@ impl Fleet {
         let (mut server, _) = self.hosts[i].take().expect("host is running");
         server.child.kill().unwrap();
         server.child.wait().unwrap();
+    }
+
+    /// Flips host `i`'s policy in its config file and, `delay_ms` later,
+    /// sends it SIGHUP (a reload), while this trial's calls run; a host
+    /// killed by then is restarted on whichever policy the file holds.
+    fn reload_later(&self, i: usize, delay_ms: u64) {
+        let Some((server, _)) = &self.hosts[i] else { return };
+        let path = &self.configs[i];
+        let text = std::fs::read_to_string(path).unwrap();
+        let flipped = if text.contains(BUDGETS[0]) { text.replace(BUDGETS[0], BUDGETS[1]) } else { text.replace(BUDGETS[1], BUDGETS[0]) };
+        let fresh = path.with_extension("toml.new");
+        std::fs::write(&fresh, flipped).unwrap();
+        std::fs::rename(&fresh, path).unwrap();
+        let pid = server.child.id().to_string();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            // The host may have been killed meanwhile (then there is nobody to tell).
+            let _ = std::process::Command::new("kill").args(["-HUP", &pid]).stderr(std::process::Stdio::null()).status();
+        });
+    }
+
+    /// The payments plugin's policy digest host `i` serves now.
+    fn policy_of(&self, i: usize) -> String {
+        let (server, _) = self.hosts[i].as_ref().expect("host is running");
+        let url = server.url.replace(toolguard::mcp::http::PATH, toolguard::mcp::http::INFO_PATH);
+        let info: Value = self.rt.block_on(async { serde_json::from_str(&reqwest::get(url).await.unwrap().text().await.unwrap()).unwrap() });
+        info["plugins"]["payments"]["policy_digest"].as_str().unwrap_or_default().to_string()
     }
 
     /// `refund` of `amount` under `call_id` on host `i`, started.
@@ -189,7 +223,7 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
     }
     let call_ms = (started.elapsed().as_millis() as u64 / 2).max(10);
     let mut phases: BTreeMap<String, u64> = BTreeMap::new();
-    let (mut acknowledged, mut never_admitted, mut second_actions, mut held) = (0, 0, 0, 0);
+    let (mut acknowledged, mut never_admitted, mut second_actions, mut held, mut reloads) = (0, 0, 0, 0, 0);
 
     for trial in 0..trials {
         let (amount, id) = (trial + 1, format!("f{trial}"));
@@ -198,6 +232,11 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
         assert!(wait_for(Duration::from_secs(30), || f.unsettled() == 0), "{context}: attempts left unsettled");
         let h = rng.below(2) as usize;
         let other = 1 - h;
+        // Reloads in the mix: a host's policy flips while this trial's calls run.
+        if rng.below(2) == 0 {
+            f.reload_later(rng.below(2) as usize, rng.below(call_ms + call_ms / 5));
+            reloads += 1;
+        }
         if trial % 5 == 4 {
             one_id_two_amounts(&mut f, &mut rng, (h, other), (&id, amount), call_ms, &context);
             *phases.entry("one id with two amounts, one per host, one host killed".into()).or_default() += 1;
@@ -330,8 +369,16 @@ fn fleet_torture_kill_9_of_a_host_never_duplicates_or_loses_a_refund() {
     println!("  the original call answered with its refund before the follow-ups: {acknowledged}");
     println!("  answers that were holds: {held}");
     println!("  never admitted (killed before the host recorded the call): {never_admitted}; of which the resume ran as a new action {second_actions}");
+    println!("  reloads (SIGHUP while calls ran): {reloads}");
     println!("  refunds at the provider: {} for {trials} trials (and the warm-ups)", refunds.len() - WARM_UP_AMOUNTS.len());
     println!("  duplicates = {duplicates}, lost = {lost}, left pending or unknown = {unsettled}");
     assert!(settled, "attempts left unsettled after the takeover passes: {unsettled}");
     assert_eq!((duplicates, lost), (0, 0));
+    // The reloads took: each host still reloads, and serves the policy its file holds.
+    std::thread::sleep(Duration::from_millis(call_ms + call_ms / 5));
+    for i in 0..2 {
+        let before = f.policy_of(i);
+        f.reload_later(i, 0);
+        assert!(wait_for(Duration::from_secs(30), || f.policy_of(i) != before), "host {i} did not reload after the torture");
+    }
 }

@@ -41,6 +41,7 @@ mod recovery_edges;
 mod registry;
 mod registry_faults;
 mod reload;
+mod reload_versions;
 mod retention;
 mod sandbox_limits;
 mod security;

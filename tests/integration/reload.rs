@@ -15,7 +15,7 @@ use toolguard::mcp::client::McpClient;
 use toolguard_sandbox::{Fault, Mode, Sandbox};
 
 /// The payment intent every refund here is made against (room for thousands).
-const INTENT: &str = "pi_reload";
+pub const INTENT: &str = "pi_reload";
 
 /// A `serve --http` on a config file the test rewrites, and its sandbox.
 pub struct Host {
@@ -26,6 +26,8 @@ pub struct Host {
     pub url: String,
     log: Arc<Mutex<String>>,
     pub config: PathBuf,
+    /// Top-level lines before the tables (`ledger = …`).
+    top: String,
 }
 
 impl Drop for Host {
@@ -38,13 +40,14 @@ impl Drop for Host {
 impl Host {
     /// Serves the payments config of `d` plus `extra` TOML, with `env`.
     pub fn start(d: &Downstream, extra: &str, env: &[(&str, &str)]) -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
         sandbox.add_payment_intent(INTENT, 100_000_000);
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let top = "";
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("host.toml");
-        let text = Self::text_for(&sandbox, &dir, d, extra);
+        let text = Self::text_for(top, (&sandbox, &dir), d, extra);
         std::fs::write(&config, text).unwrap();
         let mut child = Command::new(BIN)
             .args(["serve", "--config", config.to_str().unwrap(), "--http", "127.0.0.1:0"])
@@ -62,16 +65,21 @@ impl Host {
         let log = Arc::new(Mutex::new(String::new()));
         let sink = log.clone();
         std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().unwrap().push_str(&format!("{l}\n"))));
-        Self { rt, sandbox, dir, child, url, log, config }
+        Self { rt, sandbox, dir, child, url, log, config, top: top.to_string() }
     }
 
-    fn text_for(sandbox: &Sandbox, dir: &tempfile::TempDir, d: &Downstream, extra: &str) -> String {
-        format!("{}\n{extra}\n", config_text(&sandbox.url(), &dir.path().join("data"), d))
+    fn text_for(top: &str, (sandbox, dir): (&Sandbox, &tempfile::TempDir), d: &Downstream, extra: &str) -> String {
+        format!("{top}\n{}\n{extra}\n", config_text(&sandbox.url(), &dir.path().join("data"), d))
     }
 
     /// Rewrites the config file (nothing changes until a reload).
     pub fn rewrite(&self, d: &Downstream, extra: &str) {
-        std::fs::write(&self.config, Self::text_for(&self.sandbox, &self.dir, d, extra)).unwrap();
+        std::fs::write(&self.config, Self::text_for(&self.top, (&self.sandbox, &self.dir), d, extra)).unwrap();
+    }
+
+    /// The process id of the serve.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// `toolguard reload` of this host: what it printed, and whether it exited 0.
@@ -130,7 +138,7 @@ pub fn wait_until(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
 }
 
 /// A downstream patient enough for a request held at the provider.
-fn patient() -> Downstream {
+pub fn patient() -> Downstream {
     Downstream { timeout_ms: 120_000, max_retries: 0, ..Downstream::default() }
 }
 
@@ -273,10 +281,8 @@ fn sighup_reloads_and_a_removed_tool_finishes_its_running_call() {
     wait_until(60, "the refund held at the provider", || host.sandbox.paused() == 1);
     // Only the rogue plugin is left (the downstream stays: rogue's grant names it).
     let text = std::fs::read_to_string(&host.config).unwrap();
-    let without = strip_tables(&strip_tables(&text, "[plugins.payments"), "[policy.plugins.payments");
-    let without = strip_tables(&without, "[[policy.plugins.payments");
-    std::fs::write(&host.config, without).unwrap();
-    let status = Command::new("kill").args(["-HUP", &host.child.id().to_string()]).status().unwrap();
+    std::fs::write(&host.config, without_payments(&text)).unwrap();
+    let status = Command::new("kill").args(["-HUP", &host.pid().to_string()]).status().unwrap();
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(60);
     while host.info()["generation"] != 2 {
@@ -292,6 +298,13 @@ fn sighup_reloads_and_a_removed_tool_finishes_its_running_call() {
     let again = host.rt.block_on(async { client.request(99, "tools/call", json!({ "name": "refund", "arguments": {} })).await.unwrap() });
     assert!(again.to_string().contains("Unknown tool"), "{again:#}");
     assert_eq!(host.sandbox.refunds().len(), 1);
+}
+
+/// The config text without the payments plugin and its policy (its
+/// downstream stays: the rogue plugin's grant names it).
+pub fn without_payments(text: &str) -> String {
+    let without = strip_tables(&strip_tables(text, "[plugins.payments"), "[policy.plugins.payments");
+    strip_tables(&without, "[[policy.plugins.payments")
 }
 
 /// Drops every TOML table whose header starts with `prefix` (up to the next table).

@@ -37,6 +37,11 @@ pub(crate) trait Backend: Send + Sync {
     fn attempts(&self) -> Result<Vec<AttemptRecord>, BackendError>;
     fn record_grants(&self, record: &GrantRecord) -> Result<bool, BackendError>;
     fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError>;
+    /// Writes what `record.host` serves now, over its earlier record, and
+    /// drops records of hosts not seen since `stale_before_ms`.
+    fn note_serving(&self, record: &crate::ServingRecord, stale_before_ms: u64) -> Result<(), BackendError>;
+    /// What each host that noted it serves.
+    fn serving(&self) -> Result<Vec<crate::ServingRecord>, BackendError>;
     /// Applies `write` atomically, if its conditions hold.
     fn commit(&self, write: &LedgerWrite, durability: Durability) -> Result<(), BackendError>;
     /// Writes `decided`, a call whose approval `request` was just decided,

@@ -3,6 +3,9 @@
 
 use crate::{AttemptRecord, AttemptState, BackendError, CallRecord, Durability, GrantRecord, Ledger, LedgerError, LedgerWrite, Pending, Resolution, records};
 
+/// How long a host's note of what it serves outlives its last write.
+const SERVING_KEPT_MS: u64 = 24 * 3_600_000;
+
 impl Ledger {
     /// Settles an unsettled attempt as never sent, on an operator's word; the
     /// next run of its tool call mints a new key for that step. Synced.
@@ -61,6 +64,24 @@ impl Ledger {
             self.counts[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(written)
+    }
+
+    /// Notes what `record.host` serves now (over its earlier note), and
+    /// forgets hosts not seen for a day.
+    ///
+    /// # Errors
+    /// The write failed.
+    pub fn note_serving(&self, record: &crate::ServingRecord) -> Result<(), LedgerError> {
+        let stale_before = record.seen_ms.saturating_sub(SERVING_KEPT_MS);
+        self.backend.note_serving(record, stale_before).map_err(|e| self.backend_err(e))
+    }
+
+    /// What each host serves, as each last noted it.
+    ///
+    /// # Errors
+    /// The ledger cannot be read.
+    pub fn serving(&self) -> Result<Vec<crate::ServingRecord>, LedgerError> {
+        self.backend.serving().map_err(|e| self.backend_err(e))
     }
 
     /// Applies `write` atomically with the given durability.

@@ -36,7 +36,8 @@ pub use commit::{Decision, QueuedWrite};
 pub use error::LedgerError;
 pub use postgres::DEFAULT_POOL_SIZE;
 pub use records::{
-    Approval, ApprovalStatus, AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, StoredOutcome,
+    Approval, ApprovalStatus, AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, ServedPlugin,
+    ServingRecord, StoredOutcome,
 };
 pub use rocks::DEFAULT_BLOCK_CACHE_MIB;
 #[cfg(any(test, feature = "bench"))]

@@ -195,11 +195,14 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
         }
         LedgerCommand::Resolve { .. } | LedgerCommand::Prune => unreachable!("handled before the ledger is opened read-only"),
         LedgerCommand::Stats { json } => {
-            let stats = ledger.stats()?;
+            let (stats, serving, now) = (ledger.stats()?, ledger.serving()?, crate::ledger::records::now_ms());
             if json {
-                super::print_json(&serde_json::to_value(&stats).unwrap_or_default());
+                let mut value = serde_json::to_value(&stats).unwrap_or_default();
+                value["serving"] = super::serving::json(&serving, now);
+                super::print_json(&value);
             } else {
                 print_stats(&stats);
+                super::serving::print(&serving, now);
             }
             Ok(0)
         }

@@ -12,6 +12,7 @@ mod registry;
 mod reload;
 mod sandbox;
 mod seal;
+mod serving;
 mod tools;
 
 use logging::{TRACES, flush_traces, init_logging};

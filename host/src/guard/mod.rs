@@ -172,6 +172,11 @@ impl Guard {
         }
     }
 
+    /// This host's name in claims on a shared ledger (and in what it notes it serves).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
     /// The ledger the guard records into.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger

@@ -123,6 +123,18 @@ impl Live {
         self.generation.load(Ordering::SeqCst)
     }
 
+    /// Notes in the ledger what this host serves, now and every `every`
+    /// (so a fleet's `ledger stats` sees it live), until the process ends.
+    pub async fn note_serving_every(self: Arc<Self>, every: std::time::Duration) {
+        loop {
+            let generation = self.generation();
+            if let Err(e) = self.runtime().note_serving(generation).await {
+                tracing::warn!(error = %e, "cannot note in the ledger what this host serves");
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
     /// Has `follower` follow every reload from now on.
     pub fn follow(&self, follower: Arc<dyn Follower>) {
         self.followers.lock().unwrap_or_else(PoisonError::into_inner).push(follower);
@@ -159,6 +171,9 @@ impl Live {
             commit();
         }
         let report = Report { generation, ..report };
+        if let Err(e) = self.runtime().note_serving(generation).await {
+            tracing::warn!(error = %e, "cannot note in the ledger what this host serves now");
+        }
         tracing::info!(generation, added = ?report.added, removed = ?report.removed, changed = ?report.changed, "reloaded");
         for warning in &report.warnings {
             tracing::warn!("{warning}");

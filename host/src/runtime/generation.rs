@@ -134,6 +134,23 @@ impl Runtime {
         }
     }
 
+    /// Notes in the ledger what this host serves in this generation
+    /// (`toolguard ledger stats` shows a fleet's hosts side by side).
+    ///
+    /// # Errors
+    /// The ledger cannot be written.
+    pub async fn note_serving(&self, generation: u64) -> Result<(), String> {
+        let Some(guard) = self.guard() else { return Ok(()) };
+        let plugins = self
+            .plugins
+            .iter()
+            .map(|p| (p.ctx.name.to_string(), crate::ledger::ServedPlugin { sha256: p.digest.clone(), policy_digest: p.policy_digest.clone() }))
+            .collect();
+        let record = crate::ledger::ServingRecord { host: guard.host().to_string(), generation, plugins, seen_ms: crate::ledger::records::now_ms() };
+        let ledger = guard.ledger().clone();
+        tokio::task::spawn_blocking(move || ledger.note_serving(&record)).await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+    }
+
     /// Records each plugin's digest and effective policy in the ledger's
     /// grant history (only what changed since its last entry): after a
     /// start, and after a reload swapped this generation in.

@@ -151,6 +151,25 @@ impl Backend for Postgres {
         })
     }
 
+    fn note_serving(&self, record: &crate::ServingRecord, stale_before_ms: u64) -> Result<(), BackendError> {
+        let (name, value) = (format!("serving/{}", record.host), serde_json::to_vec(record).map_err(failed)?);
+        off_async(|| {
+            let stale: Vec<String> = self.serving()?.into_iter().filter(|r| r.seen_ms < stale_before_ms).map(|r| format!("serving/{}", r.host)).collect();
+            for old in stale {
+                self.execute("DELETE FROM toolguard_meta WHERE name = $1", &[&old])?;
+            }
+            let sql = "INSERT INTO toolguard_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value";
+            self.execute(sql, &[&name, &value]).map(|_| ())
+        })
+    }
+
+    fn serving(&self) -> Result<Vec<crate::ServingRecord>, BackendError> {
+        off_async(|| {
+            let rows = self.query("SELECT value FROM toolguard_meta WHERE name LIKE 'serving/%' ORDER BY name COLLATE \"C\"", &[])?;
+            Ok(rows.iter().filter_map(|r| serde_json::from_slice(&r.get::<_, Vec<u8>>("value")).ok()).collect())
+        })
+    }
+
     fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError> {
         off_async(|| Self::records(&self.query("SELECT record FROM toolguard_grant_history ORDER BY recorded_ms, plugin COLLATE \"C\"", &[])?))
     }

@@ -189,3 +189,27 @@ pub struct GrantRecord {
     /// When this grant set was first seen (Unix ms).
     pub recorded_ms: u64,
 }
+
+/// What one host serves: each plugin's component and effective policy,
+/// written when it starts and on every reload. A fleet's hosts share the
+/// ledger, so `toolguard ledger stats` shows which policy each serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServingRecord {
+    /// The host (its claims' name: machine, process, nonce).
+    pub host: String,
+    /// Its generation: 1 at start, one more per reload.
+    pub generation: u64,
+    /// Each plugin's component sha256 and effective policy digest, by plugin.
+    pub plugins: std::collections::BTreeMap<String, ServedPlugin>,
+    /// When it was written (Unix ms, the ledger's clock).
+    pub seen_ms: u64,
+}
+
+/// One plugin as a host serves it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedPlugin {
+    /// sha256 of its component.
+    pub sha256: String,
+    /// Digest of its effective policy.
+    pub policy_digest: String,
+}

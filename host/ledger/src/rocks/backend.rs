@@ -99,6 +99,19 @@ impl Backend for Rocks {
         Ok(true)
     }
 
+    fn note_serving(&self, record: &crate::ServingRecord, stale_before_ms: u64) -> Result<(), BackendError> {
+        let mut batch = WriteBatch::default();
+        for old in self.serving()?.into_iter().filter(|r| r.seen_ms < stale_before_ms) {
+            batch.delete_cf(self.cf(CF_META), serving_key(&old.host));
+        }
+        batch.put_cf(self.cf(CF_META), serving_key(&record.host), serde_json::to_vec(record).map_err(failed)?);
+        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)
+    }
+
+    fn serving(&self) -> Result<Vec<crate::ServingRecord>, BackendError> {
+        Ok(self.scan(CF_META, SERVING_PREFIX, |_, v| serde_json::from_slice(v).ok())?)
+    }
+
     fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError> {
         let mut all: Vec<GrantRecord> = Self::records(&self.scan(CF_GRANT_HISTORY, &[], |_, v| Some(v.to_vec()))?)?;
         all.sort_by_key(|r| r.recorded_ms);

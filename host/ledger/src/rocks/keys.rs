@@ -93,3 +93,11 @@ pub(super) fn episode_call_key(call: &CallRecord, n: u64) -> Vec<u8> {
     k.extend_from_slice(call.call_id.as_bytes());
     k
 }
+
+/// Where, in `meta`, each host's [`crate::ServingRecord`] lives.
+pub(super) const SERVING_PREFIX: &[u8] = b"serving/";
+
+/// The `meta` key of `host`'s serving record.
+pub(super) fn serving_key(host: &str) -> Vec<u8> {
+    [SERVING_PREFIX, host.as_bytes()].concat()
+}
