@@ -109,7 +109,7 @@ impl Backend for Rocks {
     }
 
     fn serving(&self) -> Result<Vec<crate::ServingRecord>, BackendError> {
-        Ok(self.scan(CF_META, SERVING_PREFIX, |_, v| serde_json::from_slice(v).ok())?)
+        self.scan(CF_META, SERVING_PREFIX, |_, v| serde_json::from_slice(v).ok())
     }
 
     fn grant_history(&self) -> Result<Vec<GrantRecord>, BackendError> {
