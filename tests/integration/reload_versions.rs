@@ -169,3 +169,34 @@ fn a_rolling_reload_over_postgresql_shows_the_fleets_policies_and_doubles_nothin
     assert_eq!(generations, vec![2, 2], "{after:#}");
     assert_eq!(sandbox.refunds().len(), 3, "one refund per tool call, though each was sent to both hosts");
 }
+
+/// A downstream credential rotated in its file: a reload reads it again.
+/// A refund held at the provider keeps the credential it started with; the
+/// next one sends the new, and the old is never sent after the reload.
+#[test]
+fn a_rotated_credential_file_is_read_again_by_a_reload() {
+    let host = Host::start(&patient(), "", &[]);
+    // A credential added by a reload; its file beside the config (relative paths are the config's).
+    let key_file = host.config.parent().unwrap().join("api-key");
+    std::fs::write(&key_file, "sk_test_first_key_123456\n").unwrap();
+    host.rewrite(&Downstream { extra: r#"credential = { prefix = "Bearer ", file = "api-key" }"#, ..patient() }, "");
+    let (answer, ok) = host.reload();
+    assert!(ok, "{answer:#}");
+    host.sandbox.require_api_key(Some("sk_test_first_key_123456"));
+    let client = Arc::new(host.rt.block_on(McpClient::connect(&host.url)).unwrap());
+    host.sandbox.inject(Fault::PauseAfterCommit);
+    let held = {
+        let client = client.clone();
+        host.rt.spawn(async move { refund(&client, "s-rot", "c-before").await })
+    };
+    wait_until(60, "the refund held at the provider", || host.sandbox.paused() == 1);
+    std::fs::write(&key_file, "sk_test_second_key_654321\n").unwrap();
+    let (answer, ok) = host.reload();
+    assert!(ok, "{answer:#}");
+    host.sandbox.release();
+    assert_eq!(host.rt.block_on(held).unwrap()["isError"], false);
+    host.sandbox.require_api_key(Some("sk_test_second_key_654321"));
+    let after = host.rt.block_on(refund(&client, "s-rot", "c-after"));
+    assert_eq!(after["isError"], false, "the new key is sent: {after:#}");
+    assert_eq!(host.sandbox.refunds().len(), 2);
+}
