@@ -29,6 +29,7 @@ mod guard_edges;
 mod hold;
 mod hold_cli;
 mod hostile;
+mod keyless;
 mod ledger_outage;
 mod loading;
 mod mcp;

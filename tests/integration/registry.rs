@@ -286,6 +286,7 @@ fn a_signature_cosign_made_verifies() {
     let layer = SignatureLayer {
         payload: payload.clone().into_bytes(),
         signature: "MEUCIQD6q/COgzOyW0YH1Dk+CCYSt4uAhm3FDHUwvPI55zwnlwIgE0ZK58ZOWpZw8YVmBapJhBqCfdPekIknimuO0xH8Jh8=".into(),
+        ..Default::default()
     };
     let keys = [key];
     assert_eq!(verify(std::slice::from_ref(&layer), digest, &keys).unwrap().label, "cosign.pub");

@@ -41,12 +41,15 @@ def name(cn):
 
 
 def ca(cn, key, issuer_name, issuer_key, start, path_length):
+    # As Fulcio's: the intermediate (path length 0) is for code signing only.
     builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(issuer_name).public_key(key.public_key())
                .serial_number(x509.random_serial_number()).not_valid_before(start)
                .not_valid_after(start + datetime.timedelta(days=3650))
                .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
                .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False))
+    if path_length == 0:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
     return builder.sign(issuer_key, hashes.SHA384())
 
 

@@ -47,7 +47,7 @@ pub struct SignatureReport {
 /// The report of a pulled component, and the provenance to load it with if
 /// its signature admits it; a refusal goes to `reasons`.
 pub(super) fn report(plugin: &PluginConfig, fetched: &Fetched, reasons: &mut Vec<String>) -> (RegistryReport, Option<Provenance>) {
-    let expected: Vec<String> = plugin.policy.signed_by.iter().map(|k| format!("{} ({})", k.label, k.fingerprint)).collect();
+    let expected = plugin.policy.publishers();
     // The pin is reported on its own; here only the signature decides.
     let (provenance, status) = match source::vouch(plugin, fetched.clone()) {
         Ok(p) => {

@@ -298,14 +298,14 @@ impl Config {
 /// every registry component names its publishers and every file is pinned.
 fn check_provenance(name: &str, component: &ComponentSource, policy: &PluginPolicy, require: bool) -> Result<(), (String, String)> {
     match component {
-        ComponentSource::Oci(_) if require && policy.signed_by.is_empty() => Err((
+        ComponentSource::Oci(_) if require && !policy.asks_signature() => Err((
             "signed_by".into(),
             format!("`require_signatures` is on and plugin `{name}` comes from a registry: name its publisher, `signed_by = {{ key = \"publisher.pub\" }}`"),
         )),
-        ComponentSource::File(_) | ComponentSource::Builtin(_) if !policy.signed_by.is_empty() => {
+        ComponentSource::File(_) | ComponentSource::Builtin(_) if policy.asks_signature() => {
             Err(("signed_by".into(), format!("plugin `{name}`'s component is not from a registry; pin a local file with `sha256`")))
         }
-        ComponentSource::Oci(r) if r.digest.is_none() && policy.sha256.is_none() && policy.signed_by.is_empty() => Err((
+        ComponentSource::Oci(r) if r.digest.is_none() && policy.sha256.is_none() && !policy.asks_signature() => Err((
             "sha256".into(),
             format!(
                 "plugin `{name}` comes from tag `{}`, which can move to other bytes: pin its component (`sha256`), name its publisher \

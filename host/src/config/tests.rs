@@ -147,9 +147,9 @@ fn registry_components_need_something_to_vouch_for_them() {
     let e = with("a.wasm", "", "require_signatures = true").unwrap_err();
     assert!(e.message.contains("pin"), "{e}");
     with("a.wasm", &pin, "require_signatures = true").unwrap();
-    // Keyless identities are refused, saying so; a malformed reference names itself.
+    // A keyless identity needs a trusted root to be checked against; a malformed reference names itself.
     let e = with("oci://r.example/t/a:1", "signed_by = { issuer = \"https://id.example\", subject = \"ci@example\" }", "").unwrap_err();
-    assert!(e.message.contains("keyless") && e.field == "policy.plugins.a.signed_by[0]", "{e}");
+    assert!(e.message.contains("keyless") && e.message.contains("trusted_root") && e.field == "policy.plugins.a.signed_by[0]", "{e}");
     let e = with("oci://r.example/t/A", &pin, "").unwrap_err();
     assert_eq!(e.field, "plugins.a.component");
 }

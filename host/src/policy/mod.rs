@@ -48,6 +48,8 @@ pub struct RawPolicy {
     #[serde(default)]
     /// Whether every component from a registry must carry a publisher's signature.
     pub require_signatures: bool,
+    /// The sigstore trusted root keyless publishers are checked against (a file).
+    pub trusted_root: Option<std::path::PathBuf>,
 }
 
 /// One plugin's policy as written.
@@ -122,6 +124,10 @@ impl Policy {
             let r = Registry::from_raw(&host, r, base).map_err(|(f, m)| (format!("registries.\"{host}\".{f}"), m))?;
             registries.insert(r.host.clone(), Arc::new(r));
         }
+        let trusted_root = match &raw.trusted_root {
+            Some(path) => Some(Arc::new(registry::trusted_root(path, base).map_err(|m| ("trusted_root".to_string(), m))?)),
+            None => None,
+        };
         let mut plugins = BTreeMap::new();
         for (name, p) in raw.plugins {
             let at = |f: &str| format!("plugins.{name}.{f}");
@@ -176,14 +182,15 @@ impl Policy {
                     actions.insert(tool.clone(), ActionFields::new(pointers).map_err(|m| (field, m))?);
                 }
             }
-            let signed_by = match p.signed_by {
-                Some(raw) => registry::publisher_keys(raw, base).map_err(|(f, m)| (at(&f), m))?,
-                None => Vec::new(),
+            let (signed_by, signed_by_identity) = match p.signed_by {
+                Some(raw) => registry::publishers(raw, base, trusted_root.as_ref()).map_err(|(f, m)| (at(&f), m))?,
+                None => (Vec::new(), Vec::new()),
             };
             let policy = PluginPolicy {
                 reviewed: true,
                 sha256: p.sha256,
                 signed_by,
+                signed_by_identity,
                 tools: p.tools.into_iter().map(|(t, tp)| (t, tp.effect)).collect(),
                 actions,
                 approvals,

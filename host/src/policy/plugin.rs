@@ -49,6 +49,9 @@ pub struct PluginPolicy {
     /// The publishers whose signature admits its component from a registry
     /// (any one of them); empty: no signature is asked for.
     pub signed_by: Vec<crate::registry::keys::PublisherKey>,
+    /// The keyless publishers (OIDC issuer and subject) whose signature
+    /// admits it, checked against the policy's `trusted_root`.
+    pub signed_by_identity: Vec<crate::registry::keyless::Identity>,
     /// The effect class of each reviewed tool.
     pub tools: BTreeMap<String, Effect>,
     /// The arguments that name each irreversible tool's action, where the
@@ -74,6 +77,17 @@ pub struct PluginPolicy {
 }
 
 impl PluginPolicy {
+    /// Whether a publisher's signature is asked for (a key or a keyless identity).
+    pub fn asks_signature(&self) -> bool {
+        !self.signed_by.is_empty() || !self.signed_by_identity.is_empty()
+    }
+
+    /// The publishers it names, in words: each key's file and fingerprint, each identity.
+    pub fn publishers(&self) -> Vec<String> {
+        let keys = self.signed_by.iter().map(|k| format!("{} ({})", k.label, k.fingerprint));
+        keys.chain(self.signed_by_identity.iter().map(crate::registry::keyless::Identity::label)).collect()
+    }
+
     /// The entry of [`PluginPolicy::deny_imports`] that `import` (a name
     /// such as `wasi:filesystem/types@0.2.9`) falls under, if any.
     pub fn denies_import(&self, import: &str) -> Option<&str> {
@@ -87,6 +101,7 @@ impl Default for PluginPolicy {
             reviewed: false,
             sha256: None,
             signed_by: Vec::new(),
+            signed_by_identity: Vec::new(),
             tools: BTreeMap::new(),
             actions: BTreeMap::new(),
             approvals: BTreeMap::new(),

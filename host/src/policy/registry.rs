@@ -5,7 +5,9 @@
 //! every component from a registry must be signed (`require_signatures`).
 
 use super::TlsPolicy;
+use crate::registry::keyless::Identity;
 use crate::registry::keys::PublisherKey;
+use crate::registry::trusted_root::TrustedRoot;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -108,9 +110,9 @@ impl Registry {
 pub struct RawSigner {
     /// The publisher's public key (PEM).
     pub key: Option<PathBuf>,
-    /// A keyless identity's OIDC issuer (not supported yet).
+    /// A keyless identity's OIDC issuer.
     pub issuer: Option<String>,
-    /// A keyless identity's subject (not supported yet).
+    /// A keyless identity's subject (an email, or a workflow URI).
     pub subject: Option<String>,
 }
 
@@ -124,32 +126,61 @@ pub enum RawSignedBy {
     Many(Vec<RawSigner>),
 }
 
-/// Reads the publisher keys of `signed_by`, resolving paths against `base`.
+/// Reads the publishers of `signed_by`: keys (paths resolved against
+/// `base`) and keyless identities (checked against `root`, the policy's
+/// `trusted_root`).
 ///
 /// # Errors
-/// `(field, message)`: a key cannot be read, or an identity kind is not supported.
-pub fn publisher_keys(raw: RawSignedBy, base: &Path) -> Result<Vec<PublisherKey>, (String, String)> {
+/// `(field, message)`: a key cannot be read, an identity is incomplete, or
+/// there is no trusted root to check an identity against.
+pub fn publishers(raw: RawSignedBy, base: &Path, root: Option<&Arc<TrustedRoot>>) -> Result<(Vec<PublisherKey>, Vec<Identity>), (String, String)> {
     let signers = match raw {
         RawSignedBy::One(s) => vec![s],
         RawSignedBy::Many(list) => list,
     };
     if signers.is_empty() {
-        return Err(("signed_by".into(), "name at least one publisher key, or leave `signed_by` out".into()));
+        return Err(("signed_by".into(), "name at least one publisher, or leave `signed_by` out".into()));
     }
-    let mut keys = Vec::new();
+    let (mut keys, mut identities) = (Vec::new(), Vec::new());
     for (i, s) in signers.into_iter().enumerate() {
         let field = format!("signed_by[{i}]");
-        let Some(path) = s.key else {
-            let what = if s.issuer.is_some() || s.subject.is_some() { "keyless identities (issuer + subject) are not verified yet" } else { "give `key`" };
-            return Err((field, format!("{what}: name the publisher's public key, `{{ key = \"publisher.pub\" }}`")));
-        };
-        if s.issuer.is_some() || s.subject.is_some() {
-            return Err((field, "a key or a keyless identity, not both".into()));
+        match (s.key, s.issuer, s.subject) {
+            (Some(path), None, None) => {
+                let label = path.display().to_string();
+                let path = if path.is_absolute() { path } else { base.join(path) };
+                let pem = std::fs::read(&path).map_err(|e| (format!("{field}.key"), format!("cannot read {}: {e}", path.display())))?;
+                keys.push(PublisherKey::from_pem(&label, &pem).map_err(|m| (format!("{field}.key"), m))?);
+            }
+            (None, Some(issuer), Some(subject)) => {
+                let Some(root) = root else {
+                    return Err((
+                        field,
+                        "a keyless identity is checked against a sigstore trusted root: set [policy] trusted_root = \"trusted_root.json\"".into(),
+                    ));
+                };
+                if issuer.is_empty() || subject.is_empty() {
+                    return Err((field, "give the exact OIDC issuer and subject (an email, or a workflow URI)".into()));
+                }
+                identities.push(Identity { issuer, subject, root: root.clone() });
+            }
+            (Some(_), _, _) => return Err((field, "a key or a keyless identity, not both".into())),
+            _ => {
+                return Err((
+                    field,
+                    "name a publisher key, `{ key = \"publisher.pub\" }`, or a keyless identity, `{ issuer = \"https://…\", subject = \"…\" }`".into(),
+                ));
+            }
         }
-        let label = path.display().to_string();
-        let path = if path.is_absolute() { path } else { base.join(path) };
-        let pem = std::fs::read(&path).map_err(|e| (format!("{field}.key"), format!("cannot read {}: {e}", path.display())))?;
-        keys.push(PublisherKey::from_pem(&label, &pem).map_err(|m| (format!("{field}.key"), m))?);
     }
-    Ok(keys)
+    Ok((keys, identities))
+}
+
+/// Reads the sigstore trusted root at `path` (relative to `base`).
+///
+/// # Errors
+/// It cannot be read, or is not a trusted root.
+pub fn trusted_root(path: &Path, base: &Path) -> Result<TrustedRoot, String> {
+    let full = if path.is_absolute() { path.to_path_buf() } else { base.join(path) };
+    let json = std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))?;
+    TrustedRoot::parse(&path.display().to_string(), &json)
 }

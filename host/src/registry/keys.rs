@@ -43,7 +43,15 @@ impl PublisherKey {
     /// Not a PEM public key, or an algorithm other than ECDSA P-256 and Ed25519.
     pub fn from_pem(label: &str, pem: &[u8]) -> Result<Self, String> {
         let der = SubjectPublicKeyInfoDer::from_pem_slice(pem).map_err(|e| format!("{label}: not a PEM public key (-----BEGIN PUBLIC KEY-----): {e}"))?;
-        let info = spki::SubjectPublicKeyInfoRef::from_der(der.as_ref()).map_err(|e| format!("{label}: not a SubjectPublicKeyInfo: {e}"))?;
+        Self::from_spki_der(label, der.as_ref())
+    }
+
+    /// Reads a DER SubjectPublicKeyInfo (a certificate's, a transparency log's), naming it `label`.
+    ///
+    /// # Errors
+    /// Not a SubjectPublicKeyInfo, or an algorithm other than ECDSA P-256 and Ed25519.
+    pub fn from_spki_der(label: &str, der: &[u8]) -> Result<Self, String> {
+        let info = spki::SubjectPublicKeyInfoRef::from_der(der).map_err(|e| format!("{label}: not a SubjectPublicKeyInfo: {e}"))?;
         let oid = info.algorithm.oid.to_string();
         let parameter = info.algorithm.parameters_oid().map(|o| o.to_string()).ok();
         let algorithm = match (oid.as_str(), parameter.as_deref()) {
@@ -57,7 +65,7 @@ impl PublisherKey {
             }
         };
         let point = info.subject_public_key.raw_bytes().to_vec();
-        Ok(Self { label: label.into(), fingerprint: fingerprint_of(der.as_ref()), algorithm, point })
+        Ok(Self { label: label.into(), fingerprint: fingerprint_of(der), algorithm, point })
     }
 
     /// Whether `signature` (DER ECDSA, or raw Ed25519) over `message` is this key's.

@@ -8,15 +8,18 @@
 pub mod cache;
 mod client;
 pub mod credentials;
+pub mod keyless;
 pub mod keys;
 pub mod manifest;
 pub mod reference;
 pub mod signature;
+pub mod trusted_root;
 
 pub use cache::Cache;
 pub use client::{Client, MAX_MANIFEST_BYTES};
 pub use credentials::Credentials;
 pub use reference::OciRef;
+use std::collections::BTreeMap;
 
 use manifest::Manifest;
 use signature::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer};
@@ -206,7 +209,9 @@ impl At<'_> {
         for layer in manifest.layers.iter().filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE).take(MAX_SIGNATURES) {
             let Some(sig) = layer.annotations.get(SIGNATURE_ANNOTATION) else { continue };
             let payload = self.blob(&layer.digest, signature::MAX_PAYLOAD_BYTES, offline).await?;
-            layers.push(SignatureLayer { payload, signature: sig.clone() });
+            let annotation = |name: &str| layer.annotations.get(name).cloned();
+            let (certificate, bundle) = (annotation(keyless::CERTIFICATE_ANNOTATION), annotation(keyless::BUNDLE_ANNOTATION));
+            layers.push(SignatureLayer { payload, signature: sig.clone(), certificate, bundle });
         }
         Ok(layers)
     }
@@ -232,13 +237,24 @@ pub async fn sign(client: &Client, r: &OciRef, digest: &str, key: &keys::Signing
     use base64::Engine as _;
     let payload = signature::payload(&r.name(), digest);
     let signature = base64::engine::general_purpose::STANDARD.encode(key.sign(&payload).map_err(RegistryError::local)?);
+    let annotations = BTreeMap::from([(SIGNATURE_ANNOTATION.to_string(), signature)]);
+    attach(client, r, digest, &payload, annotations).await
+}
+
+/// Adds a signature layer — `payload` with `annotations` (the signature,
+/// and for a keyless one its certificate, chain and log bundle, as cosign
+/// writes them) — to those stored under manifest `digest`'s `sha256-….sig` tag.
+///
+/// # Errors
+/// The registry cannot be reached or refused.
+pub async fn attach(client: &Client, r: &OciRef, digest: &str, payload: &[u8], annotations: BTreeMap<String, String>) -> Result<(), RegistryError> {
     let tag = signature::signature_tag(digest);
     let mut layers = match client.manifest(&r.repository, &tag).await? {
         Some((bytes, _)) => Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("the existing signature manifest: {e}")))?.layers,
         None => Vec::new(),
     };
-    let mut layer = client.push_blob(&r.repository, SIMPLE_SIGNING_MEDIA_TYPE, &payload).await?;
-    layer.annotations.insert(SIGNATURE_ANNOTATION.into(), signature);
+    let mut layer = client.push_blob(&r.repository, SIMPLE_SIGNING_MEDIA_TYPE, payload).await?;
+    layer.annotations = annotations;
     layers.push(layer);
     let diff_ids: Vec<&str> = layers.iter().map(|l| l.digest.as_str()).collect();
     let config = serde_json::json!({ "architecture": "", "os": "", "config": {}, "rootfs": { "type": "layers", "diff_ids": diff_ids } });

@@ -36,13 +36,19 @@ pub fn payload(name: &str, digest: &str) -> Vec<u8> {
     serde_json::to_vec(&json).unwrap_or_default()
 }
 
-/// One signature as stored: the payload's bytes and the base64 signature over them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One signature as stored: the payload's bytes and the base64 signature
+/// over them; for a keyless one, the signing certificate and the
+/// transparency log's bundle too ([`super::keyless`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SignatureLayer {
     /// The simple signing payload.
     pub payload: Vec<u8>,
     /// The signature, base64, from the layer's annotation.
     pub signature: String,
+    /// A keyless signature's certificate (PEM).
+    pub certificate: Option<String>,
+    /// A keyless signature's transparency-log bundle (JSON).
+    pub bundle: Option<String>,
 }
 
 /// Why no signature vouches for a manifest.
@@ -97,7 +103,7 @@ pub fn verify<'k>(layers: &[SignatureLayer], digest: &str, keys: &'k [PublisherK
 }
 
 /// Checks that a payload is a cosign image signature of `digest`.
-fn check_payload(payload: &[u8], digest: &str) -> Result<(), String> {
+pub(super) fn check_payload(payload: &[u8], digest: &str) -> Result<(), String> {
     let value: serde_json::Value = serde_json::from_slice(payload).map_err(|_| "a payload that is not JSON".to_string())?;
     let critical = &value["critical"];
     if critical["type"] != SIGNATURE_TYPE {
@@ -123,7 +129,8 @@ mod tests {
         let keys = [PublisherKey::from_pem("k.pub", public.as_bytes()).unwrap()];
         let digest = format!("sha256:{}", "1".repeat(64));
         let body = payload("r.example/a", &digest);
-        let layer = SignatureLayer { signature: base64::engine::general_purpose::STANDARD.encode(key.sign(&body).unwrap()), payload: body };
+        let layer =
+            SignatureLayer { signature: base64::engine::general_purpose::STANDARD.encode(key.sign(&body).unwrap()), payload: body, ..Default::default() };
         assert_eq!(verify(std::slice::from_ref(&layer), &digest, &keys).unwrap().label, "k.pub");
         let other = format!("sha256:{}", "2".repeat(64));
         assert!(matches!(verify(std::slice::from_ref(&layer), &other, &keys), Err(Unverified::NoneValid { .. })));

@@ -126,7 +126,7 @@ impl Sources {
             .as_ref()
             .ok_or_else(|| pull_error("registry components load from a configuration (`Runtime::from_config`), which names the cache".into()))?;
         let client = client_for(&settings).map_err(pull_error)?;
-        let signatures = !plugin.policy.signed_by.is_empty();
+        let signatures = plugin.policy.asks_signature();
         registry::fetch(&client, cache, r, signatures, settings.max_component_bytes).await.map_err(|e| match e.failure {
             Failure::Unreachable => LoadError::Unavailable { plugin: plugin.name.clone(), reason: e.message },
             _ => pull_error(e.message),
@@ -165,25 +165,46 @@ pub fn client_for(settings: &Registry) -> Result<Client, String> {
     Client::new(&settings.host, tls, credentials)
 }
 
+/// The publisher whose signature over the pulled manifest the policy
+/// accepts: a key it names, or a keyless identity it names.
+fn signer_of(plugin: &PluginConfig, fetched: &Fetched) -> Result<Signer, LoadError> {
+    let (digest, policy) = (&fetched.manifest_digest, &plugin.policy);
+    let keyed = if policy.signed_by.is_empty() { Err(None) } else { registry::signature::verify(&fetched.signatures, digest, &policy.signed_by).map_err(Some) };
+    let keyed_why = match keyed {
+        Ok(key) => return Ok(Signer { key: key.label.clone(), fingerprint: key.fingerprint.clone() }),
+        Err(why) => why,
+    };
+    let keyless_why = match policy.signed_by_identity.is_empty() {
+        true => Vec::new(),
+        false => match registry::keyless::verify(&fetched.signatures, digest, &policy.signed_by_identity) {
+            Ok(found) => return Ok(Signer { key: found.label, fingerprint: found.fingerprint }),
+            Err(why) => why,
+        },
+    };
+    let reason = match (keyed_why, fetched.signatures.is_empty()) {
+        (_, true) => registry::signature::Unverified::Unsigned.to_string(),
+        (Some(registry::signature::Unverified::NoneValid { found, mut why }), _) => {
+            why.extend(keyless_why);
+            registry::signature::Unverified::NoneValid { found, why }.to_string()
+        }
+        _ => registry::signature::Unverified::NoneValid { found: fetched.signatures.len(), why: keyless_why }.to_string(),
+    };
+    Err(LoadError::Unverified {
+        plugin: plugin.name.clone(),
+        reference: fetched.reference.to_string(),
+        digest: digest.clone(),
+        reason,
+        expected: policy.publishers().join(" or "),
+    })
+}
+
 /// The provenance of a pulled component, once a publisher's signature
 /// vouches for it where the policy asks for one (the pin is [`admit`]'s).
 ///
 /// # Errors
 /// [`LoadError::Unverified`]: no signature by a key the policy names.
 pub fn vouch(plugin: &PluginConfig, fetched: Fetched) -> Result<Provenance, LoadError> {
-    let keys = &plugin.policy.signed_by;
-    let signer = if keys.is_empty() {
-        None
-    } else {
-        let key = registry::signature::verify(&fetched.signatures, &fetched.manifest_digest, keys).map_err(|why| LoadError::Unverified {
-            plugin: plugin.name.clone(),
-            reference: fetched.reference.to_string(),
-            digest: fetched.manifest_digest.clone(),
-            reason: why.to_string(),
-            expected: keys.iter().map(|k| format!("{} ({})", k.label, k.fingerprint)).collect::<Vec<_>>().join(" or "),
-        })?;
-        Some(Signer { key: key.label.clone(), fingerprint: key.fingerprint.clone() })
-    };
+    let signer = if plugin.policy.asks_signature() { Some(signer_of(plugin, &fetched)?) } else { None };
     if let Some(before) = &fetched.moved_from {
         let by = signer.as_ref().map_or_else(|| "its pin".to_string(), |s| format!("a signature by {}", s.key));
         tracing::warn!(plugin = %plugin.name, reference = %fetched.reference, from = %before, to = %fetched.manifest_digest, "the tag moved to a new manifest; accepted by {by}");
