@@ -116,6 +116,11 @@ impl Drop for Server {
 
 /// Starts `toolguard serve --http 127.0.0.1:0` on `config` and waits for its URL.
 pub fn serve_http(config: &Path, env: &[(&str, &str)]) -> Server {
+    serve_http_logged(config, env).0
+}
+
+/// [`serve_http`], keeping what the host logs from then on.
+pub fn serve_http_logged(config: &Path, env: &[(&str, &str)]) -> (Server, std::sync::Arc<std::sync::Mutex<String>>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolguard"))
         .args(["serve", "--config", config.to_str().unwrap(), "--http", "127.0.0.1:0"])
         .envs(env.iter().copied())
@@ -130,8 +135,10 @@ pub fn serve_http(config: &Path, env: &[(&str, &str)]) -> Server {
         }
     };
     // Keep draining its logs so it never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    Server { child, url }
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = log.clone();
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().unwrap().push_str(&format!("{l}\n"))));
+    (Server { child, url }, log)
 }
 
 /// An MCP client making `tools/call` requests with the tool-call id and

@@ -134,6 +134,67 @@ fn cosigns_own_keyless_signature_verifies_against_sigstores_trusted_root() {
     assert!(verify(std::slice::from_ref(&layer), digest, &[identity(later)]).unwrap_err().join("").contains("no certificate authority"));
 }
 
+/// cosign 3's default: a sigstore bundle referring to the image, made in
+/// April 2026 by kubewarden-controller's release workflow on GitHub Actions
+/// (sigstore-rs's test data) — verified against sigstore's published trusted
+/// root for that exact identity, and refused for anything else.
+#[test]
+fn cosign_3s_sigstore_bundle_verifies_for_its_workflow_identity() {
+    use toolguard::registry::bundle;
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sigstore");
+    let root = std::sync::Arc::new(TrustedRoot::parse("sigstore's trusted_root.json", &std::fs::read(fixtures.join("trusted_root.json")).unwrap()).unwrap());
+    let json = std::fs::read(fixtures.join("cosign-3-bundle.json")).unwrap();
+    let issuer = "https://token.actions.githubusercontent.com";
+    let subject = "https://github.com/kubewarden/kubewarden-controller/.github/workflows/release.yml@refs/tags/v1.34.0";
+    let identity = |subject: &str| Identity { issuer: issuer.into(), subject: subject.into(), root: root.clone() };
+    let digest = "sha256:c811d58de79c92f03214e63aa339484e488d694ae8a6283b5f3f17a9faf50172";
+    let found = bundle::verify(std::slice::from_ref(&json), digest, &[identity(subject)]).unwrap();
+    assert_eq!(found.label, format!("{subject} from {issuer} (keyless)"));
+    let refused = |json: Vec<u8>, digest: &str, subject: &str| bundle::verify(&[json], digest, &[identity(subject)]).unwrap_err().join("; ");
+    assert!(refused(json.clone(), &digest.replace('c', "d"), subject).contains("names another manifest"));
+    assert!(refused(json.clone(), digest, &format!("{subject}-other")).contains("whom the policy does not name"));
+    let text = String::from_utf8(json.clone()).unwrap();
+    let later = text.replace("\"integratedTime\": \"1775719409\"", "\"integratedTime\": \"1775719410\"");
+    assert_ne!(later, text, "the fixture's log time is where the test expects it");
+    assert!(refused(later.into_bytes(), digest, subject).contains("not signed by the log"));
+}
+
+/// cosign 3's layout through the binary: the bundle stored as a referrer of
+/// the manifest (the referrers tag schema, as on Distribution 2.8) loads the
+/// component for the named identity, and again from the cache with the
+/// registry down; a forged log timestamp does not.
+#[test]
+fn a_sigstore_bundle_stored_as_a_referrer_admits_the_component() {
+    let mut registry = TestRegistry::start();
+    for (i, (flaw, loads)) in [("forged-set", false), ("", true)].into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let reference = registry.reference(&format!("tools/bundled{i}:1.0"));
+        let digest = pushed_digest(&ok(d, &["push", crate::common::wasm("text-stats").to_str().unwrap(), &reference, "--plain-http"]));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/sigstore/keyless.py");
+        let out = crate::registry::python(&[script.to_str().unwrap(), d.to_str().unwrap(), &format!("bundle:{digest}"), ISSUER, SUBJECT, flaw]);
+        let bundle = serde_json::from_str::<Value>(&out).unwrap()["bundle"].as_str().unwrap().to_string();
+        let r = OciRef::parse(&reference).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let client = toolguard::registry::Client::new(&registry.host, None, None).unwrap();
+            toolguard::registry::attach_bundle(&client, &r, &digest, bundle.as_bytes()).await.unwrap();
+        });
+        config(d, &registry, &reference, (ISSUER, SUBJECT));
+        let out = crate::registry::count_words(d, "c1");
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(out.status.success(), loads, "{flaw}: {said}");
+        if !loads {
+            assert!(said.contains("a sigstore bundle whose log timestamp is not signed by the log"), "{said}");
+            continue;
+        }
+        // Offline: the referrers index, the bundle and the component come from the cache.
+        registry.stop();
+        let out = crate::registry::count_words(d, "c2");
+        assert!(out.status.success(), "from the cache: {}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
 /// The signature layer of sigstore-rs's `build_correct_signature_layer_with_certificate`.
 fn cosign_2021_layer() -> SignatureLayer {
     let payload = serde_json::json!({

@@ -8,7 +8,7 @@ use crate::payments::{Downstream, INTENT_AND_AMOUNT, config_text};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use toolguard::mcp::client::McpClient;
@@ -22,19 +22,10 @@ pub struct Host {
     pub rt: tokio::runtime::Runtime,
     pub sandbox: Sandbox,
     pub dir: tempfile::TempDir,
-    child: Child,
+    server: crate::common::Server,
     pub url: String,
     log: Arc<Mutex<String>>,
     pub config: PathBuf,
-    /// Top-level lines before the tables (`ledger = …`).
-    top: String,
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Host {
@@ -44,42 +35,42 @@ impl Host {
         let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
         sandbox.add_payment_intent(INTENT, 100_000_000);
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let top = "";
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("host.toml");
-        let text = Self::text_for(top, (&sandbox, &dir), d, extra);
-        std::fs::write(&config, text).unwrap();
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config", config.to_str().unwrap(), "--http", "127.0.0.1:0"])
-            .envs(env.iter().copied())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().expect("serve exited before listening").unwrap();
-            if let Some(url) = line.strip_prefix("toolguard: MCP on ") {
-                break url.trim().to_string();
-            }
-        };
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().unwrap().push_str(&format!("{l}\n"))));
-        Self { rt, sandbox, dir, child, url, log, config, top: top.to_string() }
+        std::fs::write(&config, Self::text_for((&sandbox, &dir), d, extra)).unwrap();
+        let (server, log) = crate::common::serve_http_logged(&config, env);
+        let url = server.url.clone();
+        Self { rt, sandbox, dir, server, url, log, config }
     }
 
-    fn text_for(top: &str, (sandbox, dir): (&Sandbox, &tempfile::TempDir), d: &Downstream, extra: &str) -> String {
-        format!("{top}\n{}\n{extra}\n", config_text(&sandbox.url(), &dir.path().join("data"), d))
+    fn text_for((sandbox, dir): (&Sandbox, &tempfile::TempDir), d: &Downstream, extra: &str) -> String {
+        format!("{}\n{extra}\n", config_text(&sandbox.url(), &dir.path().join("data"), d))
     }
 
     /// Rewrites the config file (nothing changes until a reload).
     pub fn rewrite(&self, d: &Downstream, extra: &str) {
-        std::fs::write(&self.config, Self::text_for(&self.top, (&self.sandbox, &self.dir), d, extra)).unwrap();
+        std::fs::write(&self.config, Self::text_for((&self.sandbox, &self.dir), d, extra)).unwrap();
     }
 
     /// The process id of the serve.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.server.child.id()
+    }
+
+    /// `n` refunds (sessions `s-I`, call ids `PREFIX-I`) held at the
+    /// provider once this returns: their answers, to come.
+    pub fn hold(&self, client: &Arc<McpClient>, n: usize, prefix: &str) -> Vec<tokio::task::JoinHandle<Value>> {
+        for _ in 0..n {
+            self.sandbox.inject(Fault::PauseAfterCommit);
+        }
+        let held = (0..n)
+            .map(|i| {
+                let (client, call) = (client.clone(), format!("{prefix}-{i}"));
+                self.rt.spawn(async move { refund(&client, &format!("s-{i}"), &call).await })
+            })
+            .collect();
+        wait_until(120, &format!("{n} refund(s) held at the provider"), || self.sandbox.paused() == n);
+        held
     }
 
     /// `toolguard reload` of this host: what it printed, and whether it exited 0.
@@ -150,16 +141,7 @@ fn a_reload_during_64_calls_in_flight_loses_none_and_makes_none_twice() {
     let host = Host::start(&patient(), "", &[]);
     let before = host.payments_policy();
     let client = Arc::new(host.rt.block_on(McpClient::connect(&host.url)).unwrap());
-    for _ in 0..64 {
-        host.sandbox.inject(Fault::PauseAfterCommit);
-    }
-    let first: Vec<_> = (0..64)
-        .map(|i| {
-            let client = client.clone();
-            host.rt.spawn(async move { refund(&client, &format!("s-{i}"), &format!("c-{i}")).await })
-        })
-        .collect();
-    wait_until(120, "64 refunds held at the provider", || host.sandbox.paused() == 64);
+    let first = host.hold(&client, 64, "c");
     // A narrower budget: another effective policy, the same identity of every action.
     host.rewrite(&Downstream { refunds_per_session_hour: 999, ..patient() }, "");
     let (report, ok) = host.reload();
@@ -242,12 +224,7 @@ fn a_change_to_an_actions_identity_waits_until_its_calls_are_settled() {
     let declared = Downstream { refund_action: Some(INTENT_AND_AMOUNT), ..patient() };
     let host = Host::start(&declared, "", &[]);
     let client = Arc::new(host.rt.block_on(McpClient::connect(&host.url)).unwrap());
-    host.sandbox.inject(Fault::PauseAfterCommit);
-    let held = {
-        let client = client.clone();
-        host.rt.spawn(async move { refund(&client, "s-id", "c-unresolved").await })
-    };
-    wait_until(60, "the refund held at the provider", || host.sandbox.paused() == 1);
+    let held = host.hold(&client, 1, "c-unresolved").remove(0);
     host.rewrite(&patient(), "");
     let (answer, ok) = host.reload();
     assert!(!ok, "{answer:#}");
@@ -273,12 +250,7 @@ fn a_change_to_an_actions_identity_waits_until_its_calls_are_settled() {
 fn sighup_reloads_and_a_removed_tool_finishes_its_running_call() {
     let host = Host::start(&patient(), "", &[]);
     let client = Arc::new(host.rt.block_on(McpClient::connect(&host.url)).unwrap());
-    host.sandbox.inject(Fault::PauseAfterCommit);
-    let held = {
-        let client = client.clone();
-        host.rt.spawn(async move { refund(&client, "s-gone", "c-gone").await })
-    };
-    wait_until(60, "the refund held at the provider", || host.sandbox.paused() == 1);
+    let held = host.hold(&client, 1, "c-gone").remove(0);
     // Only the rogue plugin is left (the downstream stays: rogue's grant names it).
     let text = std::fs::read_to_string(&host.config).unwrap();
     std::fs::write(&host.config, without_payments(&text)).unwrap();

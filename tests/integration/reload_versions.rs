@@ -6,7 +6,7 @@
 
 use crate::common::{BIN, Mcp, fresh_postgres_database, serve_http, stdout_json, wasm};
 use crate::payments::{Downstream, HEADER_ONLY, PI};
-use crate::reload::{Host, patient, refund, wait_until};
+use crate::reload::{Host, patient, refund};
 
 use serde_json::{Value, json};
 use sha2::Digest as _;
@@ -53,16 +53,7 @@ fn a_component_replaced_by_a_new_version_while_calls_to_it_are_in_flight() {
     let sha = |v: &Value| v["plugins"]["payments"]["sha256"].as_str().unwrap().to_string();
     let first = sha(&host.info());
     let client = Arc::new(host.rt.block_on(McpClient::connect(&host.url)).unwrap());
-    for _ in 0..8 {
-        host.sandbox.inject(Fault::PauseAfterCommit);
-    }
-    let held: Vec<_> = (0..8)
-        .map(|i| {
-            let client = client.clone();
-            host.rt.spawn(async move { refund(&client, &format!("s-{i}"), &format!("v1-{i}")).await })
-        })
-        .collect();
-    wait_until(120, "8 refunds held at the provider", || host.sandbox.paused() == 8);
+    let held = host.hold(&client, 8, "v1");
     std::fs::write(&host.config, pinned(&text, &v2)).unwrap();
     let (answer, ok) = host.reload();
     assert!(ok, "{answer:#}");
@@ -184,12 +175,7 @@ fn a_rotated_credential_file_is_read_again_by_a_reload() {
     assert!(ok, "{answer:#}");
     host.sandbox.require_api_key(Some("sk_test_first_key_123456"));
     let client = Arc::new(host.rt.block_on(McpClient::connect(&host.url)).unwrap());
-    host.sandbox.inject(Fault::PauseAfterCommit);
-    let held = {
-        let client = client.clone();
-        host.rt.spawn(async move { refund(&client, "s-rot", "c-before").await })
-    };
-    wait_until(60, "the refund held at the provider", || host.sandbox.paused() == 1);
+    let held = host.hold(&client, 1, "c-before").remove(0);
     std::fs::write(&key_file, "sk_test_second_key_654321\n").unwrap();
     let (answer, ok) = host.reload();
     assert!(ok, "{answer:#}");

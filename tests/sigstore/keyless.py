@@ -1,6 +1,7 @@
 """A private sigstore in a box, for toolguard's keyless-signature tests.
 
 Usage: keyless.py OUT_DIR PAYLOAD_FILE ISSUER SUBJECT [FLAW]
+       keyless.py OUT_DIR bundle:sha256:HEX ISSUER SUBJECT [FLAW]
 
 Plays Fulcio and Rekor as a private deployment would: a root CA and an
 intermediate (P-384) issue a short-lived code-signing certificate (P-256)
@@ -13,6 +14,11 @@ Writes OUT_DIR/trusted_root.json (sigstore's trusted-root format, naming
 the CA chain and the log key) and prints, as one JSON object, the
 annotations of a cosign keyless signature layer (signature, certificate,
 chain, bundle).
+
+With `bundle:DIGEST` it signs as cosign 3 does by default instead: a
+sigstore bundle (v0.3 JSON) holding a DSSE envelope around an in-toto
+statement naming DIGEST with cosign's signing predicate, printed as
+{"bundle": "<json>"}.
 
 FLAW makes one thing wrong, for the refusal tests: `other-ca` (the chain
 is a CA the trusted root does not name), `expired` (the log integrated it
@@ -66,7 +72,17 @@ def b64(data):
 def main():
     out, payload_file, issuer, subject = sys.argv[1:5]
     flaw = sys.argv[5] if len(sys.argv) > 5 else ""
-    payload = open(payload_file, "rb").read()
+    subject_digest = payload_file[len("bundle:"):] if payload_file.startswith("bundle:") else None
+    if subject_digest:
+        statement = {"_type": "https://in-toto.io/Statement/v1",
+                     "subject": [{"digest": {"sha256": subject_digest.split(":", 1)[1]}}],
+                     "predicateType": "https://sigstore.dev/cosign/sign/v1", "predicate": {}}
+        payload = json.dumps(statement, separators=(",", ":")).encode()
+    else:
+        payload = open(payload_file, "rb").read()
+    payload_type = "application/vnd.in-toto+json"
+    # What the signature is over: the payload, or for DSSE its pre-authentication encoding.
+    message = (b"DSSEv1 %d %s %d " % (len(payload_type), payload_type.encode(), len(payload)) + payload) if subject_digest else payload
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     start = now - datetime.timedelta(days=1)
 
@@ -93,12 +109,17 @@ def main():
             .add_extension(x509.UnrecognizedExtension(ISSUER_V2, der_utf8(issuer)), critical=False)
             .sign(signing_key, hashes.SHA384()))
     leaf_pem = leaf.public_bytes(serialization.Encoding.PEM)
-    signature = leaf_key.sign(payload, ec.ECDSA(hashes.SHA256()))
+    signature = leaf_key.sign(message, ec.ECDSA(hashes.SHA256()))
 
     logged = b"other bytes" if flaw == "other-payload" else payload
-    body = {"apiVersion": "0.0.1", "kind": "hashedrekord", "spec": {
-        "data": {"hash": {"algorithm": "sha256", "value": hashlib.sha256(logged).hexdigest()}},
-        "signature": {"content": b64(signature), "publicKey": {"content": b64(leaf_pem)}}}}
+    if subject_digest:
+        body = {"apiVersion": "0.0.1", "kind": "dsse", "spec": {
+            "payloadHash": {"algorithm": "sha256", "value": hashlib.sha256(logged).hexdigest()},
+            "signatures": [{"signature": b64(signature), "verifier": b64(leaf_pem)}]}}
+    else:
+        body = {"apiVersion": "0.0.1", "kind": "hashedrekord", "spec": {
+            "data": {"hash": {"algorithm": "sha256", "value": hashlib.sha256(logged).hexdigest()}},
+            "signature": {"content": b64(signature), "publicKey": {"content": b64(leaf_pem)}}}}
     rekor_key = ec.generate_private_key(ec.SECP256R1())
     rekor_spki = rekor_key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     log_id = hashlib.sha256(rekor_spki).hexdigest()
@@ -121,6 +142,15 @@ def main():
     }
     with open(os.path.join(out, "trusted_root.json"), "w") as f:
         json.dump(trusted_root, f, indent=1)
+    if subject_digest:
+        entry_out = {"logIndex": str(entry["logIndex"]), "logId": {"keyId": b64(bytes.fromhex(log_id))},
+                     "kindVersion": {"kind": "dsse", "version": "0.0.1"}, "integratedTime": str(integrated),
+                     "inclusionPromise": {"signedEntryTimestamp": bundle["SignedEntryTimestamp"]}, "canonicalizedBody": entry["body"]}
+        sigstore_bundle = {"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json",
+                           "verificationMaterial": {"certificate": {"rawBytes": der(leaf)}, "tlogEntries": [entry_out]},
+                           "dsseEnvelope": {"payload": b64(payload), "payloadType": payload_type, "signatures": [{"sig": b64(signature)}]}}
+        print(json.dumps({"bundle": json.dumps(sigstore_bundle)}))
+        return
     chain = signing_ca.public_bytes(serialization.Encoding.PEM) + (b"" if flaw == "other-ca" else root.public_bytes(serialization.Encoding.PEM))
     print(json.dumps({
         "dev.cosignproject.cosign/signature": b64(signature),

@@ -101,6 +101,27 @@ impl Client {
         Ok(Some((bytes, digest)))
     }
 
+    /// The referrers of manifest `digest` (an OCI image index) through the
+    /// OCI 1.1 referrers API, or `None` where the registry has no such API
+    /// (Distribution 2.8: then the referrers tag schema stands in).
+    ///
+    /// # Errors
+    /// Unreachable, or over [`MAX_MANIFEST_BYTES`].
+    pub async fn referrers(&self, repository: &str, digest: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        let url = self.url(&format!("v2/{repository}/referrers/{digest}"))?;
+        let response = self.send(repository, false, |c| c.get(url.clone()).header("accept", "application/vnd.oci.image.index.v1+json")).await?;
+        if !response.status().is_success() {
+            return Ok(None);
+        }
+        let mut bytes = Vec::new();
+        read_bounded(response, MAX_MANIFEST_BYTES, "referrers index", |chunk| {
+            bytes.extend_from_slice(chunk);
+            Ok(())
+        })
+        .await?;
+        Ok(Some(bytes))
+    }
+
     /// Streams blob `digest` of `repository` into `dest` (created), at most
     /// `max` bytes, checking the digest as it goes; `dest` is removed on failure.
     ///

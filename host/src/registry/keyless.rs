@@ -75,17 +75,6 @@ struct Bundle {
     payload: LoggedEntry,
 }
 
-#[derive(serde::Deserialize, serde::Serialize)]
-struct LoggedEntry {
-    body: String,
-    #[serde(rename = "integratedTime")]
-    integrated_time: u64,
-    #[serde(rename = "logIndex")]
-    log_index: u64,
-    #[serde(rename = "logID")]
-    log_id: String,
-}
-
 /// The first identity of `identities` a keyless signature among `layers`
 /// over `digest` verifies for; why each failed otherwise.
 ///
@@ -109,15 +98,54 @@ fn verify_one(layer: &SignatureLayer, digest: &str, identities: &[Identity]) -> 
     let bundle = layer.bundle.as_deref().ok_or("without the transparency log's bundle (its time cannot be proven offline)")?;
     let bundle: Bundle = serde_json::from_str(bundle).map_err(|e| format!("whose log bundle is not cosign's: {e}"))?;
     let signature = base64::engine::general_purpose::STANDARD.decode(layer.signature.trim()).map_err(|_| "whose signature is not base64")?;
+    let logged = |body: &serde_json::Value| logged_is(body, (&leaf, &layer.payload, &signature));
+    let signed = Signed { leaf: &leaf, message: &layer.payload, signature: &signature, logged: &logged };
+    identify(identities, &bundle.payload, &bundle.signed_entry_timestamp, &signed)
+}
+
+/// A signature to prove: by the certificate `leaf`, `signature` over
+/// `message`; `logged` checks that the log's entry body is this signature.
+pub(super) struct Signed<'a> {
+    /// The signing certificate (DER).
+    pub leaf: &'a CertificateDer<'a>,
+    /// The bytes the signature is over.
+    pub message: &'a [u8],
+    /// The signature.
+    pub signature: &'a [u8],
+    /// Whether the log's entry body (JSON) records this signature.
+    pub logged: &'a dyn Fn(&serde_json::Value) -> Result<(), String>,
+}
+
+/// The entry a transparency log signed a timestamp for.
+#[derive(serde::Deserialize, serde::Serialize)]
+pub(super) struct LoggedEntry {
+    /// The entry's body, base64 JSON.
+    pub body: String,
+    /// When the log integrated it (Unix seconds).
+    #[serde(rename = "integratedTime")]
+    pub integrated_time: u64,
+    /// Its index in the log.
+    #[serde(rename = "logIndex")]
+    pub log_index: u64,
+    /// The log's id, hex.
+    #[serde(rename = "logID")]
+    pub log_id: String,
+}
+
+/// The identity of `identities` that `signed`, logged as `entry` with the
+/// log's signed entry timestamp `set` (base64), proves; else why not.
+pub(super) fn identify(identities: &[Identity], entry: &LoggedEntry, set: &str, signed: &Signed<'_>) -> Result<Verified, String> {
     let mut tried = Vec::new();
     let mut roots: Vec<&Arc<TrustedRoot>> = identities.iter().map(|i| &i.root).collect();
     roots.dedup_by(|a, b| Arc::ptr_eq(a, b));
     for root in roots {
-        match proven(root, &bundle, (&leaf, &layer.payload, &signature)) {
+        match proven(root, entry, set, signed) {
             Ok(names) => {
                 let found = identities.iter().filter(|i| Arc::ptr_eq(&i.root, root)).find(|i| names.matches(i));
                 return match found {
-                    Some(identity) => Ok(Verified { label: identity.label(), fingerprint: format!("sha256:{}", hex::encode(Sha256::digest(leaf.as_ref()))) }),
+                    Some(identity) => {
+                        Ok(Verified { label: identity.label(), fingerprint: format!("sha256:{}", hex::encode(Sha256::digest(signed.leaf.as_ref()))) })
+                    }
                     None => Err(format!("by {}, whom the policy does not name", names.describe())),
                 };
             }
@@ -130,46 +158,49 @@ fn verify_one(layer: &SignatureLayer, digest: &str, identities: &[Identity]) -> 
 /// Checks everything but the identity against `root`: the log's timestamp,
 /// that the entry is this signature, the chain at the logged time, the
 /// signature itself. Answers the names the certificate vouches for.
-fn proven(root: &TrustedRoot, bundle: &Bundle, (leaf, payload, signature): (&CertificateDer<'_>, &[u8], &[u8])) -> Result<Names, String> {
-    let entry = &bundle.payload;
+fn proven(root: &TrustedRoot, entry: &LoggedEntry, set: &str, signed: &Signed<'_>) -> Result<Names, String> {
     let log_id = hex::decode(&entry.log_id).map_err(|_| "whose log id is not hex")?;
     let log = root.log(&log_id).ok_or_else(|| format!("logged by a transparency log {} does not name ({})", root.source, entry.log_id))?;
     if !log.valid.covers(entry.integrated_time) {
         return Err(format!("logged at {} s, outside the time {} trusts its log for", entry.integrated_time, root.source));
     }
     let canonical = serde_json_canonicalizer::to_vec(entry).map_err(|e| e.to_string())?;
-    let set = base64::engine::general_purpose::STANDARD.decode(&bundle.signed_entry_timestamp).map_err(|_| "whose log timestamp is not base64")?;
+    let set = base64::engine::general_purpose::STANDARD.decode(set).map_err(|_| "whose log timestamp is not base64")?;
     let log_key = PublisherKey::from_spki_der("the log's key", &log.key)?;
     if !log_key.verifies(&canonical, &set) {
         return Err("whose log timestamp is not signed by the log (forged or damaged)".into());
     }
-    logged_is(&entry.body, (leaf, payload, signature))?;
-    chains(root, leaf, entry.integrated_time)?;
-    let cert = x509_cert::Certificate::from_der(leaf.as_ref()).map_err(|e| format!("whose certificate cannot be read: {e}"))?;
+    let body = base64::engine::general_purpose::STANDARD.decode(&entry.body).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    (signed.logged)(&body.ok_or("whose log entry cannot be read")?)?;
+    chains(root, signed.leaf, entry.integrated_time)?;
+    let cert = x509_cert::Certificate::from_der(signed.leaf.as_ref()).map_err(|e| format!("whose certificate cannot be read: {e}"))?;
     let spki = cert.tbs_certificate.subject_public_key_info.to_der().map_err(|e| e.to_string())?;
-    if !PublisherKey::from_spki_der("the certificate's key", &spki)?.verifies(payload, signature) {
+    if !PublisherKey::from_spki_der("the certificate's key", &spki)?.verifies(signed.message, signed.signature) {
         return Err("that does not verify with its certificate's key (over other bytes?)".into());
     }
     Names::of(&cert)
 }
 
-/// Checks that the logged entry (`body`, base64 JSON: a `hashedrekord` or
-/// `rekord`) is this signature, by this certificate, over these bytes.
-fn logged_is(body: &str, (leaf, payload, signature): (&CertificateDer<'_>, &[u8], &[u8])) -> Result<(), String> {
+/// Checks that the logged entry (a `hashedrekord` or `rekord`) is this
+/// signature, by this certificate, over these bytes.
+fn logged_is(body: &serde_json::Value, (leaf, payload, signature): (&CertificateDer<'_>, &[u8], &[u8])) -> Result<(), String> {
     let b64 = base64::engine::general_purpose::STANDARD;
-    let body: serde_json::Value = b64.decode(body).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or("whose log entry cannot be read")?;
     let spec = &body["spec"];
     let hash = spec["data"]["hash"]["value"].as_str().unwrap_or_default();
     let logged_signature = spec["signature"]["content"].as_str().and_then(|s| b64.decode(s).ok()).unwrap_or_default();
     let logged_cert = spec["signature"]["publicKey"]["content"].as_str().and_then(|s| b64.decode(s).ok()).unwrap_or_default();
-    let logged_cert = CertificateDer::from_pem_slice(&logged_cert).map(|c| c.as_ref().to_vec()).unwrap_or_default();
     if hash != hex::encode(Sha256::digest(payload)) {
         return Err("whose log entry is over other bytes".into());
     }
-    if logged_signature != signature || logged_cert != leaf.as_ref() {
+    if logged_signature != signature || !same_certificate(&logged_cert, leaf) {
         return Err("whose log entry is another signature or certificate".into());
     }
     Ok(())
+}
+
+/// Whether `pem` (as a log entry holds it) is the certificate `leaf`.
+pub(super) fn same_certificate(pem: &[u8], leaf: &CertificateDer<'_>) -> bool {
+    CertificateDer::from_pem_slice(pem).is_ok_and(|c| c.as_ref() == leaf.as_ref())
 }
 
 /// Checks that `leaf` chains, for code signing, to an authority of `root`

@@ -5,6 +5,7 @@
 //! signature — is decided in one place, `runtime::source`; this module only
 //! fetches, caches and verifies what it is asked to.
 
+pub mod bundle;
 pub mod cache;
 mod client;
 pub mod credentials;
@@ -12,6 +13,7 @@ pub mod keyless;
 pub mod keys;
 pub mod manifest;
 pub mod reference;
+mod referrers;
 pub mod signature;
 pub mod trusted_root;
 
@@ -19,6 +21,7 @@ pub use cache::Cache;
 pub use client::{Client, MAX_MANIFEST_BYTES};
 pub use credentials::Credentials;
 pub use reference::OciRef;
+pub use referrers::attach_bundle;
 use std::collections::BTreeMap;
 
 use manifest::Manifest;
@@ -91,6 +94,8 @@ pub struct Fetched {
     pub component: Vec<u8>,
     /// The signatures stored for the manifest (fetched only when asked for).
     pub signatures: Vec<SignatureLayer>,
+    /// The sigstore bundles referring to the manifest (JSON; fetched with the signatures).
+    pub bundles: Vec<Vec<u8>>,
     /// When the manifest entered this host's cache (ms since the epoch).
     pub pulled_ms: u64,
     /// Why the registry was not consulted for the tag, if the cache stood in.
@@ -117,9 +122,12 @@ pub async fn fetch(client: &Client, cache: &Cache, r: &OciRef, signatures: bool,
         return Err(RegistryError::invalid(format!("{r}: the component is {} bytes, over the {max_component} bytes allowed", layer.size)));
     }
     let component = at.blob(&layer.digest, max_component, offline.is_some()).await?;
-    let signatures = if signatures { at.signatures_of(&digest, offline.is_some()).await? } else { Vec::new() };
+    let (signatures, bundles) = match signatures {
+        true => (at.signatures_of(&digest, offline.is_some()).await?, at.bundles_of(&digest, offline.is_some()).await?),
+        false => (Vec::new(), Vec::new()),
+    };
     let pulled_ms = cache.stored_ms(&digest).unwrap_or_else(crate::ledger::records::now_ms);
-    Ok(Fetched { reference: r.clone(), manifest_digest: digest, component, signatures, pulled_ms, offline, moved_from })
+    Ok(Fetched { reference: r.clone(), manifest_digest: digest, component, signatures, bundles, pulled_ms, offline, moved_from })
 }
 
 /// A manifest found for a reference.

@@ -84,20 +84,7 @@ impl Runtime {
             receipts: self.receipts.clone(),
             unavailable: Vec::new(),
         };
-        let mut refused = Vec::new();
-        for (plugin, component) in config.plugins.iter().zip(components) {
-            match component {
-                Ok(component) => {
-                    if let Err(e) = next.add_component(plugin, component).await {
-                        refused.push(e);
-                    }
-                }
-                Err(e) => refused.push(e),
-            }
-        }
-        if !refused.is_empty() {
-            return Err(StartError::Plugins(refused));
-        }
+        next.add_components(config, components, false).await?;
         Ok(next)
     }
 

@@ -56,29 +56,42 @@ impl Runtime {
             .map_err(|e| StartError::Guard(e.to_string()))?
             .map_err(|e| if e.is_busy() { StartError::LedgerBusy(e.to_string()) } else { StartError::Guard(e.to_string()) })?;
         runtime.set_guard(Guard::new(ledger));
-        let mut refused = Vec::new();
-        for (plugin, component) in config.plugins.iter().zip(components) {
-            match component {
-                Ok(component) => {
-                    if let Err(e) = runtime.add_component(plugin, component).await {
-                        refused.push(e);
-                    }
-                }
-                // Only the network is missing: the host serves the others.
-                Err(e @ LoadError::Unavailable { .. }) => {
-                    tracing::error!("{e}");
-                    runtime.unavailable.push(e.to_string());
-                }
-                Err(e) => refused.push(e),
-            }
-        }
-        if !refused.is_empty() {
-            return Err(StartError::Plugins(refused));
-        }
+        runtime.add_components(config, components, true).await?;
         runtime.record_grants().await.map_err(StartError::Guard)?;
         runtime.publish(config);
         runtime.receipts = config.ledger_dir().map(crate::receipts::Receipts::beside);
         Ok(runtime)
+    }
+
+    /// Adds each plugin of `config` from its component as read. One whose
+    /// registry cannot be reached is left out (noted in `unavailable`) when
+    /// `leave_out_unreachable` — at start: the host serves the others — and
+    /// refused otherwise (a reload keeps the generation that has it).
+    ///
+    /// # Errors
+    /// Every refusal, listed.
+    pub(super) async fn add_components(
+        &mut self,
+        config: &Config,
+        components: Vec<Result<super::source::Component, LoadError>>,
+        leave_out_unreachable: bool,
+    ) -> Result<(), StartError> {
+        let mut refused = Vec::new();
+        for (plugin, component) in config.plugins.iter().zip(components) {
+            match component {
+                Ok(component) => {
+                    if let Err(e) = self.add_component(plugin, component).await {
+                        refused.push(e);
+                    }
+                }
+                Err(e @ LoadError::Unavailable { .. }) if leave_out_unreachable => {
+                    tracing::error!("{e}");
+                    self.unavailable.push(e.to_string());
+                }
+                Err(e) => refused.push(e),
+            }
+        }
+        if refused.is_empty() { Ok(()) } else { Err(StartError::Plugins(refused)) }
     }
 
     /// Loads one plugin. A refused plugin leaves the runtime as it was.

@@ -176,18 +176,23 @@ fn signer_of(plugin: &PluginConfig, fetched: &Fetched) -> Result<Signer, LoadErr
     };
     let keyless_why = match policy.signed_by_identity.is_empty() {
         true => Vec::new(),
-        false => match registry::keyless::verify(&fetched.signatures, digest, &policy.signed_by_identity) {
-            Ok(found) => return Ok(Signer { key: found.label, fingerprint: found.fingerprint }),
-            Err(why) => why,
-        },
+        false => {
+            let layers = registry::keyless::verify(&fetched.signatures, digest, &policy.signed_by_identity);
+            let found =
+                layers.or_else(|why| registry::bundle::verify(&fetched.bundles, digest, &policy.signed_by_identity).map_err(|more| [why, more].concat()));
+            match found {
+                Ok(found) => return Ok(Signer { key: found.label, fingerprint: found.fingerprint }),
+                Err(why) => why,
+            }
+        }
     };
-    let reason = match (keyed_why, fetched.signatures.is_empty()) {
+    let reason = match (keyed_why, fetched.signatures.is_empty() && fetched.bundles.is_empty()) {
         (_, true) => registry::signature::Unverified::Unsigned.to_string(),
         (Some(registry::signature::Unverified::NoneValid { found, mut why }), _) => {
             why.extend(keyless_why);
             registry::signature::Unverified::NoneValid { found, why }.to_string()
         }
-        _ => registry::signature::Unverified::NoneValid { found: fetched.signatures.len(), why: keyless_why }.to_string(),
+        _ => registry::signature::Unverified::NoneValid { found: fetched.signatures.len() + fetched.bundles.len(), why: keyless_why }.to_string(),
     };
     Err(LoadError::Unverified {
         plugin: plugin.name.clone(),
