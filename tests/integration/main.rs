@@ -44,6 +44,7 @@ mod registry_faults;
 mod reload;
 mod reload_versions;
 mod retention;
+mod review;
 mod sandbox_limits;
 mod security;
 mod shipped;

@@ -6,6 +6,7 @@
 //! its budgets, and a verdict with reasons. The JSON form is documented in
 //! `docs/audit.md` and `docs/audit.schema.json`.
 
+mod diff;
 mod registry;
 mod render;
 mod report;
@@ -15,6 +16,7 @@ use crate::imports::{self, ImportClass};
 use crate::policy::{Downstreams, Effect, EffectiveGrant, EffectivePolicy};
 use crate::runtime::source::{Component, Sources, Unchecked};
 use crate::runtime::{Runtime, ToolInfo};
+pub use diff::{Direction, Finding, RULES, Rule, diff};
 pub use registry::{RegistryReport, SignatureReport};
 pub use render::render;
 pub use report::{ComponentReport, CredentialReport, InterfaceReport, KeyReport, LimitsReport, PinReport, Report, SCHEMA, ToolReport, Verdict};
@@ -198,6 +200,9 @@ fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
         approval: t.approval.as_ref().map(approval_words),
         confirm_repeat_within_minutes: t.confirm_repeat_ms.map(|ms| ms / 60_000),
         scopes: Vec::new(),
+        description: t.description.clone(),
+        input_schema: t.input_schema.json().clone(),
+        output_schema: t.output_schema.as_ref().map(|s| s.json().clone()),
     }
 }
 

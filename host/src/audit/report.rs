@@ -151,6 +151,13 @@ pub struct ToolReport {
     /// The OAuth scopes a call of it needs (`[mcp.oauth.scopes]`), if any.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
+    /// What it tells the model it does (its MCP description).
+    pub description: String,
+    /// The JSON Schema its arguments must satisfy.
+    pub input_schema: serde_json::Value,
+    /// The JSON Schema of its result, if it promises one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 /// A credential the host injects on a granted downstream.

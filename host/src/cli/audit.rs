@@ -1,11 +1,30 @@
-//! `toolguard audit`: every component against the reviewer's policy, or the
-//! grant history. Exits 1 on any FAIL, so it can gate a CI pipeline.
+//! `toolguard audit`: every component against the reviewer's policy, the
+//! grant history, or (`--against`) what a change widens and narrows. Exits
+//! 1 on any FAIL, so it can gate a CI pipeline.
 
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// Runs the audit (or prints the history); returns the exit status.
-pub async fn run(config_path: &Path, components: &[PathBuf], json: bool, history: bool) -> u8 {
+/// What `toolguard audit` was asked.
+pub struct Args {
+    /// The config file.
+    pub config: PathBuf,
+    /// Extra component files.
+    pub components: Vec<PathBuf>,
+    /// JSON instead of text.
+    pub json: bool,
+    /// The grant history instead.
+    pub history: bool,
+    /// An older config to review the change from.
+    pub against: Option<PathBuf>,
+    /// Fingerprints of acknowledged widenings.
+    pub acks: Vec<String>,
+}
+
+/// Runs the audit (or prints the history, or the review); returns the exit status.
+pub async fn run(args: Args) -> u8 {
+    let Args { config: config_path, components, json, history, against, acks } = args;
+    let config_path = config_path.as_path();
     let config = match crate::Config::load(config_path) {
         Ok(c) => c,
         Err(e) => {
@@ -16,7 +35,10 @@ pub async fn run(config_path: &Path, components: &[PathBuf], json: bool, history
     if history {
         return print_history(&config, json);
     }
-    let report = match crate::audit::audit(&config, config_path, components).await {
+    if let Some(old) = against {
+        return super::review::run(&config, config_path, &old, &acks, json).await;
+    }
+    let report = match crate::audit::audit(&config, config_path, &components).await {
         Ok(r) => r,
         Err(message) => {
             super::print_json(&json!({ "kind": "internal", "message": message }));

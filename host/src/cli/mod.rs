@@ -10,6 +10,7 @@ mod logging;
 mod output;
 mod registry;
 mod reload;
+mod review;
 mod sandbox;
 mod seal;
 mod serving;
@@ -97,6 +98,13 @@ enum Command {
         /// Show which component digests ran with which grants, from the ledger.
         #[arg(long)]
         history: bool,
+        /// Review a change: every widening and narrowing from this older
+        /// config to the current one (exit 1 on a widening not acknowledged).
+        #[arg(long, value_name = "OLD_CONFIG")]
+        against: Option<PathBuf>,
+        /// Acknowledge a widening by its fingerprint (repeatable; with --against).
+        #[arg(long = "ack", value_name = "FINGERPRINT")]
+        acks: Vec<String>,
     },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
@@ -242,7 +250,9 @@ pub fn main() -> ExitCode {
             Command::Sign { target, key, registry } => registry::sign(&target, &key, &registry).await,
             Command::Keygen { out } => registry::keygen(&out),
             Command::Pull { config, plugins } => registry::pull(&config, &plugins).await,
-            Command::Audit { config, components, json, history } => audit::run(&config, &components, json, history).await,
+            Command::Audit { config, components, json, history, against, acks } => {
+                audit::run(audit::Args { config, components, json, history, against, acks }).await
+            }
             Command::Sandbox { addr, mode, api_key, uuid_keys } => {
                 let mode = match mode {
                     SandboxMode::Stripe => toolguard_sandbox::Mode::Stripe,
