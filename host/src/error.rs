@@ -268,6 +268,14 @@ pub enum LoadError {
         /// Every import its policy denies.
         imports: Vec<String>,
     },
+    /// The component, or what a tool tells the model, differs from `toolguard.lock`.
+    #[error("plugin `{plugin}` is refused: {what}")]
+    Unlocked {
+        /// The plugin's name.
+        plugin: String,
+        /// What differs, and what to do.
+        what: String,
+    },
     /// The component needs more of the instance pool than one component may take.
     #[error("plugin `{plugin}` does not fit the instance pool: {reason}")]
     TooBig {

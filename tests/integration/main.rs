@@ -32,6 +32,7 @@ mod hostile;
 mod keyless;
 mod ledger_outage;
 mod loading;
+mod lock;
 mod mcp;
 mod metrics;
 mod migration;

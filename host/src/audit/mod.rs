@@ -23,6 +23,41 @@ pub use report::{ComponentReport, CredentialReport, InterfaceReport, KeyReport, 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
+/// The lock of what `report` found: each component's digests, signer,
+/// imports (not those sealed) and each tool's description and schemas.
+pub fn lock_of(report: &Report) -> crate::policy::lock::Lock {
+    use crate::policy::lock::{Lock, LockedPlugin, LockedTool, SCHEMA, unversioned};
+    let plugins = report
+        .components
+        .iter()
+        .filter_map(|c| {
+            let mut imports: Vec<String> = c.imports.iter().filter(|i| i.class != Some(ImportClass::Sealed)).map(|i| unversioned(&i.name)).collect();
+            imports.sort();
+            imports.dedup();
+            let tools = c
+                .tools
+                .iter()
+                .map(|t| {
+                    (
+                        t.name.clone(),
+                        LockedTool { description: t.description.clone(), input_schema: t.input_schema.clone(), output_schema: t.output_schema.clone() },
+                    )
+                })
+                .collect();
+            let registry = c.registry.as_ref();
+            let plugin = LockedPlugin {
+                sha256: c.sha256.clone()?,
+                manifest_digest: registry.map(|r| r.manifest_digest.clone()),
+                signer: registry.and_then(|r| r.signature.fingerprint.clone()),
+                imports,
+                tools,
+            };
+            Some((c.plugin.clone(), plugin))
+        })
+        .collect();
+    Lock { schema: SCHEMA.into(), plugins }
+}
+
 /// Audits every plugin of `config`, then each extra component file.
 ///
 /// # Errors

@@ -19,13 +19,20 @@ pub struct Args {
     pub against: Option<PathBuf>,
     /// Fingerprints of acknowledged widenings.
     pub acks: Vec<String>,
+    /// Write the lock from this audit.
+    pub lock: bool,
 }
 
 /// Runs the audit (or prints the history, or the review); returns the exit status.
 pub async fn run(args: Args) -> u8 {
-    let Args { config: config_path, components, json, history, against, acks } = args;
+    let Args { config: config_path, components, json, history, against, acks, lock } = args;
     let config_path = config_path.as_path();
     let config = match crate::Config::load(config_path) {
+        // Locking records what is there now, whatever an older lock says.
+        Ok(mut c) if lock => {
+            c.plugins.iter_mut().for_each(|p| p.policy.locked = None);
+            c
+        }
         Ok(c) => c,
         Err(e) => {
             super::print_json(&json!({ "kind": "config-error", "message": e.to_string() }));
@@ -45,6 +52,13 @@ pub async fn run(args: Args) -> u8 {
             return super::EXIT_CALL_FAILED;
         }
     };
+    if lock {
+        let path = config_path.with_file_name(crate::policy::lock::FILE_NAME);
+        if let Err(e) = std::fs::write(&path, crate::audit::lock_of(&report).to_text()) {
+            return super::config_error(format!("cannot write {}: {e}", path.display()));
+        }
+        eprintln!("toolguard: wrote {} ({} plugin(s)); serve and reload now refuse what differs from it", path.display(), report.components.len());
+    }
     if json {
         super::print_json(&serde_json::to_value(&report).unwrap_or_default());
     } else {

@@ -105,6 +105,11 @@ enum Command {
         /// Acknowledge a widening by its fingerprint (repeatable; with --against).
         #[arg(long = "ack", value_name = "FINGERPRINT")]
         acks: Vec<String>,
+        /// Write toolguard.lock beside the config: each component's digest,
+        /// signer and imports and each tool's description and schemas, as
+        /// reviewed; serve and reload then refuse anything that differs.
+        #[arg(long)]
+        lock: bool,
     },
     /// Resolve every attempt left pending or unknown (also done at every start-up), and report.
     Recover {
@@ -250,8 +255,8 @@ pub fn main() -> ExitCode {
             Command::Sign { target, key, registry } => registry::sign(&target, &key, &registry).await,
             Command::Keygen { out } => registry::keygen(&out),
             Command::Pull { config, plugins } => registry::pull(&config, &plugins).await,
-            Command::Audit { config, components, json, history, against, acks } => {
-                audit::run(audit::Args { config, components, json, history, against, acks }).await
+            Command::Audit { config, components, json, history, against, acks, lock } => {
+                audit::run(audit::Args { config, components, json, history, against, acks, lock }).await
             }
             Command::Sandbox { addr, mode, api_key, uuid_keys } => {
                 let mode = match mode {

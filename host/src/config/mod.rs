@@ -138,7 +138,21 @@ impl Config {
             message: format!("cannot read the config file: {e}"),
         })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::parse(&text, &file, &base)
+        let mut config = Self::parse(&text, &file, &base)?;
+        // The reviewer's lock beside it, if there is one: every plugin is held to it.
+        let lock_path = base.join(crate::policy::lock::FILE_NAME);
+        if lock_path.exists() {
+            let lock = crate::policy::lock::Lock::read(&lock_path).map_err(|message| ConfigError {
+                file: lock_path.display().to_string(),
+                field: ".".into(),
+                message,
+            })?;
+            for plugin in &mut config.plugins {
+                let entry = lock.plugins.get(&plugin.name).cloned();
+                plugin.policy.locked = Some(crate::policy::lock::Locked { file: lock_path.display().to_string(), entry });
+            }
+        }
+        Ok(config)
     }
 
     /// Opens the ledger this config names (read-only: while a host holds it).

@@ -10,6 +10,7 @@ mod authorize;
 mod downstream;
 mod effect;
 mod effective;
+pub mod lock;
 mod network;
 mod plugin;
 mod registry;
@@ -191,6 +192,7 @@ impl Policy {
                 sha256: p.sha256,
                 signed_by,
                 signed_by_identity,
+                locked: None,
                 tools: p.tools.into_iter().map(|(t, tp)| (t, tp.effect)).collect(),
                 actions,
                 approvals,

@@ -52,6 +52,8 @@ pub struct PluginPolicy {
     /// The keyless publishers (OIDC issuer and subject) whose signature
     /// admits it, checked against the policy's `trusted_root`.
     pub signed_by_identity: Vec<crate::registry::keyless::Identity>,
+    /// What `toolguard.lock` says of it, when a lock exists beside the config.
+    pub locked: Option<super::lock::Locked>,
     /// The effect class of each reviewed tool.
     pub tools: BTreeMap<String, Effect>,
     /// The arguments that name each irreversible tool's action, where the
@@ -102,6 +104,7 @@ impl Default for PluginPolicy {
             sha256: None,
             signed_by: Vec::new(),
             signed_by_identity: Vec::new(),
+            locked: None,
             tools: BTreeMap::new(),
             actions: BTreeMap::new(),
             approvals: BTreeMap::new(),

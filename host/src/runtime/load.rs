@@ -114,6 +114,7 @@ impl Runtime {
         let super::source::Component { bytes, sha256: digest, provenance } = component;
         // One validating parse serves both checks (a Python component is ~18 MB).
         let imports = crate::imports::component_imports(&bytes).map_err(|reason| LoadError::NotAComponent { plugin: name.clone(), reason })?;
+        let imported: Vec<String> = imports.iter().map(|i| crate::policy::lock::unversioned(i)).collect();
         let forbidden = crate::imports::forbidden(&imports);
         if !forbidden.is_empty() {
             return Err(LoadError::ForbiddenImports { plugin: name, imports: forbidden });
@@ -173,6 +174,10 @@ impl Runtime {
                 return Err(LoadError::DuplicateTool { tool: tool.name.clone(), first, second: name });
             }
         }
+        if let Some(locked) = &config.policy.locked {
+            let facts = lock_facts(&loaded, imported, &tools);
+            locked.check(&facts).map_err(|what| LoadError::Unlocked { plugin: name.clone(), what })?;
+        }
         Arc::make_mut(&mut loaded.policy).tools = tools.iter().map(ToolInfo::class).collect();
         loaded.policy_digest = loaded.policy.digest();
         let index = self.plugins.len();
@@ -180,6 +185,31 @@ impl Runtime {
         self.tools.extend(tools.into_iter().map(|t| (t.name.clone(), (index, t))));
         tracing::debug!(plugin = %name, "loaded");
         Ok(())
+    }
+}
+
+/// What `toolguard.lock` holds of a plugin, as loaded: its digests, signer,
+/// imports and what each tool tells the model.
+fn lock_facts(loaded: &LoadedPlugin, mut imports: Vec<String>, tools: &[ToolInfo]) -> crate::policy::lock::LockedPlugin {
+    imports.sort();
+    imports.dedup();
+    let provenance = loaded.provenance.as_ref();
+    crate::policy::lock::LockedPlugin {
+        sha256: loaded.digest.clone(),
+        manifest_digest: provenance.map(|p| p.manifest_digest.clone()),
+        signer: provenance.and_then(|p| p.signer.as_ref()).map(|s| s.fingerprint.clone()),
+        imports,
+        tools: tools
+            .iter()
+            .map(|t| {
+                let tool = crate::policy::lock::LockedTool {
+                    description: t.description.clone(),
+                    input_schema: t.input_schema.json().clone(),
+                    output_schema: t.output_schema.as_ref().map(|s| s.json().clone()),
+                };
+                (t.name.clone(), tool)
+            })
+            .collect(),
     }
 }
 
