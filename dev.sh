@@ -53,9 +53,10 @@ mcp_clients() {
     # An independent OCI client (oras) that reads what `toolguard push`
     # wrote and pushes artifacts toolguard pulls; bcrypt for the test
     # registry's htpasswd file; authlib (on Flask) for a real OAuth 2.1
-    # authorization server (tests/oauth/authorization_server.py).
-    if ! "$venv/bin/python" -c 'import oras, bcrypt, authlib, flask' 2>/dev/null; then
-        "$venv/bin/pip" install --quiet "oras==0.2.43" "bcrypt==5.0.0" "authlib==1.9.6" "flask==3.1.3"
+    # authorization server (tests/oauth/authorization_server.py); jsonschema
+    # to validate the review's SARIF against the SARIF 2.1.0 schema.
+    if ! "$venv/bin/python" -c 'import oras, bcrypt, authlib, flask, jsonschema' 2>/dev/null; then
+        "$venv/bin/pip" install --quiet "oras==0.2.43" "bcrypt==5.0.0" "authlib==1.9.6" "flask==3.1.3" "jsonschema==4.26.0"
     fi
     export TOOLGUARD_NODE="$npm16/node_modules/.bin/node"
     export TOOLGUARD_CONFORMANCE="$npm16/node_modules/.bin/conformance"

@@ -57,6 +57,12 @@ fn a_component_that_differs_from_the_lock_is_refused_until_locked_again() {
     assert!(!out.status.success() && said.contains("differs from") && said.contains("toolguard.lock") && said.contains("its component is sha256"), "{said}");
     let audit = stdout_json(&toolguard(d, &["audit", "--json"]));
     assert_eq!(audit["verdict"], "FAIL", "the audit fails it too: {audit:#}");
+    // Reviewed against the lock: the new bytes are the one change.
+    let review = toolguard(d, &["audit", "--against", "toolguard.lock", "--json"]);
+    let findings = stdout_json(&review)["findings"].clone();
+    assert!(!review.status.success(), "{findings:#}");
+    assert_eq!(findings.as_array().unwrap().len(), 1, "{findings:#}");
+    assert_eq!((findings[0]["rule"].as_str(), findings[0]["plugin"].as_str()), (Some("component-changed"), Some("extra")));
     // Reviewed and locked again, it loads.
     assert!(toolguard(d, &["audit", "--lock"]).status.success() || d.join("toolguard.lock").exists());
     assert!(count_words(d).status.success(), "{}", String::from_utf8_lossy(&count_words(d).stdout));

@@ -52,6 +52,7 @@ fn each_kind_of_policy_change_is_found_exactly() {
     let cases: Vec<Case> = vec![
         ("budget-raised", Downstream { refunds_per_session_hour: 5_000, ..base() }, "payments", None, json!(1000), json!(5000)),
         ("budget-lowered", Downstream { refunds_per_session_hour: 10, ..base() }, "payments", None, json!(1000), json!(10)),
+        ("limits-raised", Downstream { wall_ms: 60_000, ..base() }, "payments", None, json!(30_000), json!(60_000)),
         (
             "credential-added",
             Downstream { extra: r#"credential = { env = "TG_REVIEW_KEY" }"#, ..base() },
@@ -77,7 +78,7 @@ fn each_kind_of_policy_change_is_found_exactly() {
             assert_eq!((&f["before"], &f["after"]), (&before, &after), "{rule}: {f:#}");
         }
         let widening = f["direction"] == "widening";
-        assert_eq!(widening, rule != "budget-lowered", "{rule}: {f:#}");
+        assert_eq!(widening, !rule.ends_with("-lowered"), "{rule}: {f:#}");
         // Only this change: nothing else is reported.
         assert!(review["findings"].as_array().unwrap().iter().all(|f| f["rule"] == rule), "{rule}: {review:#}");
         assert_eq!(passed, !widening, "{rule}: a widening fails the review, a narrowing passes: {review:#}");
@@ -159,4 +160,50 @@ fn the_review_reads_as_text() {
         text.contains("WIDENS") && text.contains("budget-raised") && text.contains("[tg1:") && text.contains("FAIL: 1 widening(s) not acknowledged"),
         "{text}"
     );
+}
+
+/// `--format sarif`: valid SARIF 2.1.0 (checked against the OASIS schema), a
+/// rule per kind of change with help, each result at the line of the
+/// plugin's policy in the config, its fingerprint stable and the same as
+/// the JSON's, an acknowledged widening suppressed.
+#[test]
+fn the_review_as_sarif_is_valid_and_points_into_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let old = config(d, "old.toml", &Downstream::default(), "");
+    let new = config(d, "new.toml", &Downstream { refunds_per_session_hour: 5_000, key: HEADER_ONLY, ..Downstream::default() }, "");
+    let sarif = |acks: &[&str]| {
+        let mut args = vec!["audit", "--config", &new, "--against", &old, "--format", "sarif"];
+        acks.iter().for_each(|a| args.extend(["--ack", a]));
+        stdout_json(&Command::new(BIN).args(&args).output().unwrap())
+    };
+    let log = sarif(&[]);
+    let path = d.join("review.sarif");
+    std::fs::write(&path, log.to_string()).unwrap();
+    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sarif/sarif-schema-2.1.0.json");
+    let check = "import json, sys, jsonschema; jsonschema.validate(json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))); print('valid')";
+    let valid = crate::registry::python(&["-c", check, path.to_str().unwrap(), schema.to_str().unwrap()]);
+    assert_eq!(valid.trim(), "valid");
+    let run = &log["runs"][0];
+    assert_eq!(run["automationDetails"]["id"], "toolguard/review/");
+    let rules = run["tool"]["driver"]["rules"].as_array().unwrap();
+    let results = run["results"].as_array().unwrap();
+    let budget = results.iter().find(|r| r["ruleId"] == "budget-raised" && r["properties"]["plugin"] == "payments").expect("the budget's result");
+    assert_eq!(rules[budget["ruleIndex"].as_u64().unwrap() as usize]["id"], "budget-raised");
+    assert!(rules.iter().all(|r| r["help"]["text"].as_str().is_some_and(|h| !h.is_empty())));
+    assert_eq!(budget["level"], "error");
+    let text = std::fs::read_to_string(&new).unwrap();
+    let line = text.lines().position(|l| l.starts_with("[policy.plugins.payments]")).unwrap() + 1;
+    let location = &budget["locations"][0]["physicalLocation"];
+    assert_eq!((location["artifactLocation"]["uri"].as_str(), location["region"]["startLine"].as_u64()), (Some(new.as_str()), Some(line as u64)));
+    // The same change, the same fingerprints as the JSON review's, run after run.
+    let (json, _) = reviewed(&new, &old, &[]);
+    let fingerprints = |v: &Vec<Value>, at: &str| v.iter().map(|r| r.pointer(at).unwrap().as_str().unwrap().to_string()).collect::<Vec<_>>();
+    assert_eq!(fingerprints(results, "/partialFingerprints/toolguardFinding~1v1"), fingerprints(json["findings"].as_array().unwrap(), "/fingerprint"));
+    assert_eq!(sarif(&[])["runs"][0]["results"], log["runs"][0]["results"]);
+    let fingerprint = budget["partialFingerprints"]["toolguardFinding/v1"].as_str().unwrap();
+    let acked = sarif(&[fingerprint]);
+    let acked =
+        acked["runs"][0]["results"].as_array().unwrap().iter().find(|r| r["partialFingerprints"]["toolguardFinding/v1"] == fingerprint).cloned().unwrap();
+    assert_eq!((acked["level"].as_str(), acked["suppressions"][0]["kind"].as_str()), (Some("note"), Some("external")));
 }

@@ -82,6 +82,8 @@ pub const RULES: &[Rule] = &[
     rule("key-transport-changed", Widening, "How the idempotency key reaches a downstream changed: the provider must recognise re-sends the new way."),
     rule("budget-raised", Widening, "A budget (sends per call, irreversible calls per hour) is higher or gone."),
     rule("budget-lowered", Narrowing, "A budget is lower or new."),
+    rule("limits-raised", Widening, "An invocation may take more memory, CPU, time, outbound calls or larger arguments or results ([limits])."),
+    rule("limits-lowered", Narrowing, "An invocation may take less ([limits])."),
     rule("tool-added", Widening, "A new tool the model can call: check its class, description and schemas."),
     rule("tool-removed", Narrowing, "A tool the model can no longer call."),
     rule(
@@ -105,10 +107,11 @@ fn direction_of(id: &str) -> Direction {
 }
 
 /// Collects findings with stable fingerprints.
-struct Findings(Vec<Finding>);
+pub(super) struct Findings(pub Vec<Finding>);
 
 impl Findings {
-    fn add(&mut self, id: &'static str, (plugin, tool): (&str, Option<&str>), message: String, (before, after): (Value, Value)) {
+    /// Adds a finding of rule `id` at `(plugin, tool)`.
+    pub(super) fn add(&mut self, id: &'static str, (plugin, tool): (&str, Option<&str>), message: String, (before, after): (Value, Value)) {
         let canonical = serde_json_canonicalizer::to_string(&json!([id, plugin, tool, before, after])).unwrap_or_default();
         let fingerprint = format!("tg1:{}", &hex::encode(Sha256::digest(canonical.as_bytes()))[..24]);
         let finding = Finding {
@@ -170,11 +173,12 @@ fn plugin(f: &mut Findings, b: &ComponentReport, a: &ComponentReport) {
         f.add("key-transport-changed", (p, None), format!("the key reaches `{d}` another way"), (kb[d].clone(), now.clone()));
     }
     budgets(f, p, b, a);
+    limits(f, p, b, a);
     tools(f, p, b, a);
 }
 
 /// A set that grew (`added` rule) or shrank (`removed` rule).
-fn sets(
+pub(super) fn sets(
     f: &mut Findings,
     at: (&str, Option<&str>),
     (before, after): (&BTreeSet<String>, &BTreeSet<String>),
@@ -226,7 +230,7 @@ fn grants(f: &mut Findings, p: &str, b: &ComponentReport, a: &ComponentReport) {
         let was = hb[url];
         let looser = (g.allow_encoded_path && !was.allow_encoded_path)
             || g.max_request_bytes > was.max_request_bytes
-            || (g.transport != "https" && was.transport == "https")
+            || (g.transport != was.transport && g.transport != "https")
             || g.proxy != was.proxy
             || (g.tls != was.tls && g.transport == "https");
         let tighter = !looser && (g.max_request_bytes < was.max_request_bytes || (!g.allow_encoded_path && was.allow_encoded_path));
@@ -258,6 +262,19 @@ fn budgets(f: &mut Findings, p: &str, b: &ComponentReport, a: &ComponentReport) 
     for (name, was, now) in pairs.into_iter().filter(|(_, was, now)| was != now) {
         let id = if now > was { "budget-raised" } else { "budget-lowered" };
         f.add(id, (p, None), format!("`{name}` is {} (was {})", shown(now), shown(was)), (shown(was), shown(now)));
+    }
+}
+
+fn limits(f: &mut Findings, p: &str, b: &ComponentReport, a: &ComponentReport) {
+    let (lb, la) = (json!(b.limits), json!(a.limits));
+    let (Some(before), Some(after)) = (lb.as_object(), la.as_object()) else { return };
+    for (name, now) in after {
+        let was = &before[name];
+        let (x, y) = (was.as_u64().unwrap_or(0), now.as_u64().unwrap_or(0));
+        if x != y {
+            let id = if y > x { "limits-raised" } else { "limits-lowered" };
+            f.add(id, (p, None), format!("`{name}` is {y} (was {x})"), (was.clone(), now.clone()));
+        }
     }
 }
 
@@ -335,6 +352,7 @@ mod tests {
             credentials: Vec::new(),
             keys: Vec::new(),
             budgets,
+            limits: crate::config::Limits::default(),
             verdict: Verdict::PASS,
             reasons: Vec::new(),
             notes: Vec::new(),

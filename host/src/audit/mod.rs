@@ -6,20 +6,24 @@
 //! its budgets, and a verdict with reasons. The JSON form is documented in
 //! `docs/audit.md` and `docs/audit.schema.json`.
 
+mod against_lock;
 mod diff;
 mod registry;
 mod render;
 mod report;
+mod sarif;
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
 use crate::imports::{self, ImportClass};
 use crate::policy::{Downstreams, Effect, EffectiveGrant, EffectivePolicy};
 use crate::runtime::source::{Component, Sources, Unchecked};
 use crate::runtime::{Runtime, ToolInfo};
+pub use against_lock::diff_lock;
 pub use diff::{Direction, Finding, RULES, Rule, diff};
 pub use registry::{RegistryReport, SignatureReport};
 pub use render::render;
 pub use report::{ComponentReport, CredentialReport, InterfaceReport, KeyReport, LimitsReport, PinReport, Report, SCHEMA, ToolReport, Verdict};
+pub use sarif::{Location, sarif};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
@@ -218,6 +222,7 @@ async fn audit_one(
         credentials,
         keys,
         budgets: effective.budgets,
+        limits: plugin.limits,
         verdict,
         reasons,
         notes,

@@ -93,6 +93,8 @@ pub struct ComponentReport {
     pub keys: Vec<KeyReport>,
     /// Its send and irreversible-call budgets.
     pub budgets: Budgets,
+    /// What one invocation runs under.
+    pub limits: crate::config::Limits,
     /// PASS or FAIL for this component.
     pub verdict: Verdict,
     /// Why it fails (empty on PASS).

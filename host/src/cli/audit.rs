@@ -2,6 +2,7 @@
 //! grant history, or (`--against`) what a change widens and narrows. Exits
 //! 1 on any FAIL, so it can gate a CI pipeline.
 
+pub use super::output::Format;
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -11,8 +12,8 @@ pub struct Args {
     pub config: PathBuf,
     /// Extra component files.
     pub components: Vec<PathBuf>,
-    /// JSON instead of text.
-    pub json: bool,
+    /// How to print it.
+    pub format: Format,
     /// The grant history instead.
     pub history: bool,
     /// An older config to review the change from.
@@ -25,7 +26,8 @@ pub struct Args {
 
 /// Runs the audit (or prints the history, or the review); returns the exit status.
 pub async fn run(args: Args) -> u8 {
-    let Args { config: config_path, components, json, history, against, acks, lock } = args;
+    let Args { config: config_path, components, format, history, against, acks, lock } = args;
+    let json = format != Format::Text;
     let config_path = config_path.as_path();
     let config = match crate::Config::load(config_path) {
         // Locking records what is there now, whatever an older lock says.
@@ -42,8 +44,11 @@ pub async fn run(args: Args) -> u8 {
     if history {
         return print_history(&config, json);
     }
+    if format == Format::Sarif && against.is_none() {
+        return super::config_error("--format sarif is the review's (with --against OLD); the audit itself prints text or --json".into());
+    }
     if let Some(old) = against {
-        return super::review::run(&config, config_path, &old, &acks, json).await;
+        return super::review::run(&config, (config_path, &old), &acks, format).await;
     }
     let report = match crate::audit::audit(&config, config_path, &components).await {
         Ok(r) => r,

@@ -95,6 +95,9 @@ enum Command {
         /// Print the documented JSON report instead of text.
         #[arg(long)]
         json: bool,
+        /// The review's form (with --against): text, json, or sarif (SARIF 2.1.0, for code scanning).
+        #[arg(long, value_enum)]
+        format: Option<audit::Format>,
         /// Show which component digests ran with which grants, from the ledger.
         #[arg(long)]
         history: bool,
@@ -255,8 +258,9 @@ pub fn main() -> ExitCode {
             Command::Sign { target, key, registry } => registry::sign(&target, &key, &registry).await,
             Command::Keygen { out } => registry::keygen(&out),
             Command::Pull { config, plugins } => registry::pull(&config, &plugins).await,
-            Command::Audit { config, components, json, history, against, acks, lock } => {
-                audit::run(audit::Args { config, components, json, history, against, acks, lock }).await
+            Command::Audit { config, components, json, format, history, against, acks, lock } => {
+                let format = format.unwrap_or(if json { audit::Format::Json } else { audit::Format::Text });
+                audit::run(audit::Args { config, components, format, history, against, acks, lock }).await
             }
             Command::Sandbox { addr, mode, api_key, uuid_keys } => {
                 let mode = match mode {

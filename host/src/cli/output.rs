@@ -69,3 +69,14 @@ pub(super) fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     }
     text.chars().map(|c| if c == '\n' || unsafe_on_terminal(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect::<String>().into()
 }
+
+/// How a report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// For a person.
+    Text,
+    /// The documented JSON.
+    Json,
+    /// SARIF 2.1.0 (the review only).
+    Sarif,
+}

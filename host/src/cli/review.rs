@@ -4,7 +4,8 @@
 //! new configuration passes its own audit is shown beside it; `toolguard
 //! audit` gates that (`docs/audit.md`, "Reviewing a change").
 
-use crate::audit::{Direction, Finding, Verdict};
+use super::output::Format;
+use crate::audit::{Direction, Finding, Location, Verdict};
 use serde_json::json;
 use std::path::Path;
 
@@ -12,25 +13,45 @@ use std::path::Path;
 const SCHEMA: &str = "toolguard-review/1";
 
 /// Reviews the change from the config at `old` to `config`; returns the exit status.
-pub(super) async fn run(config: &crate::Config, config_path: &Path, old: &Path, acks: &[String], json: bool) -> u8 {
-    let old_config = match crate::Config::load(old) {
-        Ok(c) => c,
-        Err(e) => return super::config_error(format!("the older config: {e}")),
-    };
-    let (before, after) = match (crate::audit::audit(&old_config, old, &[]).await, crate::audit::audit(config, config_path, &[]).await) {
-        (Ok(b), Ok(a)) => (b, a),
-        (Err(e), _) | (_, Err(e)) => {
+pub(super) async fn run(config: &crate::Config, (config_path, old): (&Path, &Path), acks: &[String], format: Format) -> u8 {
+    // What the configuration is held to now, whatever its lock says (the review is the lock's comparison).
+    let mut unlocked = config.clone();
+    unlocked.plugins.iter_mut().for_each(|p| p.policy.locked = None);
+    let after = match crate::audit::audit(&unlocked, config_path, &[]).await {
+        Ok(a) => a,
+        Err(e) => {
             super::print_json(&json!({ "kind": "internal", "message": e }));
             return super::EXIT_CALL_FAILED;
         }
     };
-    let mut findings = crate::audit::diff(&before, &after);
+    let mut findings = if old.file_name().is_some_and(|n| n.to_string_lossy().ends_with(".lock")) {
+        match crate::policy::lock::Lock::read(old) {
+            Ok(lock) => crate::audit::diff_lock(&lock, &after),
+            Err(e) => return super::config_error(e),
+        }
+    } else {
+        let mut old_config = match crate::Config::load(old) {
+            Ok(c) => c,
+            Err(e) => return super::config_error(format!("the older config: {e}")),
+        };
+        old_config.plugins.iter_mut().for_each(|p| p.policy.locked = None);
+        match crate::audit::audit(&old_config, old, &[]).await {
+            Ok(before) => crate::audit::diff(&before, &after),
+            Err(e) => {
+                super::print_json(&json!({ "kind": "internal", "message": e }));
+                return super::EXIT_CALL_FAILED;
+            }
+        }
+    };
     for f in &mut findings {
         f.acknowledged = acks.contains(&f.fingerprint);
     }
     let open = findings.iter().filter(|f| f.direction == Direction::Widening && !f.acknowledged).count();
     let verdict = if open == 0 { Verdict::PASS } else { Verdict::FAIL };
-    if json {
+    if format == Format::Sarif {
+        let locate = |f: &Finding| locate(config, config_path, f);
+        super::print_json(&crate::audit::sarif(&findings, &locate));
+    } else if format == Format::Json {
         super::print_json(&json!({
             "schema": SCHEMA,
             "config": config_path.display().to_string(),
@@ -64,4 +85,20 @@ fn render(findings: &[Finding], (verdict, audit): (Verdict, Verdict), open: usiz
     let audit = if audit == Verdict::PASS { "" } else { " (and the new configuration fails its own audit: run toolguard audit)" };
     out.push_str(&format!("{verdict:?}: {open} widening(s) not acknowledged; acknowledge one with --ack FINGERPRINT{audit}\n"));
     out
+}
+
+/// Where a finding is written: a policy change at its plugin's policy table
+/// (in the config, or in its `policy_file`), anything else at the plugin's
+/// `[plugins.NAME]` table; line 1 when it is not written (a plugin removed).
+fn locate(config: &crate::Config, config_path: &Path, f: &Finding) -> Location {
+    let policy = matches!(f.rule.split('-').next(), Some("grant" | "credential" | "key" | "budget" | "effect" | "action" | "consent" | "scopes"));
+    let (file, tables): (String, Vec<String>) = if policy {
+        let p = &f.plugin;
+        (config.policy_source.clone(), vec![format!("[policy.plugins.{p}"), format!("[plugins.{p}")])
+    } else {
+        (config_path.display().to_string(), vec![format!("[plugins.{}]", f.plugin)])
+    };
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    let line = tables.iter().find_map(|t| text.lines().position(|l| l.trim_start().starts_with(t.as_str()))).map_or(1, |i| i + 1);
+    Location { uri: file, line }
 }

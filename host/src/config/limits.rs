@@ -20,7 +20,7 @@ pub const EPOCH_TICK_MS: u64 = 10;
 
 /// The limits one tool invocation runs under. Every field has a documented
 /// default and may be overridden host-wide and per plugin in the config.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Limits {
     /// Cap on each linear memory, in MiB.
     pub memory_mb: u64,
