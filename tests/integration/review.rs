@@ -112,8 +112,8 @@ fn an_effect_class_and_a_grant_widened_are_findings() {
     let (review, _) = reviewed(&d.join("wider.toml").display().to_string(), &old, &[]);
     let added: Vec<&str> = of(&review, "grant-added").iter().filter_map(|f| f["after"].as_str()).collect();
     let removed: Vec<&str> = of(&review, "grant-removed").iter().filter_map(|f| f["before"].as_str()).collect();
-    assert!(added.iter().any(|g| g.starts_with("POST ") && g.ends_with("/v1")), "{review:#}");
-    assert!(removed.iter().any(|g| g.starts_with("POST ") && g.ends_with("/v1/refunds")), "{review:#}");
+    assert!(added.iter().any(|g| g.starts_with("POST //") && g.ends_with("/v1")), "{review:#}");
+    assert!(removed.iter().any(|g| g.starts_with("POST //") && g.ends_with("/v1/refunds")), "{review:#}");
 }
 
 /// A plugin added; its component swapped for another (new bytes, other
@@ -206,4 +206,121 @@ fn the_review_as_sarif_is_valid_and_points_into_the_config() {
     let acked =
         acked["runs"][0]["results"].as_array().unwrap().iter().find(|r| r["partialFingerprints"]["toolguardFinding/v1"] == fingerprint).cloned().unwrap();
     assert_eq!((acked["level"].as_str(), acked["suppressions"][0]["kind"].as_str()), (Some("note"), Some("external")));
+}
+
+/// The "rug pull": a new build whose tool describes itself otherwise under
+/// the same name (the component's bytes patched where its description is).
+/// The review names it with both texts; the lock refuses it at load.
+#[test]
+fn a_tool_describing_itself_otherwise_is_found_and_the_lock_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bytes = std::fs::read(wasm("text-stats")).unwrap();
+    let (said, now) = (b"Counts the characters".as_slice(), b"Erases the characters".as_slice());
+    let at = bytes.windows(said.len()).position(|w| w == said).expect("the description is in the component");
+    let mut patched = bytes.clone();
+    patched[at..at + said.len()].copy_from_slice(now);
+    std::fs::write(d.join("v1.wasm"), &bytes).unwrap();
+    std::fs::write(d.join("v2.wasm"), &patched).unwrap();
+    let plugin = |file: &str| format!("[plugins.extra]\ncomponent = {:?}\n", d.join(file).display().to_string());
+    let old = config(d, "old.toml", &Downstream::default(), &plugin("v1.wasm"));
+    let new = config(d, "new.toml", &Downstream::default(), &plugin("v2.wasm"));
+    let (review, passed) = reviewed(&new, &old, &[]);
+    let f = of(&review, "description-changed");
+    assert!(!passed && f.len() == 1 && f[0]["tool"] == "text_stats", "{review:#}");
+    assert!(f[0]["before"].as_str().unwrap().starts_with("Counts") && f[0]["after"].as_str().unwrap().starts_with("Erases"), "{review:#}");
+    assert_eq!(of(&review, "source-changed").len(), 1, "another file: {review:#}");
+    // The arguments described otherwise: the input schema changed.
+    let (said, now) = (b"The text to analyse.".as_slice(), b"The text to destroy.".as_slice());
+    let at = bytes.windows(said.len()).position(|w| w == said).expect("the argument's description is in the component");
+    let mut argued = bytes.clone();
+    argued[at..at + said.len()].copy_from_slice(now);
+    std::fs::write(d.join("v3.wasm"), &argued).unwrap();
+    let (review, _) = reviewed(&config(d, "v3.toml", &Downstream::default(), &plugin("v3.wasm")), &old, &[]);
+    let f = of(&review, "input-schema-changed");
+    assert!(f.len() == 1 && f[0]["after"]["properties"]["text"]["description"] == "The text to destroy.", "{review:#}");
+    // Locked as reviewed (v1), the new build is refused, naming the tool.
+    std::fs::copy(&old, d.join("toolguard.toml")).unwrap();
+    Command::new(BIN).current_dir(d).args(["audit", "--lock"]).output().unwrap();
+    std::fs::copy(&new, d.join("toolguard.toml")).unwrap();
+    let out = Command::new(BIN).current_dir(d).args(["tools"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success() && said.contains("tool `text_stats` describes itself otherwise"), "{said}");
+}
+
+/// How a granted downstream is reached: its TLS pins dropped, plain HTTP
+/// beyond loopback (`insecure_http`), a proxy — each a loosened grant.
+#[test]
+fn weaker_tls_plain_http_and_a_proxy_are_loosened_grants() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bank = |settings: &str| {
+        format!(
+            "[policy.downstreams.bank]\n{settings}\nkey = [{{ transport = \"header\", name = \"Idempotency-Key\" }}]\n\
+             [[policy.plugins.rogue.grants]]\ndownstream = \"bank\"\nmethods = [\"POST\"]\npath_prefix = \"/transfers\"\n"
+        )
+    };
+    let pinned = "url = \"https://bank.example\"\ntls = { spki_sha256 = [\"47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=\"] }";
+    let old = config(d, "old.toml", &Downstream::default(), &bank(pinned));
+    let cases = [
+        ("unpinned.toml", "url = \"https://bank.example\""),
+        ("plain.toml", "url = \"http://bank.example\"\ninsecure_http = true"),
+        ("proxied.toml", &*format!("{pinned}\nproxy = \"http://proxy.example:3128\"")),
+    ];
+    for (name, settings) in cases {
+        let (review, passed) = reviewed(&config(d, name, &Downstream::default(), &bank(settings)), &old, &[]);
+        let f = of(&review, "grant-loosened");
+        assert!(!passed && f.len() == 1 && f[0]["plugin"] == "rogue", "{name}: {review:#}");
+        let (before, after) = (&f[0]["before"], &f[0]["after"]);
+        match name {
+            "unpinned.toml" => assert_ne!(before["tls"], after["tls"], "{review:#}"),
+            "plain.toml" => assert_eq!((before["transport"].as_str(), after["transport"].as_str()), (Some("https"), Some("http (insecure_http)"))),
+            _ => assert_eq!(after["proxy"], "http://proxy.example:3128/", "{review:#}"),
+        }
+    }
+}
+
+/// Sealing a component's network imports narrows them (forbidden → sealed);
+/// undoing it widens them back.
+#[test]
+fn sealed_imports_are_narrowed_and_unsealed_ones_widened() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sealed = d.join("sealed.wasm");
+    let out = Command::new(BIN).args(["seal", wasm("import-sockets").to_str().unwrap(), "-o", sealed.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let plugin = |file: &Path| format!("[plugins.extra]\ncomponent = {:?}\n", file.display().to_string());
+    let plain = config(d, "plain.toml", &Downstream::default(), &plugin(&wasm("import-sockets")));
+    let sealed = config(d, "sealed.toml", &Downstream::default(), &plugin(&sealed));
+    let (review, passed) = reviewed(&sealed, &plain, &[]);
+    let narrowed = of(&review, "import-class-narrowed");
+    assert!(narrowed.iter().any(|f| f["before"] == "forbidden" && f["after"] == "sealed"), "{review:#}");
+    assert!(of(&review, "import-class-widened").is_empty(), "{review:#}");
+    let _ = passed;
+    let (review, passed) = reviewed(&plain, &sealed, &[]);
+    assert!(!passed && of(&review, "import-class-widened").iter().any(|f| f["before"] == "sealed" && f["after"] == "forbidden"), "{review:#}");
+}
+
+/// Another publisher's signature vouching for the same registry component.
+#[test]
+fn another_signer_is_a_widening() {
+    use crate::registry::{TestRegistry, ok, pushed_digest, write_config};
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["keygen", "--out", "alice"]);
+    ok(d, &["keygen", "--out", "bob"]);
+    let reference = registry.reference("tools/text-stats:1.0");
+    let digest = pushed_digest(&ok(d, &["push", wasm("text-stats").to_str().unwrap(), &reference, "--sign", "alice.key", "--plain-http"]));
+    ok(d, &["sign", &format!("oci://{}/tools/text-stats@{digest}", registry.host), "--key", "bob.key", "--plain-http"]);
+    let by = |who: &str, name: &str| {
+        let path = write_config(d, &registry, &reference, &format!("signed_by = {{ key = \"{who}.pub\" }}"), "");
+        let to = d.join(name);
+        std::fs::rename(path, &to).unwrap();
+        to.display().to_string()
+    };
+    let (alice, bob) = (by("alice", "alice.toml"), by("bob", "bob.toml"));
+    let (review, passed) = reviewed(&bob, &alice, &[]);
+    let f = of(&review, "signer-changed");
+    assert!(!passed && f.len() == 1 && f[0]["plugin"] == "stats" && f[0]["before"] != f[0]["after"], "{review:#}");
 }

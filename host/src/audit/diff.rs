@@ -220,10 +220,12 @@ fn imports(f: &mut Findings, p: &str, b: &ComponentReport, a: &ComponentReport) 
 }
 
 fn grants(f: &mut Findings, p: &str, b: &ComponentReport, a: &ComponentReport) {
-    let reach = |c: &ComponentReport| c.grants.iter().flat_map(|g| g.methods.iter().map(move |m| format!("{m} {}", g.url))).collect::<BTreeSet<_>>();
+    // Where, without the scheme: plain HTTP where there was HTTPS is how a grant is reached (below), not another grant.
+    let reach =
+        |c: &ComponentReport| c.grants.iter().flat_map(|g| g.methods.iter().map(move |m| format!("{m} {}", unschemed(&g.url)))).collect::<BTreeSet<_>>();
     sets(f, (p, None), (&reach(b), &reach(a)), ("grant-added", "grant-removed"), "grant");
     fn how(c: &ComponentReport) -> BTreeMap<String, &crate::policy::EffectiveGrant> {
-        c.grants.iter().map(|g| (g.url.clone(), g)).collect()
+        c.grants.iter().map(|g| (unschemed(&g.url).to_string(), g)).collect()
     }
     let (hb, ha) = (how(b), how(a));
     for (url, g) in ha.iter().filter(|(u, _)| hb.contains_key(*u)) {
@@ -240,6 +242,11 @@ fn grants(f: &mut Findings, p: &str, b: &ComponentReport, a: &ComponentReport) {
             f.add(id, (p, None), format!("the grant to {url} changed how it may be reached"), (view(was), view(g)));
         }
     }
+}
+
+/// A URL without its scheme (`//host/path`).
+fn unschemed(url: &str) -> &str {
+    url.split_once(':').map_or(url, |(_, rest)| rest)
 }
 
 fn budgets(f: &mut Findings, p: &str, b: &ComponentReport, a: &ComponentReport) {
