@@ -11,6 +11,7 @@ mod diff;
 mod registry;
 mod render;
 mod report;
+mod rules;
 mod sarif;
 
 use crate::config::{ComponentSource, Config, EngineConfig, PluginConfig};
