@@ -321,23 +321,30 @@ const INIT: &str =
     r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
 
 /// The official Python SDK, connected before a reload that adds a tool, is
-/// told the list changed and lists the new tool.
+/// told the list changed and lists the new tool: in a 2025-11-25 session
+/// (`notifications/tools/list_changed`) and listening on 2026-07-28's
+/// `subscriptions/listen`.
 #[test]
 fn the_python_sdk_hears_the_tool_list_changed() {
-    let host = Host::start(&Downstream::default(), "", &[]);
-    let python = std::env::var("TOOLGUARD_PYTHON").expect("TOOLGUARD_PYTHON: run the tests with ./dev.sh test");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp/list_changed.py");
-    let mut child = Command::new(python).arg(script).arg(&host.url).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let listed: Value = serde_json::from_str(&lines.next().expect("the client listed the tools").unwrap()).unwrap();
-    assert!(!listed["tools"].as_array().unwrap().contains(&json!("text_stats")), "{listed}");
-    host.rewrite(&Downstream::default(), "[plugins.extra]\ncomponent = \"builtin:text-stats\"\n");
-    let (answer, ok) = host.reload();
-    assert!(ok, "{answer:#}");
-    let changed = lines.next().map(|l| l.unwrap());
-    let status = child.wait().unwrap();
-    let stderr = std::io::read_to_string(child.stderr.take().unwrap()).unwrap_or_default();
-    let changed: Value = serde_json::from_str(&changed.unwrap_or_else(|| panic!("no second line; {status}\n{stderr}"))).unwrap();
-    assert_eq!(changed["step"], "changed", "{changed}\n{stderr}");
-    assert!(changed["tools"].as_array().unwrap().contains(&json!("text_stats")), "{changed}");
+    for mode in ["legacy", "auto"] {
+        let host = Host::start(&Downstream::default(), "", &[]);
+        let python = std::env::var("TOOLGUARD_PYTHON").expect("TOOLGUARD_PYTHON: run the tests with ./dev.sh test");
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp/list_changed.py");
+        let mut child = Command::new(python).arg(script).args([&host.url, mode]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let listed: Value = serde_json::from_str(&lines.next().expect("the client listed the tools").unwrap()).unwrap();
+        assert!(!listed["tools"].as_array().unwrap().contains(&json!("text_stats")), "{mode}: {listed}");
+        if mode == "auto" {
+            assert_eq!(listed["protocol"], "2026-07-28", "{listed}");
+        }
+        host.rewrite(&Downstream::default(), "[plugins.extra]\ncomponent = \"builtin:text-stats\"\n");
+        let (answer, ok) = host.reload();
+        assert!(ok, "{answer:#}");
+        let changed = lines.next().map(|l| l.unwrap());
+        let status = child.wait().unwrap();
+        let stderr = std::io::read_to_string(child.stderr.take().unwrap()).unwrap_or_default();
+        let changed: Value = serde_json::from_str(&changed.unwrap_or_else(|| panic!("{mode}: no second line; {status}\n{stderr}"))).unwrap();
+        assert_eq!(changed["step"], "changed", "{mode}: {changed}\n{stderr}");
+        assert!(changed["tools"].as_array().unwrap().contains(&json!("text_stats")), "{mode}: {changed}");
+    }
 }

@@ -31,7 +31,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, GetTaskParams, GetTaskResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, UpdateTaskParams,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
 use std::sync::Arc;
 
@@ -125,6 +125,18 @@ impl ServerHandler for McpHost {
     async fn on_initialized(&self, cx: NotificationContext<RoleServer>) {
         // Told when a reload changes the tools (view.rs).
         self.views.joined(cx.peer);
+    }
+
+    fn accepted_subscription_filter(&self, _requested: &rmcp::model::SubscriptionFilter) -> Option<rmcp::model::SubscriptionFilter> {
+        // Only the tool list changes here (on a reload); the SDK keeps what was requested of it.
+        Some(rmcp::model::SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    async fn listen(&self, cx: SubscriptionContext) -> Result<(), ErrorData> {
+        let stream = self.views.listening(cx.sink().clone());
+        cx.cancelled().await;
+        self.views.closed(stream);
+        Ok(())
     }
 
     async fn list_tools(&self, _request: Option<PaginatedRequestParams>, _cx: RequestContext<RoleServer>) -> Result<ListToolsResult, ErrorData> {

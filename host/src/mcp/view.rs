@@ -1,12 +1,15 @@
 //! What MCP clients see of the generation serving now: its runtime and its
 //! tool list. A reload swaps it whole ([`crate::reload::Follower`]); when
 //! the tools changed — names, descriptions, schemas, annotations — every
-//! session that initialized is sent `notifications/tools/list_changed`.
+//! session that initialized (2025-11-25), and every `subscriptions/listen`
+//! stream that asked for tool changes (2026-07-28), is sent
+//! `notifications/tools/list_changed`.
 
 use crate::policy::Effect;
 use crate::reload::{Commit, Follower, Next};
 use crate::runtime::Runtime;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use rmcp::service::SubscriptionSink;
 use rmcp::{Peer, RoleServer};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -54,12 +57,20 @@ impl View {
 pub(crate) struct Views {
     current: RwLock<Arc<View>>,
     peers: Mutex<Vec<Peer<RoleServer>>>,
+    /// Open `subscriptions/listen` streams, by a number of their own.
+    streams: Mutex<Vec<(u64, SubscriptionSink)>>,
+    next_stream: std::sync::atomic::AtomicU64,
 }
 
 impl Views {
     /// Serving `runtime`.
     pub(crate) fn new(runtime: Arc<Runtime>) -> Arc<Self> {
-        Arc::new(Self { current: RwLock::new(Arc::new(View::of(runtime))), peers: Mutex::new(Vec::new()) })
+        Arc::new(Self {
+            current: RwLock::new(Arc::new(View::of(runtime))),
+            peers: Mutex::new(Vec::new()),
+            streams: Mutex::new(Vec::new()),
+            next_stream: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     /// The view serving now.
@@ -75,13 +86,31 @@ impl Views {
         peers.push(peer);
     }
 
-    /// Tells every session the tool list changed.
+    /// Tells `sink`'s stream of tool changes until [`Views::closed`] with the answered number.
+    pub(crate) fn listening(&self, sink: SubscriptionSink) -> u64 {
+        let id = self.next_stream.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.streams.lock().unwrap_or_else(PoisonError::into_inner).push((id, sink));
+        id
+    }
+
+    /// Forgets the stream numbered `id` (it ended).
+    pub(crate) fn closed(&self, id: u64) {
+        self.streams.lock().unwrap_or_else(PoisonError::into_inner).retain(|(n, _)| *n != id);
+    }
+
+    /// Tells every session and every listening stream the tool list changed.
     fn tell(self: &Arc<Self>) {
         let peers: Vec<Peer<RoleServer>> = self.peers.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let streams: Vec<SubscriptionSink> = self.streams.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, s)| s.clone()).collect();
         tokio::spawn(async move {
             for peer in peers {
                 if let Err(e) = peer.notify_tool_list_changed().await {
                     tracing::debug!(error = %e, "a session was not told the tool list changed (it has closed)");
+                }
+            }
+            for stream in streams {
+                if let Err(e) = stream.notify_tool_list_changed().await {
+                    tracing::debug!(error = %e, "a listening stream was not told the tool list changed (it has closed)");
                 }
             }
         });
