@@ -2,10 +2,10 @@
 //! lock says was reviewed — components, signers, imports, tools and what
 //! each tells the model (the lock records no more, so no more is compared).
 
-use super::diff::{Finding, Findings, sets};
+use super::diff::{Finding, Findings, sets, told};
 use super::report::Report;
 use crate::imports::ImportClass;
-use crate::policy::lock::{Lock, unversioned};
+use crate::policy::lock::{Lock, import_list};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
@@ -25,23 +25,16 @@ pub fn diff_lock(lock: &Lock, new: &Report) -> Vec<Finding> {
         if signer != locked.signer {
             f.add("signer-changed", (p, None), format!("`{p}`'s signer changed"), (json!(locked.signer), json!(signer)));
         }
-        let imports: BTreeSet<String> = c.imports.iter().filter(|i| i.class != Some(ImportClass::Sealed)).map(|i| unversioned(&i.name)).collect();
-        sets(&mut f, (p, None), (&locked.imports.iter().cloned().collect(), &imports), ("import-added", "import-removed"), "import");
+        let imports = import_list(c.imports.iter().filter(|i| i.class != Some(ImportClass::Sealed)).map(|i| i.name.as_str()));
+        let set = |v: &[String]| v.iter().cloned().collect::<BTreeSet<_>>();
+        sets(&mut f, (p, None), (&set(&locked.imports), &set(&imports)), ("import-added", "import-removed"), "import");
         for t in &c.tools {
             let Some(was) = locked.tools.get(&t.name) else {
                 f.add("tool-added", (p, Some(&t.name)), format!("tool `{}` is not in the lock", t.name), (Value::Null, json!(t.granted)));
                 continue;
             };
-            let at = (p, Some(t.name.as_str()));
-            if was.description != t.description {
-                f.add("description-changed", at, format!("tool `{}` tells the model something new", t.name), (json!(was.description), json!(t.description)));
-            }
-            if was.input_schema != t.input_schema {
-                f.add("input-schema-changed", at, format!("tool `{}` takes other arguments", t.name), (was.input_schema.clone(), t.input_schema.clone()));
-            }
-            if was.output_schema != t.output_schema {
-                f.add("output-schema-changed", at, format!("tool `{}` promises another result", t.name), (json!(was.output_schema), json!(t.output_schema)));
-            }
+            let (before, after) = ((&was.description, &was.input_schema, &was.output_schema), (&t.description, &t.input_schema, &t.output_schema));
+            told(&mut f, (p, &t.name), before, after);
         }
         for name in locked.tools.keys().filter(|n| !c.tools.iter().any(|t| &t.name == *n)) {
             f.add("tool-removed", (p, Some(name)), format!("locked tool `{name}` is gone"), (json!(name), Value::Null));

@@ -7,6 +7,8 @@
 use super::report::{ComponentReport, Report, ToolReport};
 use super::rules::direction_of;
 pub use super::rules::{Direction, RULES, Rule};
+use crate::imports::ImportClass;
+use crate::policy::lock::unversioned;
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -123,28 +125,24 @@ pub(super) fn sets(
     }
 }
 
-/// The name of an interface without its version.
-fn unversioned(name: &str) -> &str {
-    name.split('@').next().unwrap_or(name)
-}
-
 fn imports(f: &mut Findings, p: &str, b: &ComponentReport, a: &ComponentReport) {
-    let classes = |c: &ComponentReport| c.imports.iter().map(|i| (unversioned(&i.name).to_string(), json!(i.class))).collect::<BTreeMap<_, _>>();
+    let classes = |c: &ComponentReport| c.imports.iter().map(|i| (unversioned(&i.name), i.class)).collect::<BTreeMap<_, _>>();
     let (cb, ca) = (classes(b), classes(a));
-    let names = |m: &BTreeMap<String, Value>| m.keys().cloned().collect::<BTreeSet<_>>();
+    let names = |m: &BTreeMap<String, Option<ImportClass>>| m.keys().cloned().collect::<BTreeSet<_>>();
     sets(f, (p, None), (&names(&cb), &names(&ca)), ("import-added", "import-removed"), "import");
     // How much an import gives: sealed and inert nothing, linked what the host links, forbidden anything.
-    let rank = |v: &Value| match v.as_str() {
-        Some("sealed") => 0,
-        Some("inert") => 1,
-        Some("forbidden") => 3,
-        _ => 2,
+    let rank = |c: Option<ImportClass>| match c {
+        Some(ImportClass::Sealed) => 0,
+        Some(ImportClass::Inert) => 1,
+        Some(ImportClass::Forbidden) => 3,
+        Some(ImportClass::Granted) | None => 2,
     };
-    for (name, now) in ca.iter().filter(|(n, _)| cb.contains_key(*n)) {
-        let was = &cb[name];
+    for (name, &now) in ca.iter().filter(|(n, _)| cb.contains_key(*n)) {
+        let was = cb[name];
         if rank(now) != rank(was) {
             let id = if rank(now) > rank(was) { "import-class-widened" } else { "import-class-narrowed" };
-            f.add(id, (p, None), format!("import `{name}` is now {now} (was {was})"), (was.clone(), now.clone()));
+            let (was, now) = (json!(was), json!(now));
+            f.add(id, (p, None), format!("import `{name}` is now {now} (was {was})"), (was, now));
         }
     }
 }
@@ -256,14 +254,23 @@ fn tool(f: &mut Findings, (p, name): (&str, &str), b: &ToolReport, a: &ToolRepor
     if a.scopes != b.scopes {
         f.add("scopes-changed", at, format!("the scopes a call of `{name}` needs changed"), (json!(b.scopes), json!(a.scopes)));
     }
-    if a.description != b.description {
-        f.add("description-changed", at, format!("tool `{name}` tells the model something new"), (json!(b.description), json!(a.description)));
+    told(f, (p, name), (&b.description, &b.input_schema, &b.output_schema), (&a.description, &a.input_schema, &a.output_schema));
+}
+
+/// What a tool tells the model: its description, input and output schema.
+pub(super) type Told<'a> = (&'a String, &'a Value, &'a Option<Value>);
+
+/// Findings for what tool `name` tells the model, `before` and `after`.
+pub(super) fn told(f: &mut Findings, (p, name): (&str, &str), before: Told<'_>, after: Told<'_>) {
+    let at = (p, Some(name));
+    if after.0 != before.0 {
+        f.add("description-changed", at, format!("tool `{name}` tells the model something new"), (json!(before.0), json!(after.0)));
     }
-    if a.input_schema != b.input_schema {
-        f.add("input-schema-changed", at, format!("tool `{name}` takes other arguments"), (b.input_schema.clone(), a.input_schema.clone()));
+    if after.1 != before.1 {
+        f.add("input-schema-changed", at, format!("tool `{name}` takes other arguments"), (before.1.clone(), after.1.clone()));
     }
-    if a.output_schema != b.output_schema {
-        f.add("output-schema-changed", at, format!("tool `{name}` promises another result"), (json!(b.output_schema), json!(a.output_schema)));
+    if after.2 != before.2 {
+        f.add("output-schema-changed", at, format!("tool `{name}` promises another result"), (json!(before.2), json!(after.2)));
     }
 }
 

@@ -31,14 +31,12 @@ use std::path::{Path, PathBuf};
 /// The lock of what `report` found: each component's digests, signer,
 /// imports (not those sealed) and each tool's description and schemas.
 pub fn lock_of(report: &Report) -> crate::policy::lock::Lock {
-    use crate::policy::lock::{Lock, LockedPlugin, LockedTool, SCHEMA, unversioned};
+    use crate::policy::lock::{Lock, LockedPlugin, LockedTool, SCHEMA, import_list};
     let plugins = report
         .components
         .iter()
         .filter_map(|c| {
-            let mut imports: Vec<String> = c.imports.iter().filter(|i| i.class != Some(ImportClass::Sealed)).map(|i| unversioned(&i.name)).collect();
-            imports.sort();
-            imports.dedup();
+            let imports = import_list(c.imports.iter().filter(|i| i.class != Some(ImportClass::Sealed)).map(|i| i.name.as_str()));
             let tools = c
                 .tools
                 .iter()

@@ -92,6 +92,12 @@ pub fn unversioned(name: &str) -> String {
     name.split('@').next().unwrap_or(name).to_string()
 }
 
+/// Import names as a lock lists them: without versions, sorted, once each.
+pub fn import_list<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let set: std::collections::BTreeSet<String> = names.into_iter().map(unversioned).collect();
+    set.into_iter().collect()
+}
+
 impl Locked {
     /// Checks a loaded plugin's facts against the lock.
     ///

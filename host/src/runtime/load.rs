@@ -114,7 +114,7 @@ impl Runtime {
         let super::source::Component { bytes, sha256: digest, provenance } = component;
         // One validating parse serves both checks (a Python component is ~18 MB).
         let imports = crate::imports::component_imports(&bytes).map_err(|reason| LoadError::NotAComponent { plugin: name.clone(), reason })?;
-        let imported: Vec<String> = imports.iter().map(|i| crate::policy::lock::unversioned(i)).collect();
+        let imported = crate::policy::lock::import_list(imports.iter().map(String::as_str));
         let forbidden = crate::imports::forbidden(&imports);
         if !forbidden.is_empty() {
             return Err(LoadError::ForbiddenImports { plugin: name, imports: forbidden });
@@ -190,9 +190,7 @@ impl Runtime {
 
 /// What `toolguard.lock` holds of a plugin, as loaded: its digests, signer,
 /// imports and what each tool tells the model.
-fn lock_facts(loaded: &LoadedPlugin, mut imports: Vec<String>, tools: &[ToolInfo]) -> crate::policy::lock::LockedPlugin {
-    imports.sort();
-    imports.dedup();
+fn lock_facts(loaded: &LoadedPlugin, imports: Vec<String>, tools: &[ToolInfo]) -> crate::policy::lock::LockedPlugin {
     let provenance = loaded.provenance.as_ref();
     crate::policy::lock::LockedPlugin {
         sha256: loaded.digest.clone(),
