@@ -47,6 +47,9 @@ pub enum ErrorKind {
     Busy,
     /// A person must approve this action first; nothing was sent.
     AwaitingApproval,
+    /// The tool asks the client questions (`toolguard:plugin/client`) before
+    /// it goes on; nothing after them has run (`detail`: the round asked).
+    InputRequired,
     /// Its caller cancelled it (an MCP task's `tasks/cancel`) before anything
     /// of it left the host; nothing was done.
     Cancelled,
@@ -74,6 +77,7 @@ impl ErrorKind {
             Self::Expired => "expired",
             Self::Busy => "busy",
             Self::AwaitingApproval => "awaiting-approval",
+            Self::InputRequired => "input-required",
             Self::Cancelled => "cancelled",
             Self::Internal => "internal",
         }
@@ -107,6 +111,7 @@ impl ErrorKind {
             Self::AwaitingApproval => {
                 "Nothing was sent: wait for the decision (poll its task, or retry the same tool-call id later); do not repeat it under a new id."
             }
+            Self::InputRequired => "Answer the questions it asks and call it again with the answers (the same tool-call id).",
             Self::Cancelled => "Nothing was done: make the call again, under a new tool-call id, if it is still wanted.",
             Self::Internal => "The host failed; retry the same tool call later.",
         }
@@ -117,7 +122,7 @@ impl std::str::FromStr for ErrorKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        const ALL: [ErrorKind; 18] = [
+        const ALL: [ErrorKind; 19] = [
             ErrorKind::UnknownTool,
             ErrorKind::InvalidArgs,
             ErrorKind::PluginTrap,
@@ -134,6 +139,7 @@ impl std::str::FromStr for ErrorKind {
             ErrorKind::Expired,
             ErrorKind::Busy,
             ErrorKind::AwaitingApproval,
+            ErrorKind::InputRequired,
             ErrorKind::Cancelled,
             ErrorKind::Internal,
         ];
@@ -267,6 +273,17 @@ pub enum LoadError {
         plugin: String,
         /// Every import its policy denies.
         imports: Vec<String>,
+    },
+    /// The component imports `toolguard:plugin/client` but its policy grants no question.
+    #[error(
+        "plugin `{plugin}` is refused: it imports {import} (questions to the MCP client mid-call) but its policy grants none; \
+         a reviewer who accepts that sets `ask_client = [\"elicitation\"]` (or `sampling`, `roots`) in [policy.plugins.{plugin}]"
+    )]
+    UngrantedQuestions {
+        /// The plugin's name.
+        plugin: String,
+        /// The import as the component names it.
+        import: String,
     },
     /// The component, or what a tool tells the model, differs from `toolguard.lock`.
     #[error("plugin `{plugin}` is refused: {what}")]

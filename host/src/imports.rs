@@ -28,6 +28,7 @@ pub enum ImportClass {
 pub const LINKED: &[(&str, ImportClass, &str)] = &[
     ("toolguard:plugin/outbound", ImportClass::Granted, "the guard: sends and fetches inside the plugin's grants"),
     ("toolguard:plugin/types", ImportClass::Inert, "shared types only"),
+    (CLIENT, ImportClass::Granted, "questions to the MCP client mid-call: only the kinds its policy's ask_client grants, and only if it grants one"),
     ("wasi:io/error", ImportClass::Inert, "I/O plumbing for the streams below"),
     ("wasi:io/poll", ImportClass::Inert, "I/O plumbing for the streams below"),
     ("wasi:io/streams", ImportClass::Inert, "I/O plumbing: only stdout/stderr (logged) and a closed stdin exist"),
@@ -49,6 +50,9 @@ pub const LINKED: &[(&str, ImportClass, &str)] = &[
     ("wasi:filesystem/types", ImportClass::Inert, "inert, host-written: no descriptor can exist"),
     ("wasi:filesystem/preopens", ImportClass::Inert, "inert: no preopened directories, so no file can be named"),
 ];
+
+/// The interface through which a plugin asks the MCP client questions.
+pub const CLIENT: &str = "toolguard:plugin/client";
 
 /// An import name without its version: `wasi:io/poll@0.2.6` → `wasi:io/poll`.
 pub fn unversioned(name: &str) -> &str {

@@ -97,6 +97,8 @@ fn plugin(f: &mut Findings, b: &ComponentReport, a: &ComponentReport) {
     grants(f, p, b, a);
     let set = |c: &ComponentReport| c.credentials.iter().map(|c| format!("{} {} ({})", c.downstream, c.header, c.source)).collect::<BTreeSet<_>>();
     sets(f, (p, None), (&set(b), &set(a)), ("credential-added", "credential-removed"), "credential");
+    let asks = |c: &ComponentReport| c.ask_client.iter().map(|k| k.as_str().to_string()).collect::<BTreeSet<_>>();
+    sets(f, (p, None), (&asks(b), &asks(a)), ("questions-added", "questions-removed"), "question to the MCP client");
     let keys = |c: &ComponentReport| {
         c.keys.iter().map(|k| (k.downstream.clone(), json!({ "transports": k.transports, "format": k.format }))).collect::<BTreeMap<_, _>>()
     };
@@ -296,6 +298,7 @@ mod tests {
             credentials: Vec::new(),
             keys: Vec::new(),
             budgets,
+            ask_client: Vec::new(),
             limits: crate::config::Limits::default(),
             verdict: Verdict::PASS,
             reasons: Vec::new(),

@@ -164,6 +164,9 @@ async fn audit_one(
     if !denied.is_empty() {
         reasons.push(format!("imports or carries sealed what policy.plugins.{}.deny_imports forbids: {}", plugin.name, denied.join(", ")));
     }
+    if let Some(client) = imports.iter().find(|i| crate::imports::falls_under(&i.name, crate::imports::CLIENT)).filter(|_| policy.ask_client.is_empty()) {
+        reasons.push(format!("imports {} (questions to the MCP client) but policy.plugins.{}.ask_client grants none", client.name, plugin.name));
+    }
     if !policy.reviewed {
         reasons.push(format!("not in the policy: no [policy.plugins.{}], so its tools' classes are unreviewed and it has no grants", plugin.name));
     }
@@ -222,6 +225,7 @@ async fn audit_one(
         keys,
         budgets: effective.budgets,
         limits: plugin.limits,
+        ask_client: policy.ask_client.clone(),
         verdict,
         reasons,
         notes,

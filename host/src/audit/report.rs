@@ -95,6 +95,9 @@ pub struct ComponentReport {
     pub budgets: Budgets,
     /// What one invocation runs under.
     pub limits: crate::config::Limits,
+    /// The kinds of question it may put to the MCP client mid-call (`ask_client`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ask_client: Vec<crate::policy::QuestionKind>,
     /// PASS or FAIL for this component.
     pub verdict: Verdict,
     /// Why it fails (empty on PASS).

@@ -48,6 +48,8 @@ pub const RULES: &[Rule] = &[
     rule("grant-tightened", Narrowing, "A grant allows less: smaller bodies, stricter paths or TLS."),
     rule("credential-added", Widening, "The host now injects a credential for the plugin."),
     rule("credential-removed", Narrowing, "The host no longer injects a credential."),
+    rule("questions-added", Widening, "The plugin may now ask the MCP client (its person, model or roots) this kind of question mid-call (`ask_client`)."),
+    rule("questions-removed", Narrowing, "The plugin may no longer ask the client this kind of question."),
     rule("key-transport-changed", Widening, "How the idempotency key reaches a downstream changed: the provider must recognise re-sends the new way."),
     rule("budget-raised", Widening, "A budget (sends per call, irreversible calls per hour) is higher or gone."),
     rule("budget-lowered", Narrowing, "A budget is lower or new."),

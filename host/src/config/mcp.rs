@@ -58,6 +58,11 @@ pub struct McpConfig {
     /// call may run before it is answered with a task instead of waiting
     /// (`docs/tasks.md`).
     pub task_after_ms: u64,
+    /// Tools served only as MCP tasks: a client that did not opt into the
+    /// tasks extension gets `-32021`, and a 2026-07-28 client is asked the
+    /// tool's first questions on the `tools/call` itself, its task begun
+    /// once they are answered (`docs/questions.md`).
+    pub tasks_required: Vec<String>,
     /// How often a task's client is asked to poll (`pollIntervalMs`), and
     /// the first pause before the host tries again to settle a call whose
     /// outcome is not yet known (doubling up to a minute).
@@ -86,6 +91,7 @@ impl Default for McpConfig {
             max_connections: 4_096,
             operator_token_env: None,
             task_after_ms: 2_000,
+            tasks_required: Vec::new(),
             task_poll_ms: 1_000,
             task_ttl_ms: 3_600_000,
             oauth: None,

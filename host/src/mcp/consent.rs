@@ -16,10 +16,11 @@ use rmcp::RoleServer;
 use rmcp::model::ElicitRequestParams;
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What the key of an input request asking for approval starts with.
-const APPROVAL_KEY: &str = "approval-";
+pub(crate) const APPROVAL_KEY: &str = "approval-";
 
 /// The key of the input request that asks for approval `request`.
 pub(crate) fn approval_key(request: &str) -> String {
@@ -88,35 +89,17 @@ impl McpHost {
 
     /// Records the decisions a retried `tools/call` carries in its
     /// `inputResponses` (answers to the approval it was asked for). Only a
-    /// request still waiting for this very call is decided; `requestState`
-    /// is not trusted for anything.
+    /// request still waiting for this very call is decided; the other keys
+    /// answer the tool's own questions ([`super::questions`]).
     ///
     /// # Errors
-    /// `-32602` for a response to no approval of this call.
+    /// `-32602` for an answer to no approval of this call.
     pub(super) async fn record_responses(&self, call: &CallRequest, responses: &rmcp::model::InputResponses) -> Result<(), rmcp::ErrorData> {
         for (key, answer) in responses {
-            let Some(request) = key.strip_prefix(APPROVAL_KEY) else {
-                return Err(rmcp::ErrorData::invalid_params(format!("`{key}` answers nothing toolguard asked"), None));
-            };
+            let Some(request) = key.strip_prefix(APPROVAL_KEY) else { continue };
             self.decide_at_client(call, request, answer).await.map_err(|e| rmcp::ErrorData::invalid_params(e, None))?;
         }
         Ok(())
-    }
-
-    /// For a 2026-07-28 client that can elicit, the `input_required` answer
-    /// asking it to approve a call that awaits approval.
-    pub(super) fn input_required(
-        &self,
-        cx: &RequestContext<RoleServer>,
-        answer: &Result<crate::CallOutput, crate::CallError>,
-    ) -> Option<rmcp::model::InputRequiredResult> {
-        let approval = awaited(answer)?;
-        let modern = cx.meta.protocol_version().is_some();
-        if !modern || cx.client_capabilities().is_none_or(|c| c.elicitation.is_none()) {
-            return None;
-        }
-        let (request, requests) = approval_requests(approval)?;
-        Some(rmcp::model::InputRequiredResult::new(Some(requests), Some(request)))
     }
 
     /// `answer` to `call`, or, if it awaits approval and the client can be
@@ -125,8 +108,8 @@ impl McpHost {
     pub(super) async fn ask_at_client(
         &self,
         cx: &RequestContext<RoleServer>,
-        call: &CallRequest,
-        runtime: &crate::Runtime,
+        (call, runtime): (&CallRequest, &crate::Runtime),
+        inputs: &Arc<crate::runtime::client::journal::Inputs>,
         answer: Result<crate::CallOutput, crate::CallError>,
     ) -> Result<crate::CallOutput, crate::CallError> {
         let approval = awaited(&answer).cloned();
@@ -144,6 +127,6 @@ impl McpHost {
                 return answer;
             }
         }
-        runtime.call(call).await
+        runtime.call_answering(call, inputs.clone()).await
     }
 }

@@ -49,6 +49,15 @@ pub fn session(meta: &Map<String, Value>, principal: Option<&str>, config: &McpC
     })
 }
 
+/// What a call id minted for a read-only call starts with.
+const READ_ID: &str = "mcp-read-";
+
+/// Whether `call_id` was minted here for a read-only call the client sent
+/// without one (so a retry of that call comes with another).
+pub fn minted_for_read(call_id: &str) -> bool {
+    call_id.starts_with(READ_ID)
+}
+
 /// The call id to use when the client sent none: for a side-effecting tool
 /// `None` (refuse) unless the config opts into deriving it from the
 /// arguments; for a read-only tool a fresh one (nothing to deduplicate).
@@ -56,7 +65,7 @@ pub fn fallback_call_id(side_effects: bool, tool: &str, args_json: &str, config:
     if !side_effects {
         let mut bytes = [0u8; 12];
         let _ = getrandom::fill(&mut bytes);
-        return Some(format!("mcp-read-{}", hex::encode(bytes)));
+        return Some(format!("{READ_ID}{}", hex::encode(bytes)));
     }
     match config.missing_call_id {
         MissingCallId::Refuse => None,

@@ -16,6 +16,7 @@ pub mod listen;
 pub mod oauth;
 mod operator;
 pub mod principals;
+mod questions;
 mod request_ids;
 pub mod results;
 pub mod sessions;
@@ -50,6 +51,8 @@ pub struct McpHost {
     pending: Option<Arc<delivery::Pending>>,
     /// The MCP tasks this host drives ([`tasks`]).
     tasks: Arc<tasks::Tasks>,
+    /// Seals the `requestState` of questions put to 2026-07-28 clients ([`questions`]).
+    states: Arc<std::sync::OnceLock<rmcp::model::RequestStateCodec>>,
 }
 
 impl McpHost {
@@ -60,7 +63,7 @@ impl McpHost {
         let in_flight = principals::CallsInFlight::new(config.max_calls_per_principal);
         let ms = std::time::Duration::from_millis;
         let tasks = Arc::new(tasks::Tasks::new(views.clone(), ms(config.task_poll_ms), ms(config.task_ttl_ms)));
-        Self { live, views, config: Arc::new(config), in_flight, pending: None, tasks }
+        Self { live, views, config: Arc::new(config), in_flight, pending: None, tasks, states: Arc::default() }
     }
 
     /// The runtime a call made now runs in.
@@ -147,13 +150,13 @@ impl ServerHandler for McpHost {
         self.views.current().tools.get(name).map(|(t, _)| t.clone())
     }
 
-    async fn call_tool(&self, request: CallToolRequestParams, cx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+    async fn call_tool(&self, mut request: CallToolRequestParams, cx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
         // One generation for the whole call: the one serving as it arrives.
         let view = self.views.current();
         let Some((_, effect)) = view.tools.get(request.name.as_ref()) else {
             return Err(ErrorData::invalid_params(format!("Unknown tool: {}", request.name), None));
         };
-        let args_json = serde_json::to_string(&request.arguments.unwrap_or_default()).unwrap_or_else(|_| "{}".into());
+        let args_json = serde_json::to_string(&request.arguments.take().unwrap_or_default()).unwrap_or_else(|_| "{}".into());
         let meta = &cx.meta.0.0;
         let side_effects = *effect != Effect::ReadOnly;
         let call_id = ids::call_id(meta).or_else(|| ids::fallback_call_id(side_effects, &request.name, &args_json, &self.config));
@@ -185,18 +188,27 @@ impl ServerHandler for McpHost {
         };
         let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json, principal };
         let opted_in = cx.client_capabilities().is_some_and(|c| c.supports_tasks());
-        let runtime = view.runtime.clone();
-        if opted_in && side_effects && runtime.guard().is_some() {
-            return self.call_as_task(call, *effect, &cx).await;
+        if !opted_in && self.config.tasks_required.contains(&call.tool) {
+            return Err(tasks_required());
         }
+        let runtime = view.runtime.clone();
+        let inputs = self.inputs(&cx, &call, (request.request_state.as_ref(), request.input_responses.as_ref()))?;
+        if opted_in && side_effects && runtime.guard().is_some() {
+            if let Some(responses) = &request.input_responses {
+                self.record_responses(&call, responses).await?;
+            }
+            return self.call_as_task(call, *effect, &cx, inputs).await;
+        }
+        let inputs = Arc::new(inputs);
         if let Some(responses) = &request.input_responses {
             self.record_responses(&call, responses).await?;
         }
-        let answer = runtime.call(&call).await;
-        if let Some(asked) = self.input_required(&cx, &answer) {
+        let answer = runtime.call_answering(&call, inputs.clone()).await;
+        if let Some(asked) = self.input_required(&cx, (&call, &inputs), &answer) {
             return Ok(asked.into());
         }
-        let answer = self.ask_at_client(&cx, &call, &runtime, answer).await;
+        let answer = self.ask_at_client(&cx, (&call, &runtime), &inputs, answer).await;
+        let answer = self.ask_live(&cx, (&call, &runtime), &inputs, answer).await;
         self.answer(&cx, (call, runtime), *effect, answer).map(Into::into)
     }
 
@@ -234,6 +246,15 @@ impl McpHost {
         }
         Ok(result)
     }
+}
+
+/// The error for a call of a tool in `[mcp] tasks_required` from a client
+/// that did not opt into the tasks extension (-32021).
+fn tasks_required() -> ErrorData {
+    let needed = serde_json::json!({ "extensions": { rmcp::model::TASKS_EXTENSION_ID: {} } });
+    let mut error = ErrorData::missing_required_client_capability(serde_json::from_value(needed).unwrap_or_default());
+    error.message = "this tool is served only as an MCP task: declare the io.modelcontextprotocol/tasks extension and call it again".into();
+    error
 }
 
 /// The answer to a call past its principal's `[mcp] max_calls_per_principal`.

@@ -6,6 +6,7 @@ use super::tasks::{self, Progress, Watched, wire};
 use crate::ledger::records::CallRecord;
 use crate::policy::Effect;
 use crate::runtime::CallRequest;
+use crate::runtime::client::journal::Inputs;
 use rmcp::model::{CallToolResponse, GetTaskResult, MetaObject};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
@@ -15,6 +16,11 @@ use std::time::Duration;
 /// its task handle is given out (a handle names only a durable call).
 const RECORD_POLL: Duration = Duration::from_millis(20);
 
+/// How long the first try of a call of a tool in `[mcp] tasks_required` is
+/// waited for before its task handle is given out: time for its tool to ask
+/// its first questions on the `tools/call` itself.
+const ASK_FIRST: Duration = Duration::from_millis(250);
+
 /// How long `tasks/get` of a task no host drives waits for the call to be
 /// run again (a completed call replays in that time).
 const RESUME_GRACE: Duration = Duration::from_millis(250);
@@ -23,19 +29,46 @@ impl McpHost {
     /// `call` for a client that opted into tasks: its answer if the call is
     /// settled within `[mcp] task_after_ms` (never, when that is 0), else a
     /// task handle once the call is recorded in the ledger; the answer of a
-    /// call refused before it was recorded.
-    pub(super) async fn call_as_task(&self, call: CallRequest, effect: Effect, cx: &RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
-        let Watched { request, mut state } = self.tasks.drive(call);
-        let budget = tokio::time::Instant::now() + Duration::from_millis(self.config.task_after_ms);
+    /// call refused before it was recorded. The questions of a tool in
+    /// `[mcp] tasks_required` asked before its task exists go on the
+    /// `tools/call` itself (a 2026-07-28 client's `input_required`): its
+    /// first try is waited for up to [`ASK_FIRST`], and the task handle
+    /// answers the retry that brings their answers.
+    pub(super) async fn call_as_task(
+        &self,
+        call: CallRequest,
+        effect: Effect,
+        cx: &RequestContext<RoleServer>,
+        inputs: Inputs,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let required = self.config.tasks_required.contains(&call.tool);
+        let ask_first = required && cx.meta.protocol_version().is_some();
+        // The round this request brings answers to: not asked again here.
+        let fed = inputs.offered_for.clone().filter(|_| !inputs.offered.is_empty());
+        let Watched { request, mut state } = self.tasks.drive(call, inputs);
+        let budget_ms = match (ask_first, &fed) {
+            (true, Some(_)) => 0,
+            (true, None) => self.config.task_after_ms.max(ASK_FIRST.as_millis() as u64),
+            (false, _) => self.config.task_after_ms,
+        };
+        let budget = tokio::time::Instant::now() + Duration::from_millis(budget_ms);
         // With no budget, every call that is recorded is answered with a task.
-        let mut in_time = self.config.task_after_ms > 0;
+        let mut in_time = budget_ms > 0;
         loop {
+            let asked = state.borrow().asked.clone().filter(|a| ask_first && fed.as_ref() != Some(&a.digest));
+            if let Some(asked) = asked {
+                let requests = super::questions::requests(&asked).map_err(|why| ErrorData::internal_error(why, None))?;
+                let sealed = self.seal(&request, asked.journal, Some(asked.digest));
+                return Ok(rmcp::model::InputRequiredResult::new(Some(requests), Some(sealed)).into());
+            }
             let settled = state.borrow().settled().cloned();
             if in_time {
-                if let Some(answer) = settled {
-                    return self.answer(cx, ((*request).clone(), self.runtime()), effect, answer).map(Into::into);
+                match settled {
+                    // A tool served only as a task answers with one, however fast.
+                    Some(_) if required => in_time = false,
+                    Some(answer) => return self.answer(cx, ((*request).clone(), self.runtime()), effect, answer).map(Into::into),
+                    None => in_time = matches!(tokio::time::timeout_at(budget, state.changed()).await, Ok(Ok(()))),
                 }
-                in_time = matches!(tokio::time::timeout_at(budget, state.changed()).await, Ok(Ok(())));
                 continue;
             }
             if self.recorded(&request.session, &request.call_id).await.ok().flatten().is_some() {
@@ -94,8 +127,12 @@ impl McpHost {
         let approval = state.borrow().approval.clone();
         let asked = approval.as_ref().and_then(|a| a["request"].as_str()).map(str::to_string);
         let Some(asked) = asked.filter(|r| responses.contains_key(&super::consent::approval_key(r))) else {
-            let keys = responses.keys().cloned().collect::<Vec<_>>().join(", ");
-            return Err(ErrorData::invalid_params(format!("task `{task_id}` asks for none of {keys}: nothing was decided"), None));
+            if let Some(key) = responses.keys().find(|k| k.starts_with(super::consent::APPROVAL_KEY)) {
+                return Err(ErrorData::invalid_params(format!("task `{task_id}` asks for no approval `{key}` now: nothing was decided"), None));
+            }
+            // Answers to the tool's own questions.
+            let answered = self.tasks.answer(&request.session, &request.call_id, responses);
+            return answered.map_err(|why| ErrorData::invalid_params(format!("task `{task_id}`: {why}; nothing was taken"), None));
         };
         let answer = &responses[&super::consent::approval_key(&asked)];
         let decided = self.decide_at_client(&request, &asked, answer).await.map_err(|e| ErrorData::invalid_params(e, None))?;
@@ -119,7 +156,8 @@ impl McpHost {
             return Err(ErrorData::invalid_params(message, None));
         }
         let args_json = record.args.to_string();
-        let mut watched = self.tasks.drive(CallRequest { session, call_id, tool: record.tool, args_json, principal });
+        let inputs = Inputs { askable: super::questions::askable(cx), ..Inputs::default() };
+        let mut watched = self.tasks.drive(CallRequest { session, call_id, tool: record.tool, args_json, principal }, inputs);
         let _ = tokio::time::timeout(RESUME_GRACE, watched.state.wait_for(|s| s.settled().is_some())).await;
         Ok(watched)
     }

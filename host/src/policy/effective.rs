@@ -26,6 +26,9 @@ pub struct EffectivePolicy {
     /// Minutes within which a repeat of an irreversible tool's action needs confirmation, by tool.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub confirm_repeats: std::collections::BTreeMap<String, u64>,
+    /// The kinds of question it may put to the MCP client mid-call (`ask_client`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ask_client: Vec<super::QuestionKind>,
     /// The grants as the reviewer wrote them: what each request is authorised against.
     #[serde(skip)]
     pub rules: Arc<[Grant]>,
@@ -127,6 +130,7 @@ impl EffectivePolicy {
             budgets,
             approvals: policy.approvals.clone(),
             confirm_repeats: policy.confirm_repeats.clone(),
+            ask_client: policy.ask_client.clone(),
             rules: policy.grants.clone().into(),
         }
     }

@@ -6,6 +6,7 @@
 //! covers is `denied` and nothing is sent. The format is in `docs/policy.md`.
 
 mod approval;
+mod ask;
 mod authorize;
 mod downstream;
 mod effect;
@@ -16,6 +17,7 @@ mod plugin;
 mod registry;
 
 pub use approval::{ApprovalRule, DEFAULT_APPROVAL_MINUTES, RawApproval};
+pub use ask::QuestionKind;
 pub use authorize::{Refusal, authorize};
 pub use downstream::{
     CredentialSpec, DEFAULT_BACKOFF_MS, DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RETRIES, DEFAULT_RECONCILE_MS, DEFAULT_RETENTION_HOURS,
@@ -76,6 +78,9 @@ pub struct RawPluginPolicy {
     #[serde(default)]
     /// Imports refused even though inert or sealed (packages or package/interface).
     pub deny_imports: Vec<String>,
+    #[serde(default)]
+    /// The kinds of question it may put to the MCP client mid-call.
+    pub ask_client: Vec<QuestionKind>,
 }
 
 /// One tool's policy as written.
@@ -202,6 +207,12 @@ impl Policy {
                 max_irreversible_calls_per_session_hour: p.max_irreversible_calls_per_session_hour,
                 max_irreversible_calls_per_principal_hour: p.max_irreversible_calls_per_principal_hour,
                 deny_imports: p.deny_imports,
+                ask_client: {
+                    let mut kinds = p.ask_client;
+                    kinds.sort();
+                    kinds.dedup();
+                    kinds
+                },
             };
             plugins.insert(name, policy);
         }

@@ -76,6 +76,9 @@ pub struct PluginPolicy {
     /// Interfaces (`wasi:filesystem`, or `wasi:filesystem/preopens`) it may
     /// not import even where the host links them inert, nor carry sealed.
     pub deny_imports: Vec<String>,
+    /// The kinds of question it may put to the MCP client mid-call through
+    /// `toolguard:plugin/client` (none by default: importing it is refused).
+    pub ask_client: Vec<super::QuestionKind>,
 }
 
 impl PluginPolicy {
@@ -114,6 +117,7 @@ impl Default for PluginPolicy {
             max_irreversible_calls_per_session_hour: None,
             max_irreversible_calls_per_principal_hour: None,
             deny_imports: Vec::new(),
+            ask_client: Vec::new(),
         }
     }
 }

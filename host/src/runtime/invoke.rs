@@ -3,6 +3,8 @@
 //! result checked and recorded.
 
 use super::bindings::Plugin;
+use super::client::Asking;
+use super::client::journal::Inputs;
 use super::outbound::{Mode, wit};
 use super::plugin::ToolInfo;
 use super::reconcile::PluginReconciler;
@@ -21,7 +23,7 @@ const LEASE_MARGIN_MS: u64 = 2_000;
 
 impl Runtime {
     /// Invokes a tool (see the module docs).
-    pub(crate) async fn invoke(&self, req: &CallRequest, gate: Option<Arc<crate::guard::Gate>>) -> Result<CallOutput, CallError> {
+    pub(crate) async fn invoke(&self, req: &CallRequest, gate: Option<Arc<crate::guard::Gate>>, inputs: Arc<Inputs>) -> Result<CallOutput, CallError> {
         let (index, tool) = self.tools.get(&req.tool).ok_or_else(|| unknown_tool(self, &req.tool))?;
         let plugin = &self.plugins[*index];
         let args = check_args(&req.args_json, plugin.ctx.limits.max_args_bytes, tool)?;
@@ -91,10 +93,11 @@ impl Runtime {
             None => Mode::NoCall,
         };
         let name = tool.plugin_tool.clone();
+        let asking = Asking::new(&plugin.policy.ask_client, inputs);
         let run = crate::phases::time(crate::phases::Phase::Run);
         let (returned, call_guard) = self
             .core
-            .sandboxed(plugin, mode, Slot::Invoke, move |store, instance| {
+            .sandboxed(plugin, (mode, asking), Slot::Invoke, move |store, instance| {
                 Box::pin(async move {
                     let bindings = Plugin::new(&mut *store, &instance)?;
                     bindings.toolguard_plugin_tool().call_invoke(store, &name, &canonical).await
@@ -145,6 +148,7 @@ impl Runtime {
                 | ErrorKind::Expired
                 | ErrorKind::Busy
                 | ErrorKind::AwaitingApproval
+                | ErrorKind::InputRequired
                 | ErrorKind::Internal => return,
                 // Cancelled provably before anything left: nothing can follow from it.
                 ErrorKind::ToolFailed | ErrorKind::Cancelled => Reported::Definitive,

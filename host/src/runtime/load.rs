@@ -119,6 +119,9 @@ impl Runtime {
         if !forbidden.is_empty() {
             return Err(LoadError::ForbiddenImports { plugin: name, imports: forbidden });
         }
+        if let Some(import) = imports.iter().find(|i| crate::imports::falls_under(i, crate::imports::CLIENT)).filter(|_| config.policy.ask_client.is_empty()) {
+            return Err(LoadError::UngrantedQuestions { plugin: name, import: import.clone() });
+        }
         let denied: Vec<String> = imports
             .into_iter()
             .chain(crate::seal::record_of(&bytes).map(|r| r.sealed).unwrap_or_default())
@@ -156,7 +159,7 @@ impl Runtime {
         // One sandbox: describe, and check the reconcile export's type if there is one.
         let (specs, _) = self
             .core
-            .sandboxed(&loaded, Mode::NoCall, Slot::Invoke, move |store, instance| {
+            .sandboxed(&loaded, (Mode::NoCall, super::client::Asking::default()), Slot::Invoke, move |store, instance| {
                 Box::pin(async move {
                     if let Some(func) = &reconcile {
                         reconcile::typed(store, &instance, func)

@@ -21,10 +21,12 @@ use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 pub(crate) type GuestCall<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<R>> + Send + 'a>>;
 
 /// Why an invocation stopped before the guest returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Fault {
     /// A limit stopped it (CPU, wall clock, memory, stack, outbound calls).
     Limit(String),
+    /// It asked the client a round of questions not answered yet.
+    Asked(Box<super::client::journal::Pending>),
     /// The guest trapped.
     Trap(String),
 }
@@ -33,6 +35,7 @@ impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Limit(m) | Self::Trap(m) => f.write_str(m),
+            Self::Asked(p) => write!(f, "waiting for the client to answer {} question(s)", p.questions.len()),
         }
     }
 }
@@ -42,6 +45,16 @@ impl From<Fault> for CallError {
         match f {
             Fault::Limit(m) => CallError::new(ErrorKind::LimitExceeded, m),
             Fault::Trap(m) => CallError::new(ErrorKind::PluginTrap, m),
+            Fault::Asked(pending) => {
+                let keys: Vec<&str> = pending.questions.iter().map(|q| q.key.as_str()).collect();
+                let message = format!(
+                    "the tool asks its client {} before it goes on ({}); nothing after the questions has run. Answer them and call \
+                     again with the answers, under the same tool-call id",
+                    if keys.len() == 1 { "a question" } else { "questions" },
+                    keys.join(", ")
+                );
+                CallError::new(ErrorKind::InputRequired, message).with_detail(serde_json::json!({ "asked": pending }))
+            }
         }
     }
 }
@@ -75,20 +88,21 @@ pub(crate) struct Core {
 
 impl Core {
     /// Runs `body` against a fresh instance of `plugin` in a fresh store,
-    /// under the plugin's limits, its `send` as `mode` allows. The store is
+    /// under the plugin's limits, its `send` as `mode` allows, its questions
+    /// answered as `asking` can. The store is
     /// dropped when this returns; the call guard (if `mode` had one) is
     /// handed back for `Guard::finish`.
     pub(crate) async fn sandboxed<R>(
         &self,
         plugin: &LoadedPlugin,
-        mode: Mode,
+        (mode, asking): (Mode, super::client::Asking),
         slot: Slot,
         body: impl for<'a> FnOnce(&'a mut Store<HostState>, Instance) -> GuestCall<'a, R>,
     ) -> (Result<R, Fault>, Option<CallGuard>) {
         let slots = if slot == Slot::Invoke { &self.slots } else { &self.reconcile_slots };
         let _slot = slots.acquire().await.expect("the slot semaphores are never closed");
         let limits = plugin.ctx.limits;
-        let mut store = self.new_store(plugin, mode);
+        let mut store = self.new_store(plugin, mode, asking);
         let run = async {
             let started = std::time::Instant::now();
             let instance = plugin.pre.instance_pre().instantiate_async(&mut store).await?;
@@ -107,10 +121,10 @@ impl Core {
     }
 
     /// A fresh store for one invocation, its limiter and CPU budget armed.
-    fn new_store(&self, plugin: &LoadedPlugin, mode: Mode) -> Store<HostState> {
+    fn new_store(&self, plugin: &LoadedPlugin, mode: Mode, asking: super::client::Asking) -> Store<HostState> {
         self.sandboxes.fetch_add(1, Ordering::Relaxed);
         let outbound = Outbound::new(plugin.ctx.clone(), self.guard.get().cloned(), mode);
-        let state = HostState::new(plugin.ctx.clone(), outbound);
+        let state = HostState::new(plugin.ctx.clone(), outbound, asking);
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         let budget = plugin.ctx.limits.cpu_ticks();
@@ -134,6 +148,9 @@ impl Core {
 /// Names the limit or trap behind `error`, preferring what the host itself recorded.
 fn classify(error: &wasmtime::Error, state: &HostState) -> Fault {
     let plugin = &state.plugin.name;
+    if let Some(pending) = &state.asking.pending {
+        return Fault::Asked(Box::new(pending.clone()));
+    }
     if let Some(limit) = state.limit_hit() {
         return Fault::Limit(limit.clone());
     }

@@ -19,6 +19,8 @@ pub struct HostState {
     pub plugin: Arc<PluginContext>,
     /// The plugin's only way out, and the call it serves.
     pub outbound: Outbound,
+    /// Its questions to the call's client.
+    pub asking: super::client::Asking,
     /// Epoch ticks of guest execution so far.
     pub cpu_ticks: u64,
     /// The limit that stopped the invocation, if one did.
@@ -29,7 +31,7 @@ pub struct HostState {
 
 impl HostState {
     /// A fresh state for one invocation of `plugin`, reaching out through `outbound`.
-    pub(crate) fn new(plugin: Arc<PluginContext>, outbound: Outbound) -> Self {
+    pub(crate) fn new(plugin: Arc<PluginContext>, outbound: Outbound, asking: super::client::Asking) -> Self {
         let stdout = PluginLog::new(plugin.name.clone(), false);
         let stderr = PluginLog::new(plugin.name.clone(), true);
         Self {
@@ -38,6 +40,7 @@ impl HostState {
             limiter: MemoryLimiter::new(plugin.limits.memory_bytes(), plugin.footprint),
             plugin,
             outbound,
+            asking,
             cpu_ticks: 0,
             limit_hit: None,
             stdout,
@@ -60,6 +63,12 @@ impl HostState {
 impl OutboundView for HostState {
     fn outbound(&mut self) -> &mut Outbound {
         &mut self.outbound
+    }
+}
+
+impl super::client::ClientView for HostState {
+    fn asking(&mut self) -> &mut super::client::Asking {
+        &mut self.asking
     }
 }
 

@@ -14,12 +14,15 @@
 //! what a host is doing about it now ([`Tasks`]), so any host reading the
 //! same ledger answers `tasks/get`, after a restart or kill -9 too.
 
+mod answers;
 pub mod id;
 pub(crate) mod wire;
 
 use crate::error::{CallError, ErrorKind};
 use crate::guard::Gate;
+use crate::runtime::client::journal::Inputs;
 use crate::runtime::{CallOutput, CallRequest, Runtime};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,6 +61,9 @@ pub(crate) struct Snapshot {
     /// While its call awaits a person's approval: the request
     /// (`detail.approval` of the `awaiting-approval` answer).
     pub(crate) approval: Option<serde_json::Value>,
+    /// While its tool's questions wait for the client: the round, with the
+    /// questions not answered yet.
+    pub(crate) asked: Option<crate::runtime::client::journal::Pending>,
 }
 
 impl Snapshot {
@@ -86,6 +92,8 @@ struct Entry {
     gate: Arc<Gate>,
     /// Wakes its driver to try again at once (a decision came in).
     wake: Arc<tokio::sync::Notify>,
+    /// What its tool asked its client, and was answered.
+    answers: Arc<Mutex<answers::Answers>>,
     driver: tokio::task::AbortHandle,
 }
 
@@ -98,6 +106,20 @@ impl Entry {
     fn watched(&self) -> Watched {
         Watched { request: self.request.clone(), state: self.state.subscribe() }
     }
+
+    /// Its tool's questions are answered: its driver tries again now.
+    fn answered(&self) {
+        self.state.send_modify(|s| {
+            s.asked = None;
+            s.progress = Progress::Working("answered: running the tool call on".into());
+        });
+        self.wake.notify_one();
+    }
+}
+
+/// `answers`, locked (a panic while holding it leaves it usable).
+fn lock(answers: &Mutex<answers::Answers>) -> std::sync::MutexGuard<'_, answers::Answers> {
+    answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The tasks this host drives, by call (session, tool-call id).
@@ -117,12 +139,17 @@ impl Tasks {
     }
 
     /// The task of `request`'s call: the one this host is driving (or has
-    /// settled), else a new driver that runs the call until its answer is
-    /// definitive or the task's time to live has passed.
-    pub(crate) fn drive(&self, request: CallRequest) -> Watched {
+    /// settled), given what `inputs` brings for the questions it asks now;
+    /// else a new driver that runs the call, its questions answered from
+    /// `inputs`, until its answer is definitive or the task's time to live
+    /// has passed.
+    pub(crate) fn drive(&self, request: CallRequest, inputs: Inputs) -> Watched {
         let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let key = (request.session.clone(), request.call_id.clone());
         if let Some(entry) = entries.get(&key).filter(|e| e.live()) {
+            if lock(&entry.answers).brought(&inputs) {
+                entry.answered();
+            }
             return entry.watched();
         }
         if entries.len() >= SWEEP_AT {
@@ -130,14 +157,16 @@ impl Tasks {
             entries.retain(|_, e| !(e.driver.is_finished() && e.state.borrow().created_ms < expired));
         }
         let now = crate::ledger::records::now_ms();
-        let snapshot = Snapshot { progress: Progress::Working(STARTED.into()), created_ms: now, updated_ms: now, cancel_refused: None, approval: None };
+        let snapshot =
+            Snapshot { progress: Progress::Working(STARTED.into()), created_ms: now, updated_ms: now, cancel_refused: None, approval: None, asked: None };
         let (state, _) = watch::channel(snapshot);
         let until = Instant::now() + self.ttl;
         let (request, gate, wake) = (Arc::new(request), Arc::new(Gate::default()), Arc::new(tokio::sync::Notify::new()));
-        let driving =
-            Driving { runtime: self.views.current().runtime.clone(), request: request.clone(), gate: gate.clone(), state: state.clone(), wake: wake.clone() };
+        let answers = Arc::new(Mutex::new(answers::Answers::new(inputs)));
+        let runtime = self.views.current().runtime.clone();
+        let driving = Driving { runtime, request: request.clone(), gate: gate.clone(), state: state.clone(), wake: wake.clone(), answers: answers.clone() };
         let driver = tokio::spawn(driving.settle(self.poll, until)).abort_handle();
-        let entry = Entry { request, state, gate, wake, driver };
+        let entry = Entry { request, state, gate, wake, answers, driver };
         let watched = entry.watched();
         entries.insert(key, entry);
         watched
@@ -147,6 +176,25 @@ impl Tasks {
     pub(crate) fn watch(&self, session: &str, call_id: &str) -> Option<Watched> {
         let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         entries.get(&(session.to_string(), call_id.to_string())).filter(|e| e.live()).map(Entry::watched)
+    }
+
+    /// Takes the client's answers (`tasks/update`) to the questions the task
+    /// of call (`session`, `call_id`) asks now; once they answer the whole
+    /// round its driver tries again at once.
+    ///
+    /// # Errors
+    /// In words: an answer is not the result of its question.
+    pub(crate) fn answer(&self, session: &str, call_id: &str, responses: &BTreeMap<String, serde_json::Value>) -> Result<(), String> {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(entry) = entries.get(&(session.to_string(), call_id.to_string())) else { return Ok(()) };
+        let mut answers = lock(&entry.answers);
+        let whole = answers.offer(responses)?;
+        let open = answers.open();
+        entry.state.send_modify(|s| s.asked = open);
+        if whole {
+            entry.answered();
+        }
+        Ok(())
     }
 
     /// Notes that a person decided on the approval the task of call
@@ -172,10 +220,10 @@ impl Tasks {
         let key = (session.to_string(), call_id.to_string());
         let found = {
             let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            entries.get(&key).map(|e| (e.request.clone(), e.gate.clone(), e.driver.clone(), e.state.clone()))
+            entries.get(&key).map(|e| (e.request.clone(), e.gate.clone(), e.driver.clone(), e.state.clone(), e.answers.clone()))
         };
         let runtime = self.views.current().runtime.clone();
-        let (Some((request, gate, driver, state)), Some(guard)) = (found, runtime.guard()) else { return };
+        let (Some((request, gate, driver, state, answers)), Some(guard)) = (found, runtime.guard()) else { return };
         if state.borrow().settled().is_some() {
             return;
         }
@@ -193,7 +241,8 @@ impl Tasks {
                 if stopped.load(std::sync::atomic::Ordering::Relaxed) {
                     // Stopped before anything of it passed: run it again.
                     self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
-                    self.drive((*request).clone());
+                    let inputs = lock(&answers).inputs();
+                    self.drive((*request).clone(), inputs);
                 }
                 let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if let Some(entry) = entries.get(&key) {
@@ -212,6 +261,7 @@ struct Driving {
     gate: Arc<Gate>,
     state: watch::Sender<Snapshot>,
     wake: Arc<tokio::sync::Notify>,
+    answers: Arc<Mutex<answers::Answers>>,
 }
 
 /// What a task says before its first try has answered.
@@ -230,19 +280,36 @@ impl Driving {
     async fn settle(self, poll: Duration, until: Instant) {
         let mut pause = poll;
         loop {
-            let answer = self.runtime.call_as_task(&self.request, &self.gate).await;
+            let inputs = Arc::new(lock(&self.answers).inputs());
+            let answer = self.runtime.call_as_task(&self.request, &self.gate, inputs).await;
             let now = crate::ledger::records::now_ms();
             let working = unsettled(&answer);
             let settled = working.is_none();
             let approval = crate::mcp::consent::awaited(&answer).cloned();
-            // Awaiting a decision, each try is a ledger read: look again at the client's pace.
-            let next = if approval.is_some() { poll } else { pause };
+            let asked = {
+                let mut answers = lock(&self.answers);
+                answers.stopped_at(crate::mcp::questions::asked(&answer));
+                answers.open()
+            };
+            // Questions wait for the client's answers (which wake the driver); a
+            // decision may come from anywhere, so each try is a ledger read at the client's pace.
+            let next = if asked.is_some() {
+                until.saturating_duration_since(Instant::now())
+            } else if approval.is_some() {
+                poll
+            } else {
+                pause
+            };
+            let waits_for_answers = asked.is_some();
             self.state.send_modify(|s| {
                 s.progress = working.map_or(Progress::Settled(answer), Progress::Working);
                 s.approval = approval;
+                s.asked = asked;
                 s.updated_ms = now;
             });
-            if settled || Instant::now() + next > until {
+            // Waiting for answers, it waits up to its time to live.
+            let out_of_time = if waits_for_answers { Instant::now() >= until } else { Instant::now() + next > until };
+            if settled || out_of_time {
                 return;
             }
             tokio::select! {
@@ -266,6 +333,7 @@ pub(crate) fn unsettled(answer: &Answer) -> Option<String> {
         ),
         ErrorKind::Held if e.detail.as_ref().is_none_or(|d| d.get("earlier_outcome").is_none()) => Some(HELD.into()),
         ErrorKind::AwaitingApproval => Some(format!("{}. Poll this task; do not repeat the call", e.message)),
+        ErrorKind::InputRequired => Some("the tool asks its client the questions this task lists; answer them with tasks/update".into()),
         _ => None,
     }
 }

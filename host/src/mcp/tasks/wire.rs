@@ -41,10 +41,17 @@ pub(crate) fn created(task_id: &str, snapshot: &Snapshot, timing: Timing) -> Cre
 }
 
 /// The task as `tasks/get` reports it; `result` is the MCP result of its
-/// settled answer (the same a `tools/call` would have had). A task
-/// awaiting a person's approval asks for it (`input_required`) if the
+/// settled answer (the same a `tools/call` would have had). A task whose
+/// tool asks its client questions lists those not answered yet
+/// (`input_required`); one awaiting a person's approval asks for it if the
 /// client asking can elicit (`elicit`).
 pub(crate) fn detailed(task_id: &str, snapshot: &Snapshot, result: Option<CallToolResult>, timing: Timing, elicit: bool) -> DetailedTask {
+    if let (Some(asked), None) = (&snapshot.asked, snapshot.settled())
+        && let Ok(input_requests) = crate::mcp::questions::requests(asked)
+    {
+        let payload = TaskPayload::InputRequired { input_requests };
+        return DetailedTask::new(task(task_id, snapshot, payload.status(), timing), payload);
+    }
     if let (Some(approval), true, None) = (&snapshot.approval, elicit, snapshot.settled())
         && let Some((_, input_requests)) = crate::mcp::consent::approval_requests(approval)
     {
