@@ -39,6 +39,7 @@ mod migration;
 mod oauth;
 mod payments;
 mod properties;
+mod questions;
 mod recovery_edges;
 mod registry;
 mod registry_faults;
