@@ -180,3 +180,52 @@ fn asking_is_denied_by_default_refused_at_load_and_unsupported_without_a_client(
     assert!(!call.status.success() && out.contains("Unsupported"), "{out}");
     assert_eq!(sandbox.refunds().len() + sandbox2.refunds().len(), 0);
 }
+
+#[test]
+fn a_task_waiting_for_answers_outlives_a_kill_9_and_its_refund_is_made_once() {
+    use crate::tasks::{Client, task_id};
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = world(dir.path(), true);
+    let text = std::fs::read_to_string(&config).unwrap() + "[mcp]\ntask_after_ms = 0\ntask_poll_ms = 100\n";
+    std::fs::write(&config, text).unwrap();
+    let server = serve_http(&config, &[]);
+    let client = Client::open(&server.url, None).eliciting();
+    let meta = json!({
+        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} }, "elicitation": {} },
+        "toolguard/toolCallId": "k1",
+        "toolguard/sessionId": "conv",
+    });
+    let args = json!({ "name": "refund_then_note", "arguments": { "payment_intent": "pi_ask", "amount_cents": 2500 } });
+    let task = task_id(&client.request("tools/call", args, meta)["result"]);
+    let waiting = |client: &Client| {
+        let mut last = Value::Null;
+        let asked = crate::world::wait_for(std::time::Duration::from_secs(30), || {
+            last = client.task("get", &task)["result"].clone();
+            last["status"] == "input_required"
+        });
+        assert!(asked, "never asked: {last}");
+        last
+    };
+    let asked = waiting(&client);
+    assert_eq!(asked["inputRequests"]["note"]["method"], "elicitation/create", "{asked}");
+    assert_eq!(sandbox.refunds().len(), 1, "the refund is made before the question");
+    // The host dies while the person is answering; the answers were in its memory only.
+    let mut server = server;
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let restarted = serve_http(&config, &[]);
+    let client = Client::open(&restarted.url, None).eliciting();
+    // The task's call is run again from the ledger: the refund replays, the question is asked again.
+    let asked = waiting(&client);
+    assert_eq!(asked["inputRequests"]["note"]["method"], "elicitation/create", "{asked}");
+    // A partial or foreign answer is acknowledged and changes nothing; the real one finishes the task.
+    assert_eq!(client.answer(&task, "other", json!({ "action": "accept", "content": {} }))["result"], json!({ "resultType": "complete" }));
+    assert_eq!(client.answer(&task, "note", json!(42))["error"]["code"], -32602, "an answer of the wrong shape is refused");
+    assert_eq!(client.answer(&task, "note", json!({ "action": "accept", "content": { "note": "sorry" } }))["result"], json!({ "resultType": "complete" }));
+    let done = client.settled(&task);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["structuredContent"]["note"], "sorry", "{done}");
+    let made = sandbox.refunds();
+    assert_eq!(made.len(), 1, "one refund across the crash and both rounds");
+    assert_eq!(done["result"]["structuredContent"]["refund_id"], made[0].id.as_str());
+}
