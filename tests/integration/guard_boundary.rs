@@ -97,6 +97,33 @@ async fn an_unsettled_send_cannot_be_hidden_by_the_plugin() {
 }
 
 #[tokio::test]
+async fn a_run_that_skips_a_send_its_earlier_run_made_answers_for_that_send() {
+    // A hostile (or merely not deterministic) plugin: its first run refunds
+    // and the answer is lost; run again, it sends nothing and says all is well.
+    let h = harness(Downstream { key: crate::payments::HEADER_ONLY, ..Downstream::default() }).await;
+    h.sandbox.inject(Fault::DelayAfterCommit { ms: 3_000 });
+    let until = toolguard::ledger::records::now_ms() + 1_500;
+    let form = json!({ "Content-Type": "application/x-www-form-urlencoded" });
+    let args = json!({ "requests": [refund_request(&h.sandbox.url(), form)], "swallow_errors": true, "until_ms": until }).to_string();
+    let err = h.call("c1", "send_all", &args).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutcomeUnknown, "{err}");
+    // Past `until_ms`, and past the provider's late answer: the plugin skips its send now.
+    tokio::time::sleep(std::time::Duration::from_millis(3_500)).await;
+    let told = h.call("c1", "send_all", &args).await.unwrap_err();
+    assert_eq!(told.kind, ErrorKind::FailedAfterEffect, "not the plugin's 'nothing sent': {told}");
+    let detail = told.detail.clone().unwrap();
+    assert_eq!(detail["tool_result"], json!([{ "skipped": true }]), "{detail}");
+    assert_eq!((detail["effects"][0]["earlier_run"].clone(), detail["effects"][0]["status"].clone()), (json!(true), json!(200)), "{detail}");
+    assert_eq!(h.refunds(), 1);
+    let keys: Vec<_> = h.posts().into_iter().map(|p| p.idempotency_key.unwrap()).collect();
+    assert!(keys.iter().all(|k| *k == keys[0]), "settled with its own key, never a new one: {keys:?}");
+    // Recorded: the same call again replays it, nothing sent.
+    let posts = h.posts().len();
+    let again = h.call("c1", "send_all", &args).await.unwrap_err();
+    assert_eq!((again.kind, h.posts().len(), h.refunds()), (ErrorKind::FailedAfterEffect, posts, 1));
+}
+
+#[tokio::test]
 async fn each_send_of_a_call_has_its_own_key_and_all_replay_without_going_out() {
     let h = harness(Downstream::default()).await;
     let form = json!({ "Content-Type": "application/x-www-form-urlencoded" });

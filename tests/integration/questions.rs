@@ -229,3 +229,44 @@ fn a_task_waiting_for_answers_outlives_a_kill_9_and_its_refund_is_made_once() {
     assert_eq!(made.len(), 1, "one refund across the crash and both rounds");
     assert_eq!(done["result"]["structuredContent"]["refund_id"], made[0].id.as_str());
 }
+
+#[test]
+fn a_run_that_does_not_repeat_its_earlier_runs_refund_is_never_told_as_no_refund() {
+    use toolguard_sandbox::Fault;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = world(dir.path(), true);
+    let server = serve_http(&config, &[]);
+    let asked = call_2026(&server.url, ("refund_if_confirmed", "d1"), json!({}));
+    let state = asked["result"]["requestState"].clone();
+    // The person confirms; the refund is made, and the host dies before it hears so.
+    sandbox.inject(Fault::PauseAfterCommit);
+    let url = server.url.clone();
+    let (yes, retry) = (json!({ "confirm": confirming(true) }), state.clone());
+    let confirmed = std::thread::spawn(move || call_2026(&url, ("refund_if_confirmed", "d1"), json!({ "inputResponses": yes, "requestState": retry })));
+    assert!(crate::world::wait_for(std::time::Duration::from_secs(30), || sandbox.paused() == 1), "the refund never reached the provider");
+    let mut server = server;
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    sandbox.release();
+    let _ = confirmed.join();
+    assert_eq!(sandbox.refunds().len(), 1);
+    // The client retries the same call with the same state, and this time the person says no:
+    // the tool now returns "not refunded", which is false. The answer names the refund instead.
+    let server = serve_http(&config, &[]);
+    let no = json!({ "confirm": confirming(false) });
+    let told = call_2026(&server.url, ("refund_if_confirmed", "d1"), json!({ "inputResponses": no, "requestState": state }));
+    let result = &told["result"];
+    assert_eq!(result["isError"], true, "{told}");
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("failed-after-effect") && text.contains("/v1/refunds") && text.contains("earlier run"), "{told}");
+    let detail = &result["structuredContent"]["detail"];
+    assert_eq!(detail["tool_result"]["refunded"], false, "{told}");
+    assert_eq!(detail["effects"][0]["earlier_run"], true, "{told}");
+    // A blind repeat under a new id is held with that answer; the same id replays it. One refund.
+    let repeat = call_2026(&server.url, ("refund_if_confirmed", "d2"), json!({}));
+    assert_eq!(repeat["result"]["isError"], true, "{repeat}");
+    let replay = call_2026(&server.url, ("refund_if_confirmed", "d1"), json!({}));
+    assert_eq!(replay["result"]["structuredContent"]["kind"], "failed-after-effect", "a replay tells the same: {replay}");
+    assert_eq!(replay["result"]["structuredContent"]["detail"]["tool_result"], detail["tool_result"], "{replay}");
+    assert_eq!(sandbox.refunds().len(), 1);
+}

@@ -215,6 +215,14 @@ async fn e25_a_non_deterministic_plugin_is_a_conflict_even_where_the_provider_wo
     assert!(err.message.contains("not deterministic"), "{}", err.message);
     assert_eq!(h.posts().len(), posts, "nothing sent");
     assert_eq!(h.refunds(), 1);
+    // Once recovery has settled the first run's refund, the conflict names it: it took effect.
+    tokio::time::sleep(std::time::Duration::from_millis(3_500)).await;
+    h.rt.recover().await.unwrap();
+    let err = h.call("c1", "send_with_nonce", &args).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Conflict, "{err}");
+    assert!(err.message.contains("an earlier run of this tool call made POST"), "{}", err.message);
+    assert_eq!(err.detail.unwrap()["effects"][0]["earlier_run"], true);
+    assert_eq!(h.refunds(), 1);
 }
 
 #[tokio::test]

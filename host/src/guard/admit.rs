@@ -4,7 +4,7 @@
 //! ([`super::hold`]); what is left runs, under the call's lock and claim.
 
 use super::claim::CLAIM_POLL;
-use super::start::{Admission, Started, conflict, expired};
+use super::start::{Admission, Origin, Started, conflict, expired};
 use super::{CallIdentity, CallRules, Guard, internal};
 use crate::error::CallError;
 use crate::ledger::records::{CallRecord, CallState};
@@ -57,14 +57,16 @@ impl Guard {
                 })
                 .await
                 .map_err(internal)?;
-            let (record, persisted) = match existing {
+            let (record, origin) = match existing {
                 Lookup::Expired(at) => return Err(expired(&id.call_id, at)),
                 Lookup::Found(r) if r.tool != id.tool || r.args_digest != id.args_digest => return Err(conflict(&id.call_id, &r)),
                 Lookup::Found(r) if r.state == CallState::Completed => return self.replay(*r),
-                Lookup::Found(r) => (*r, true),
-                Lookup::New => (CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone()), false),
+                Lookup::Found(r) => (*r, Origin::Found),
+                Lookup::New => {
+                    (CallRecord::admitted(id.session.clone(), id.call_id.clone(), id.tool.clone(), id.args_digest.clone(), id.args.clone()), Origin::New)
+                }
             };
-            match self.start(record, persisted, &rules, lock).await? {
+            match self.start(record, origin, &rules, lock).await? {
                 Started::Admitted(admission) => return Ok(admission),
                 Started::Busy(back) | Started::Superseded(back) => {
                     lock = back;

@@ -13,7 +13,15 @@ use serde_json::Value;
 impl Guard {
     /// Ends a tool call: an unsettled send makes it `outcome-unknown` whatever
     /// the plugin returned; a result (or a tool-reported failure) completes it.
+    /// A run that did not make a send an earlier run of the call made
+    /// answers for it too (settled first, as recovery would): a question
+    /// asked is the one answer that does not.
     pub async fn finish(&self, mut call: CallGuard, result: Result<Value, CallError>) -> Result<Value, CallError> {
+        let asking = matches!(&result, Err(e) if e.kind == ErrorKind::InputRequired);
+        if !asking && let Err(e) = call.settle_left_behind().await {
+            self.end_uncompleted(&mut call).await;
+            return Err(e.into());
+        }
         if let Some(info) = call.take_unsettled() {
             self.end_uncompleted(&mut call).await;
             let message = match &result {

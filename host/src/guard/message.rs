@@ -95,6 +95,15 @@ impl Unsettled {
         json!({ "key": self.key, "step": self.step, "state": self.state.as_str(), "tries": self.tries })
     }
 
+    /// Keeps it among a run's open steps (`open`: each with its request
+    /// fingerprint, one per step): the call cannot complete past it.
+    pub(super) fn kept_open(self, open: &mut Vec<(String, Unsettled)>, fingerprint: &str) -> SendError {
+        if !open.iter().any(|(_, o)| o.step == self.step) {
+            open.push((fingerprint.to_string(), self.clone()));
+        }
+        SendError::OutcomeUnknown(self)
+    }
+
     /// The `outcome-unknown` error a caller sees for it.
     pub fn into_error(self) -> CallError {
         let detail = self.detail();

@@ -33,6 +33,7 @@ mod failpoints;
 mod finish;
 mod hold;
 mod landing;
+mod left_behind;
 mod message;
 mod outgoing;
 mod reconcile;

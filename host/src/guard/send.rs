@@ -22,14 +22,16 @@ pub struct CallGuard {
     pub(super) record: CallRecord,
     /// Whether `record` is in the ledger yet (written with the first attempt, or [`CallGuard::persist`]).
     pub(super) persisted: bool,
-    rules: CallRules,
-    next_step: u32,
+    /// Whether an earlier run of this call may have sent (its record was found, not written).
+    pub(super) ran_before: bool,
+    pub(super) rules: CallRules,
+    pub(super) next_step: u32,
     /// Sends made so far, re-sends of an unsettled step included (the budget).
     sends: u32,
     /// Sends of this run whose outcome is not settled, in the order they
     /// were made, with their request fingerprint: the same request again
     /// re-drives that step with its key.
-    open_steps: Vec<(String, Unsettled)>,
+    pub(super) open_steps: Vec<(String, Unsettled)>,
     /// The send on the wire, the outcome writes not yet waited for, the effects.
     pub(super) progress: Progress,
     _lock: Held,
@@ -37,7 +39,7 @@ pub struct CallGuard {
 
 impl CallGuard {
     pub(super) fn new(guard: Arc<Guard>, record: CallRecord, persisted: bool, rules: CallRules, lock: Held) -> Self {
-        Self { guard, record, persisted, rules, next_step: 0, sends: 0, open_steps: Vec::new(), progress: Progress::default(), _lock: lock }
+        Self { guard, record, persisted, ran_before: false, rules, next_step: 0, sends: 0, open_steps: Vec::new(), progress: Progress::default(), _lock: lock }
     }
 
     /// The call's arguments as first recorded.
@@ -161,6 +163,8 @@ impl CallGuard {
             return Ok(Recorded::to_send());
         };
         if a.fingerprint != fresh.fingerprint {
+            // What the earlier run's request came to, the call's answer must tell.
+            self.progress.effects.note_settled_earlier(&a);
             return Err(SendError::Conflict(format!(
                 "step {step} of tool call `{}` was recorded with a different request ({} {}); the plugin is not \
                  deterministic for the same arguments. Nothing was sent",
@@ -216,7 +220,7 @@ impl CallGuard {
 
     /// Drives step `step` of this run again: its outcome was not settled when
     /// the plugin sent the same request once more.
-    async fn redrive(&mut self, step: u32, downstream: &Downstream) -> Result<Response, SendError> {
+    pub(super) async fn redrive(&mut self, step: u32, downstream: &Downstream) -> Result<Response, SendError> {
         // Its outcome writes land before it is read again.
         self.flush().await;
         let (session, call_id) = (self.record.session.clone(), self.record.call_id.clone());
@@ -231,13 +235,9 @@ impl CallGuard {
 
     /// An attempt the host failed on before (a panic): it is never sent
     /// again on its own, and the call cannot complete past it.
-    fn left_for_operator(&mut self, a: &AttemptRecord) -> SendError {
+    pub(super) fn left_for_operator(&mut self, a: &AttemptRecord) -> SendError {
         let message = a.last_error.clone().unwrap_or_else(|| "the host failed on it; an operator must resolve it".into());
-        let info = Unsettled { message, ..Unsettled::of(a, "the host failed on it") };
-        if !self.open_steps.iter().any(|(_, open)| open.step == a.step) {
-            self.open_steps.push((a.fingerprint.clone(), info.clone()));
-        }
-        SendError::OutcomeUnknown(info)
+        Unsettled { message, ..Unsettled::of(a, "the host failed on it") }.kept_open(&mut self.open_steps, &a.fingerprint)
     }
 
     /// A new attempt for `send`: its key minted from the call's identity,

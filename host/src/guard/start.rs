@@ -20,6 +20,17 @@ pub enum Admission {
     Run(CallGuard),
 }
 
+/// Where the record a run starts from came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// Made by this admission, not in the ledger yet.
+    New,
+    /// Written by this admission (an episode opened, a call superseded): no run before.
+    Written,
+    /// Found in the ledger, not completed: an earlier run may have sent.
+    Found,
+}
+
 /// How starting a run came out (on a shared ledger, after claiming the call).
 #[allow(clippy::large_enum_variant, reason = "one per tool call")]
 pub(super) enum Started {
@@ -32,9 +43,13 @@ pub(super) enum Started {
 
 impl Guard {
     /// Starts the run of `record` under `lock`, once this host holds its claim.
-    pub(super) async fn start(self: &Arc<Self>, record: CallRecord, persisted: bool, rules: &CallRules, lock: Held) -> Result<Started, CallError> {
-        Ok(match self.claim(record, persisted, rules.lease_ms).await.map_err(internal)? {
-            Claim::Run { record, persisted } => Started::Admitted(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules.clone(), lock))),
+    pub(super) async fn start(self: &Arc<Self>, record: CallRecord, origin: Origin, rules: &CallRules, lock: Held) -> Result<Started, CallError> {
+        Ok(match self.claim(record, origin != Origin::New, rules.lease_ms).await.map_err(internal)? {
+            Claim::Run { record, persisted } => {
+                // A record another host wrote meanwhile counts as found.
+                let ran_before = origin == Origin::Found || (persisted && origin == Origin::New);
+                Started::Admitted(Admission::Run(CallGuard::new(self.clone(), record, persisted, rules.clone(), lock).after_earlier_runs(ran_before)))
+            }
             Claim::Completed(r) => Started::Admitted(self.replay(r)?),
             Claim::Conflict(r) => return Err(conflict(&r.call_id, &r)),
             Claim::Busy(_) => Started::Busy(lock),

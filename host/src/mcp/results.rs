@@ -42,7 +42,7 @@ pub fn success(out: CallOutput) -> CallToolResult {
 
 /// The `isError` result of a failed call.
 pub fn error_result(e: &CallError) -> CallToolResult {
-    let text = format!("{}: {} {}", e.kind, e.message.trim_end_matches('.'), e.kind.recovery_move());
+    let text = format!("{}: {}. {}", e.kind, e.message.trim_end_matches('.'), e.kind.recovery_move());
     let mut r = CallToolResult::error(vec![ContentBlock::text(text)]);
     r.structured_content = Some(json!({ "kind": e.kind, "message": e.message, "detail": e.detail }));
     let replayed = e.detail.as_ref().and_then(|d| d.get("replayed")).and_then(Value::as_bool).unwrap_or(false);

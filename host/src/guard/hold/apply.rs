@@ -6,7 +6,7 @@ use super::answer::{earlier_outcome, sends_outcome};
 use super::{Decision, Executor, Next, new_call};
 use crate::error::{CallError, ErrorKind};
 use crate::guard::claim::CLAIM_POLL;
-use crate::guard::start::{conflict, damaged, expired};
+use crate::guard::start::{Origin, conflict, damaged, expired};
 use crate::guard::{BUDGET_WINDOW_MS, Budget, CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
 use crate::ledger::records::{CallRecord, EpisodeRecord, now_ms};
 use crate::ledger::{Charge, Durability, EpisodeOp, LedgerWrite, Superseding};
@@ -21,13 +21,13 @@ impl Guard {
             Decision::Expired(at) => Err(expired(&id.call_id, at)),
             Decision::Damaged(message) => Err(CallError::new(ErrorKind::Internal, message)),
             Decision::Replay(record) => Ok(Next::Admitted(self.replay(record)?)),
-            Decision::Run(record, persisted) => Ok(Next::Run(record, persisted)),
+            Decision::Run(record, origin) => Ok(Next::Run(record, origin)),
             Decision::Open(n) => {
                 let call = new_call(id, n, false);
                 let write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Open(EpisodeRecord::open(&call, n)));
                 if self.written_charging(id, rules, write).await? {
                     failpoint("after-admission");
-                    return Ok(Next::Run(call, true));
+                    return Ok(Next::Run(call, Origin::Written));
                 }
                 Ok(Next::Again)
             }
@@ -48,7 +48,7 @@ impl Guard {
                         }
                         if self.written_charging(id, rules, write).await? {
                             tracing::info!(call_id = %id.call_id, superseded = %episode.executor, "supersedes an identical call that sent nothing");
-                            return Ok(Next::Run(call, true));
+                            return Ok(Next::Run(call, Origin::Written));
                         }
                         Ok(Next::Again)
                     }

@@ -15,7 +15,7 @@ mod answer;
 mod apply;
 
 use super::claim::{CLAIM_POLL, Held};
-use super::start::Started;
+use super::start::{Origin, Started};
 use super::{Admission, CallIdentity, CallRules, Guard, internal};
 use crate::error::CallError;
 use crate::ledger::records::{CallRecord, CallState, EpisodeRecord, now_ms};
@@ -61,7 +61,7 @@ enum Decision {
     Damaged(String),
     Replay(CallRecord),
     /// Run the call (its record, whether new).
-    Run(CallRecord, bool),
+    Run(CallRecord, Origin),
     /// Open episode `n` of the action with this (new) call as its executor.
     Open(u64),
     /// Follow the episode's executor.
@@ -90,8 +90,8 @@ fn lost_every_race(call_id: &str) -> CallError {
 #[allow(clippy::large_enum_variant, reason = "one per decision, moved once")]
 enum Next {
     Admitted(Admission),
-    /// Run the call (its record, and whether it is in the ledger).
-    Run(CallRecord, bool),
+    /// Run the call (its record, and where it came from).
+    Run(CallRecord, Origin),
     Wait(String),
     Settle(CallRecord),
     /// Decide again at once (a conditional write lost a race).
@@ -129,7 +129,7 @@ impl Guard {
             };
             match next {
                 Next::Admitted(admission) => return Ok(admission),
-                Next::Run(record, persisted) => match self.start(record, persisted, &rules, lock).await? {
+                Next::Run(record, origin) => match self.start(record, origin, &rules, lock).await? {
                     Started::Admitted(admission) => return Ok(admission),
                     // The same call id runs on another host: wait for it, however long it takes.
                     Started::Busy(back) => {
@@ -214,8 +214,8 @@ impl Guard {
             // A completed record without its outcome is refused there, untouched.
             (Some(c), _) if c.state == CallState::Completed => Decision::Replay(c),
             // Recorded before episodes existed (schema 1): it runs as it always did.
-            (Some(c), None) if c.episode.is_none() => Decision::Run(c, true),
-            (Some(c), Some(e)) if e.executor == c.call_id => Decision::Run(c, true),
+            (Some(c), None) if c.episode.is_none() => Decision::Run(c, Origin::Found),
+            (Some(c), Some(e)) if e.executor == c.call_id => Decision::Run(c, Origin::Found),
             (None, None) => Decision::Open(1),
             // Closed when its definitive answer left the host: before this call
             // arrived, a new action; after, the two overlapped.
