@@ -231,7 +231,7 @@ fn a_task_waiting_for_answers_outlives_a_kill_9_and_its_refund_is_made_once() {
 }
 
 #[test]
-fn a_run_that_does_not_repeat_its_earlier_runs_refund_is_never_told_as_no_refund() {
+fn an_answer_that_led_to_a_refund_is_never_answered_otherwise_after_a_kill_9() {
     use toolguard_sandbox::Fault;
     let dir = tempfile::tempdir().unwrap();
     let (_rt, sandbox, config) = world(dir.path(), true);
@@ -250,23 +250,102 @@ fn a_run_that_does_not_repeat_its_earlier_runs_refund_is_never_told_as_no_refund
     sandbox.release();
     let _ = confirmed.join();
     assert_eq!(sandbox.refunds().len(), 1);
-    // The client retries the same call with the same state, and this time the person says no:
-    // the tool now returns "not refunded", which is false. The answer names the refund instead.
+    // The client retries the same call with the same state, and this time the
+    // answer is no. The confirmation the refund was sent on is in the ledger
+    // with its send: the tool gets it again, and the refund replays.
     let server = serve_http(&config, &[]);
     let no = json!({ "confirm": confirming(false) });
     let told = call_2026(&server.url, ("refund_if_confirmed", "d1"), json!({ "inputResponses": no, "requestState": state }));
-    let result = &told["result"];
-    assert_eq!(result["isError"], true, "{told}");
-    let text = result["content"][0]["text"].as_str().unwrap_or_default();
-    assert!(text.contains("failed-after-effect") && text.contains("/v1/refunds") && text.contains("earlier run"), "{told}");
-    let detail = &result["structuredContent"]["detail"];
-    assert_eq!(detail["tool_result"]["refunded"], false, "{told}");
-    assert_eq!(detail["effects"][0]["earlier_run"], true, "{told}");
-    // A blind repeat under a new id is held with that answer; the same id replays it. One refund.
-    let repeat = call_2026(&server.url, ("refund_if_confirmed", "d2"), json!({}));
-    assert_eq!(repeat["result"]["isError"], true, "{repeat}");
-    let replay = call_2026(&server.url, ("refund_if_confirmed", "d1"), json!({}));
-    assert_eq!(replay["result"]["structuredContent"]["kind"], "failed-after-effect", "a replay tells the same: {replay}");
-    assert_eq!(replay["result"]["structuredContent"]["detail"]["tool_result"], detail["tool_result"], "{replay}");
-    assert_eq!(sandbox.refunds().len(), 1);
+    assert_eq!(told["result"]["structuredContent"]["refunded"], true, "{told}");
+    let made = sandbox.refunds();
+    assert_eq!(made.len(), 1);
+    assert_eq!(told["result"]["structuredContent"]["refund_id"], made[0].id.as_str(), "{told}");
+    let export = Command::new(BIN).args(["ledger", "export", "--config", config.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&export.stdout).contains("\"answers\""), "the answers travel with the send's attempt");
+}
+
+#[test]
+fn a_task_whose_answer_led_to_a_refund_is_not_asked_again_after_a_kill_9() {
+    use crate::tasks::{Client, task_id};
+    use toolguard_sandbox::Fault;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = world(dir.path(), true);
+    let text = std::fs::read_to_string(&config).unwrap() + "[mcp]\ntask_after_ms = 0\ntask_poll_ms = 100\n";
+    std::fs::write(&config, text).unwrap();
+    let server = serve_http(&config, &[]);
+    let client = Client::open(&server.url, None).eliciting();
+    let meta = json!({
+        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} }, "elicitation": {} },
+        "toolguard/toolCallId": "k2",
+        "toolguard/sessionId": "conv",
+    });
+    let args = json!({ "name": "refund_if_confirmed", "arguments": { "payment_intent": "pi_ask", "amount_cents": 2500 } });
+    let task = task_id(&client.request("tools/call", args, meta)["result"]);
+    let mut last = Value::Null;
+    let asked = crate::world::wait_for(std::time::Duration::from_secs(30), || {
+        last = client.task("get", &task)["result"].clone();
+        last["status"] == "input_required"
+    });
+    assert!(asked, "never asked: {last}");
+    // Confirmed; the refund reaches the provider, and the host dies before it hears back.
+    sandbox.inject(Fault::PauseAfterCommit);
+    assert_eq!(client.answer(&task, "confirm", confirming(true))["result"], json!({ "resultType": "complete" }));
+    assert!(crate::world::wait_for(std::time::Duration::from_secs(30), || sandbox.paused() == 1), "the refund never reached the provider");
+    let mut server = server;
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    sandbox.release();
+    // Another host process takes the task up from the ledger: the confirmation
+    // is read back with the refund's attempt, nobody is asked again.
+    let restarted = serve_http(&config, &[]);
+    let client = Client::open(&restarted.url, None).eliciting();
+    let done = client.settled(&task);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["structuredContent"]["refunded"], true, "{done}");
+    let made = sandbox.refunds();
+    assert_eq!(made.len(), 1, "one refund across the crash");
+    assert_eq!(done["result"]["structuredContent"]["refund_id"], made[0].id.as_str());
+}
+
+#[test]
+fn a_fleet_host_finishing_a_task_begun_elsewhere_reads_its_answers_from_postgresql() {
+    use crate::tasks::{Client, task_id};
+    use toolguard_sandbox::Fault;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, sandbox, config) = world(dir.path(), true);
+    let ledger = crate::common::fresh_postgres_database();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let hosts = [0, 1].map(|i| {
+        let path = dir.path().join(format!("host{i}.toml"));
+        let own = text.replace("data_dir = \"data\"", &format!("data_dir = \"data{i}\""));
+        std::fs::write(&path, format!("ledger = {ledger:?}\n{own}\n[limits]\nwall_ms = 1500\n[mcp]\ntask_after_ms = 0\ntask_poll_ms = 100\n")).unwrap();
+        path
+    });
+    let mut a = serve_http(&hosts[0], &[]);
+    let b = serve_http(&hosts[1], &[]);
+    let on_a = Client::open(&a.url, None).eliciting();
+    let meta = json!({
+        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} }, "elicitation": {} },
+        "toolguard/toolCallId": "f1",
+        "toolguard/sessionId": "conv",
+    });
+    let args = json!({ "name": "refund_if_confirmed", "arguments": { "payment_intent": "pi_ask", "amount_cents": 2500 } });
+    let task = task_id(&on_a.request("tools/call", args, meta)["result"]);
+    let asked = crate::world::wait_for(std::time::Duration::from_secs(30), || on_a.task("get", &task)["result"]["status"] == "input_required");
+    assert!(asked, "host A never asked");
+    // Confirmed on host A; its refund reaches the provider, and host A dies.
+    sandbox.inject(Fault::PauseAfterCommit);
+    assert_eq!(on_a.answer(&task, "confirm", confirming(true))["result"], json!({ "resultType": "complete" }));
+    assert!(crate::world::wait_for(std::time::Duration::from_secs(30), || sandbox.paused() == 1), "the refund never reached the provider");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    sandbox.release();
+    // Host B finishes the task from the shared ledger: the confirmation comes with the refund's attempt.
+    let on_b = Client::open(&b.url, None).eliciting();
+    let done = on_b.settled(&task);
+    assert_eq!(done["status"], "completed", "not asked again on host B: {done}");
+    assert_eq!(done["result"]["structuredContent"]["refunded"], true, "{done}");
+    let made = sandbox.refunds();
+    assert_eq!(made.len(), 1, "one refund across the fleet");
+    assert_eq!(done["result"]["structuredContent"]["refund_id"], made[0].id.as_str());
 }

@@ -1,12 +1,14 @@
-//! The sends an earlier run of a call made that this run did not make
-//! again: a tool that decides otherwise when its call runs again (another
-//! answer to its question, a clock, randomness, a hostile plugin) must not
-//! end with an answer that hides them (`docs/guard.md`).
+//! What earlier runs of a call left for this one: the sends they made that
+//! this run did not make again — a tool that decides otherwise when its
+//! call runs again (a clock, randomness, a hostile plugin) must not end
+//! with an answer that hides them (`docs/guard.md`) — and the answers to
+//! its questions they were made on ([`super::answers`]).
 
 use super::unconfirmed::ledger_down;
-use super::{CallGuard, SendError, Unsettled};
+use super::{Answered, CallGuard, SendError, Unsettled};
 use crate::ledger::records::Resolution;
 use crate::policy;
+use serde_json::Value;
 
 impl CallGuard {
     /// Notes that an earlier run of the call may have sent ([`CallGuard::settle_left_behind`]).
@@ -46,5 +48,24 @@ impl CallGuard {
             self.progress.effects.note_earlier(&method, &url, &outcome);
         }
         Ok(())
+    }
+
+    /// The answered rounds the call's earlier runs recorded with their sends
+    /// (those of the latest send that carries any), if it ran before.
+    ///
+    /// # Errors
+    /// The ledger could not be read.
+    pub async fn earlier_answers(&mut self) -> Result<Option<Value>, SendError> {
+        if !self.ran_before {
+            return Ok(None);
+        }
+        let (session, call_id) = (self.record.session.clone(), self.record.call_id.clone());
+        let attempts = self.guard.ledger.read(move |ledger| ledger.attempts_of_call(&session, &call_id)).await.map_err(ledger_down)?;
+        Ok(attempts.into_iter().filter(|a| a.answers.is_some()).max_by_key(|a| (a.step, a.created_ms)).and_then(|a| a.answers))
+    }
+
+    /// Records the run's answered rounds, as `answered` holds them, with each new send.
+    pub fn record_answers(&mut self, answered: Answered) {
+        self.answered = Some(answered);
     }
 }

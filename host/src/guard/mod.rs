@@ -23,12 +23,14 @@
 //! (`fetch`, unrecorded), [`tls`] (each downstream's HTTP client).
 
 mod admit;
+mod answers;
 mod attempt;
 mod claim;
 mod consent;
 mod direct;
 mod drive;
 mod effects;
+mod ending;
 mod failpoints;
 mod finish;
 mod hold;
@@ -49,6 +51,7 @@ mod upgrade;
 pub mod wire;
 mod wires;
 
+pub use answers::Answered;
 pub use attempt::{Reconciled, Reconciler};
 pub use consent::{Ask, is_decision as is_consent_decision};
 pub use direct::fetch;

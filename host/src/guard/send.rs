@@ -34,12 +34,26 @@ pub struct CallGuard {
     pub(super) open_steps: Vec<(String, Unsettled)>,
     /// The send on the wire, the outcome writes not yet waited for, the effects.
     pub(super) progress: Progress,
-    _lock: Held,
+    /// The run's answers to its questions, recorded with each new send (`super::answers`).
+    pub(super) answered: Option<super::answers::Answered>,
+    pub(super) _lock: Held,
 }
 
 impl CallGuard {
     pub(super) fn new(guard: Arc<Guard>, record: CallRecord, persisted: bool, rules: CallRules, lock: Held) -> Self {
-        Self { guard, record, persisted, ran_before: false, rules, next_step: 0, sends: 0, open_steps: Vec::new(), progress: Progress::default(), _lock: lock }
+        Self {
+            guard,
+            record,
+            persisted,
+            ran_before: false,
+            rules,
+            next_step: 0,
+            sends: 0,
+            open_steps: Vec::new(),
+            progress: Progress::default(),
+            answered: None,
+            _lock: lock,
+        }
     }
 
     /// The call's arguments as first recorded.
@@ -61,37 +75,6 @@ impl CallGuard {
     fn queue_held(&mut self) -> Option<(QueuedWrite, Vec<String>)> {
         let (write, keys) = self.progress.take_held();
         (!keys.is_empty()).then(|| (self.guard.ledger.queue(write, Durability::Buffered), keys))
-    }
-
-    /// The call's completion, with the buffered outcomes its sends hold
-    /// (one atomic write), and the keys of those attempts.
-    pub(super) fn completion(&mut self, completed: CallRecord) -> (LedgerWrite, Vec<String>) {
-        let (outcomes, keys) = self.take_held();
-        (outcomes.call(completed), keys)
-    }
-
-    /// The buffered outcomes this call's sends hold, taken, and the keys of
-    /// their attempts: for a completion that carries them.
-    pub(super) fn take_held(&mut self) -> (LedgerWrite, Vec<String>) {
-        self.progress.take_held()
-    }
-
-    /// Ends the run, leaving the call's completion in its lock for the
-    /// lock's next holder to wait for; the lock, to watch it.
-    pub(super) fn leave(mut self, landing: super::landing::Landing) -> super::claim::CallLock {
-        *self._lock = Some(landing);
-        tokio::sync::OwnedMutexGuard::mutex(&self._lock).clone()
-    }
-
-    /// The tool call this guard serves.
-    pub(super) fn record(&self) -> &CallRecord {
-        &self.record
-    }
-
-    /// The first unsettled send, or the one cut off mid-flight, if any.
-    pub(super) fn take_unsettled(&mut self) -> Option<Unsettled> {
-        let first = (!self.open_steps.is_empty()).then(|| self.open_steps.remove(0).1);
-        first.or_else(|| self.progress.in_flight.take())
     }
 
     /// `outbound.send`: see `docs/guard.md`.
@@ -246,7 +229,8 @@ impl CallGuard {
         let (r, step, generation) = (&self.record, send.step, send.generation);
         let input = keys::KeyInput { session: &r.session, call_id: &r.call_id, tool: &r.tool, args_digest: &r.args_digest, step, generation };
         let policy = Some(self.rules.policy_digest.clone()).filter(|d| !d.is_empty());
-        AttemptRecord { policy, ..AttemptRecord::pending(r, keys::mint_as(self.guard.ledger.secret(), input, format), send) }
+        let answers = self.answered.as_ref().and_then(super::answers::Answered::to_record);
+        AttemptRecord { policy, answers, ..AttemptRecord::pending(r, keys::mint_as(self.guard.ledger.secret(), input, format), send) }
     }
 
     /// Makes `attempt` durable as pending (with the call, the first time) before anything is sent.

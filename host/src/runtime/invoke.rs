@@ -86,6 +86,8 @@ impl Runtime {
                 }
             }
         };
+        let mut call_guard = call_guard;
+        let (inputs, recording) = super::client::recorded(call_guard.as_mut(), &plugin.policy.ask_client, inputs).await?;
         let mode = match call_guard {
             Some(call) => Mode::Guarded(call),
             None if read_only => Mode::ReadOnly(tool.name.clone()),
@@ -93,7 +95,7 @@ impl Runtime {
             None => Mode::NoCall,
         };
         let name = tool.plugin_tool.clone();
-        let asking = Asking::new(&plugin.policy.ask_client, inputs);
+        let asking = Asking::new(&plugin.policy.ask_client, inputs).recording(recording);
         let run = crate::phases::time(crate::phases::Phase::Run);
         let (returned, call_guard) = self
             .core

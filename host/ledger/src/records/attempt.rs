@@ -4,6 +4,7 @@
 
 use super::{CallRecord, now_ms};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Where an outbound attempt stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -168,6 +169,12 @@ pub struct AttemptRecord {
     /// How it was settled, if not by the downstream's answer.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub resolution: Option<Resolution>,
+    /// The answers its tool's questions to the client got before it was
+    /// made (the call's journal of answered rounds, as the host keeps it):
+    /// durable before the send leaves, so a later run of the call answers
+    /// those rounds from here instead of asking again.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub answers: Option<Value>,
     /// When it was recorded (Unix ms).
     pub created_ms: u64,
     /// When it last changed (Unix ms).
@@ -215,6 +222,7 @@ impl AttemptRecord {
             tries: 0,
             provider_replayed: false,
             resolution: None,
+            answers: None,
             created_ms: now,
             updated_ms: now,
         }

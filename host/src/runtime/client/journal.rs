@@ -43,6 +43,30 @@ pub struct Inputs {
     pub offered_for: Option<String>,
 }
 
+impl Inputs {
+    /// These inputs with the rounds an earlier run of the call recorded
+    /// with its sends (`guard::Answered`) first: answers that led to a side
+    /// effect are never answered otherwise. Rounds of this journal past
+    /// them are kept if it agrees with them; answers offered for "the next
+    /// round" are dropped when the recorded rounds reach past this journal.
+    pub fn with_recorded(&self, recorded: Vec<Round>) -> Inputs {
+        if recorded.is_empty() {
+            return self.clone();
+        }
+        let agrees = self.journal.iter().zip(&recorded).all(|(mine, theirs)| mine == theirs);
+        let reaches_past = recorded.len() > self.journal.len();
+        let mut journal = recorded;
+        if agrees && self.journal.len() > journal.len() {
+            journal.extend_from_slice(&self.journal[journal.len()..]);
+        }
+        let mut inputs = Inputs { journal, ..self.clone() };
+        if reaches_past && inputs.offered_for.is_none() {
+            inputs.offered.clear();
+        }
+        inputs
+    }
+}
+
 /// Where a run stopped: the round its client has not answered yet (the
 /// `detail` of an `input-required` answer).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,6 +140,19 @@ mod tests {
         let all = BTreeMap::from([("name".into(), accept.clone()), ("roots".into(), roots.clone()), ("extra".into(), json!(1))]);
         let journal = p.answered_by(&all).expect("answered; the extra key is ignored");
         assert_eq!(journal, vec![Round { digest: p.digest.clone(), answers: vec![accept, roots] }]);
+    }
+
+    #[test]
+    fn rounds_recorded_with_a_send_take_precedence_over_what_the_client_brings() {
+        let round = |digest: &str, answer: &str| Round { digest: digest.into(), answers: vec![json!(answer)] };
+        let brought = Inputs { journal: vec![round("a", "no"), round("b", "x")], ..Inputs::default() };
+        let merged = brought.with_recorded(vec![round("a", "yes")]);
+        assert_eq!(merged.journal, vec![round("a", "yes")], "the recorded answer wins; what followed the other answer is dropped");
+        let agreeing = Inputs { journal: vec![round("a", "yes"), round("b", "x")], ..Inputs::default() };
+        assert_eq!(agreeing.with_recorded(vec![round("a", "yes")]).journal, agreeing.journal, "kept where it agrees");
+        let offered = Inputs { offered: BTreeMap::from([("k".into(), json!(1))]), ..Inputs::default() };
+        assert!(offered.with_recorded(vec![round("a", "yes")]).offered.is_empty(), "offered for a round now answered from the ledger");
+        assert_eq!(offered.with_recorded(Vec::new()).offered.len(), 1, "nothing recorded: unchanged");
     }
 
     #[test]

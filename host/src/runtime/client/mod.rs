@@ -39,12 +39,27 @@ pub struct Asking {
     answered: Vec<Round>,
     /// The round this run stopped at, if it did.
     pub(crate) pending: Option<Pending>,
+    /// Where the run's sends find its answered rounds, to record them.
+    recording: Option<crate::guard::Answered>,
 }
 
 impl Asking {
     /// The capability for a run of a plugin granted `granted`, answering from `inputs`.
     pub(crate) fn new(granted: &[QuestionKind], inputs: Arc<Inputs>) -> Self {
-        Self { granted: granted.to_vec(), inputs, answered: Vec::new(), pending: None }
+        Self { granted: granted.to_vec(), inputs, answered: Vec::new(), pending: None, recording: None }
+    }
+
+    /// Shares each round answered with the run's sends, which record them (`guard::Answered`).
+    pub(crate) fn recording(self, recording: Option<crate::guard::Answered>) -> Self {
+        Self { recording, ..self }
+    }
+
+    /// The rounds answered so far are now `answered`.
+    fn answered(&mut self, answered: Vec<Round>) {
+        if let Some(recording) = &self.recording {
+            recording.set(serde_json::to_value(&answered).unwrap_or_default());
+        }
+        self.answered = answered;
     }
 
     /// The kinds the plugin may ask and its client can answer.
@@ -61,8 +76,11 @@ impl Asking {
         let digest = journal::digest(&questions);
         let round = self.answered.len();
         if let Some(known) = self.inputs.journal.get(round).filter(|r| r.digest == digest && r.answers.len() == questions.len()) {
-            self.answered.push(known.clone());
-            return Ok(Ok(known.answers.clone()));
+            let answers = known.answers.clone();
+            let mut answered = std::mem::take(&mut self.answered);
+            answered.push(known.clone());
+            self.answered(answered);
+            return Ok(Ok(answers));
         }
         let pending = Pending { round, digest, questions, journal: self.answered.clone() };
         let offered_here = match &self.inputs.offered_for {
@@ -71,7 +89,7 @@ impl Asking {
         };
         if let Some(journal) = pending.answered_by(&self.inputs.offered).filter(|_| offered_here) {
             let answers = journal.last().map(|r| r.answers.clone()).unwrap_or_default();
-            self.answered = journal;
+            self.answered(journal);
             return Ok(Ok(answers));
         }
         let asked = pending.questions.len();
@@ -110,6 +128,25 @@ impl Asking {
         }
         Ok(())
     }
+}
+
+/// What a guarded run of a plugin granted `granted` answers its questions
+/// from — `inputs`, the rounds its call's earlier runs recorded with their
+/// sends first — and, for its questions capability, where its sends find
+/// the rounds it answers to record them (`guard::Answered`).
+///
+/// # Errors
+/// The ledger could not be read.
+pub(crate) async fn recorded(
+    call: Option<&mut crate::guard::CallGuard>,
+    granted: &[QuestionKind],
+    inputs: Arc<Inputs>,
+) -> Result<(Arc<Inputs>, Option<crate::guard::Answered>), crate::error::CallError> {
+    let Some(call) = call.filter(|_| !granted.is_empty()) else { return Ok((inputs, None)) };
+    let recorded: Vec<Round> = call.earlier_answers().await?.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default();
+    let answered = crate::guard::Answered::default();
+    call.record_answers(answered.clone());
+    Ok((Arc::new(inputs.with_recorded(recorded)), Some(answered)))
 }
 
 /// A question as the plugin wrote it, checked: params a JSON object within size.
