@@ -72,6 +72,31 @@ fn confirming(yes: bool) -> Value {
     json!({ "action": "accept", "content": { "confirm": yes } })
 }
 
+/// Appended to a config: a task as soon as a call is not done, polled every 100 ms.
+const TASKS_AT_ONCE: &str = "[mcp]\ntask_after_ms = 0\ntask_poll_ms = 100\n";
+
+/// `tool` called as `call_id` by `client`, opted into tasks and able to elicit: its task's id.
+fn task_of(client: &crate::tasks::Client, tool: &str, call_id: &str) -> String {
+    let meta = json!({
+        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} }, "elicitation": {} },
+        "toolguard/toolCallId": call_id,
+        "toolguard/sessionId": "conv",
+    });
+    let args = json!({ "name": tool, "arguments": { "payment_intent": "pi_ask", "amount_cents": 2500 } });
+    crate::tasks::task_id(&client.request("tools/call", args, meta)["result"])
+}
+
+/// Task `task` as `client` gets it once it asks its questions.
+fn once_asking(client: &crate::tasks::Client, task: &str) -> Value {
+    let mut last = Value::Null;
+    let asked = crate::world::wait_for(std::time::Duration::from_secs(30), || {
+        last = client.task("get", task)["result"].clone();
+        last["status"] == "input_required"
+    });
+    assert!(asked, "never asked: {last}");
+    last
+}
+
 #[test]
 fn the_person_at_the_client_decides_what_a_tool_does_and_a_replay_asks_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -183,30 +208,14 @@ fn asking_is_denied_by_default_refused_at_load_and_unsupported_without_a_client(
 
 #[test]
 fn a_task_waiting_for_answers_outlives_a_kill_9_and_its_refund_is_made_once() {
-    use crate::tasks::{Client, task_id};
+    use crate::tasks::Client;
     let dir = tempfile::tempdir().unwrap();
     let (_rt, sandbox, config) = world(dir.path(), true);
-    let text = std::fs::read_to_string(&config).unwrap() + "[mcp]\ntask_after_ms = 0\ntask_poll_ms = 100\n";
-    std::fs::write(&config, text).unwrap();
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + TASKS_AT_ONCE).unwrap();
     let server = serve_http(&config, &[]);
     let client = Client::open(&server.url, None).eliciting();
-    let meta = json!({
-        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} }, "elicitation": {} },
-        "toolguard/toolCallId": "k1",
-        "toolguard/sessionId": "conv",
-    });
-    let args = json!({ "name": "refund_then_note", "arguments": { "payment_intent": "pi_ask", "amount_cents": 2500 } });
-    let task = task_id(&client.request("tools/call", args, meta)["result"]);
-    let waiting = |client: &Client| {
-        let mut last = Value::Null;
-        let asked = crate::world::wait_for(std::time::Duration::from_secs(30), || {
-            last = client.task("get", &task)["result"].clone();
-            last["status"] == "input_required"
-        });
-        assert!(asked, "never asked: {last}");
-        last
-    };
-    let asked = waiting(&client);
+    let task = task_of(&client, "refund_then_note", "k1");
+    let asked = once_asking(&client, &task);
     assert_eq!(asked["inputRequests"]["note"]["method"], "elicitation/create", "{asked}");
     assert_eq!(sandbox.refunds().len(), 1, "the refund is made before the question");
     // The host dies while the person is answering; the answers were in its memory only.
@@ -216,7 +225,7 @@ fn a_task_waiting_for_answers_outlives_a_kill_9_and_its_refund_is_made_once() {
     let restarted = serve_http(&config, &[]);
     let client = Client::open(&restarted.url, None).eliciting();
     // The task's call is run again from the ledger: the refund replays, the question is asked again.
-    let asked = waiting(&client);
+    let asked = once_asking(&client, &task);
     assert_eq!(asked["inputRequests"]["note"]["method"], "elicitation/create", "{asked}");
     // A partial or foreign answer is acknowledged and changes nothing; the real one finishes the task.
     assert_eq!(client.answer(&task, "other", json!({ "action": "accept", "content": {} }))["result"], json!({ "resultType": "complete" }));
@@ -266,27 +275,15 @@ fn an_answer_that_led_to_a_refund_is_never_answered_otherwise_after_a_kill_9() {
 
 #[test]
 fn a_task_whose_answer_led_to_a_refund_is_not_asked_again_after_a_kill_9() {
-    use crate::tasks::{Client, task_id};
+    use crate::tasks::Client;
     use toolguard_sandbox::Fault;
     let dir = tempfile::tempdir().unwrap();
     let (_rt, sandbox, config) = world(dir.path(), true);
-    let text = std::fs::read_to_string(&config).unwrap() + "[mcp]\ntask_after_ms = 0\ntask_poll_ms = 100\n";
-    std::fs::write(&config, text).unwrap();
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + TASKS_AT_ONCE).unwrap();
     let server = serve_http(&config, &[]);
     let client = Client::open(&server.url, None).eliciting();
-    let meta = json!({
-        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} }, "elicitation": {} },
-        "toolguard/toolCallId": "k2",
-        "toolguard/sessionId": "conv",
-    });
-    let args = json!({ "name": "refund_if_confirmed", "arguments": { "payment_intent": "pi_ask", "amount_cents": 2500 } });
-    let task = task_id(&client.request("tools/call", args, meta)["result"]);
-    let mut last = Value::Null;
-    let asked = crate::world::wait_for(std::time::Duration::from_secs(30), || {
-        last = client.task("get", &task)["result"].clone();
-        last["status"] == "input_required"
-    });
-    assert!(asked, "never asked: {last}");
+    let task = task_of(&client, "refund_if_confirmed", "k2");
+    once_asking(&client, &task);
     // Confirmed; the refund reaches the provider, and the host dies before it hears back.
     sandbox.inject(Fault::PauseAfterCommit);
     assert_eq!(client.answer(&task, "confirm", confirming(true))["result"], json!({ "resultType": "complete" }));
@@ -309,7 +306,7 @@ fn a_task_whose_answer_led_to_a_refund_is_not_asked_again_after_a_kill_9() {
 
 #[test]
 fn a_fleet_host_finishing_a_task_begun_elsewhere_reads_its_answers_from_postgresql() {
-    use crate::tasks::{Client, task_id};
+    use crate::tasks::Client;
     use toolguard_sandbox::Fault;
     let dir = tempfile::tempdir().unwrap();
     let (_rt, sandbox, config) = world(dir.path(), true);
@@ -318,21 +315,14 @@ fn a_fleet_host_finishing_a_task_begun_elsewhere_reads_its_answers_from_postgres
     let hosts = [0, 1].map(|i| {
         let path = dir.path().join(format!("host{i}.toml"));
         let own = text.replace("data_dir = \"data\"", &format!("data_dir = \"data{i}\""));
-        std::fs::write(&path, format!("ledger = {ledger:?}\n{own}\n[limits]\nwall_ms = 1500\n[mcp]\ntask_after_ms = 0\ntask_poll_ms = 100\n")).unwrap();
+        std::fs::write(&path, format!("ledger = {ledger:?}\n{own}\n[limits]\nwall_ms = 1500\n{TASKS_AT_ONCE}")).unwrap();
         path
     });
     let mut a = serve_http(&hosts[0], &[]);
     let b = serve_http(&hosts[1], &[]);
     let on_a = Client::open(&a.url, None).eliciting();
-    let meta = json!({
-        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} }, "elicitation": {} },
-        "toolguard/toolCallId": "f1",
-        "toolguard/sessionId": "conv",
-    });
-    let args = json!({ "name": "refund_if_confirmed", "arguments": { "payment_intent": "pi_ask", "amount_cents": 2500 } });
-    let task = task_id(&on_a.request("tools/call", args, meta)["result"]);
-    let asked = crate::world::wait_for(std::time::Duration::from_secs(30), || on_a.task("get", &task)["result"]["status"] == "input_required");
-    assert!(asked, "host A never asked");
+    let task = task_of(&on_a, "refund_if_confirmed", "f1");
+    once_asking(&on_a, &task);
     // Confirmed on host A; its refund reaches the provider, and host A dies.
     sandbox.inject(Fault::PauseAfterCommit);
     assert_eq!(on_a.answer(&task, "confirm", confirming(true))["result"], json!({ "resultType": "complete" }));

@@ -299,3 +299,51 @@ fn fixed_registry(response: String) -> String {
     });
     host
 }
+
+#[test]
+fn a_pruned_cache_keeps_what_the_config_loads_offline_and_the_version_before() {
+    let mut registry = TestRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["keygen", "--out", "publisher"]);
+    let reference = registry.reference("tools/text-stats:stable");
+    write_config(d, &registry, &reference, "signed_by = { key = \"publisher.pub\" }", "");
+    // Three versions pushed to one tag, each pulled by a call: the cache holds all three.
+    let mut manifests = Vec::new();
+    let mut layers = Vec::new();
+    for v in ["v1", "v2", "v3"] {
+        let file = d.join(format!("{v}.wasm"));
+        std::fs::write(&file, with_custom_section(&std::fs::read(wasm("text-stats")).unwrap(), v)).unwrap();
+        manifests.push(pushed_digest(&ok(d, &["push", file.to_str().unwrap(), &reference, "--plain-http", "--sign", "publisher.key"])));
+        layers.push(format!("sha256:{}", sha256_of(&file)));
+        assert!(count_words(d, &format!("c-{v}")).status.success());
+    }
+    let blob = |digest: &str| d.join("data/registry/blobs/sha256").join(&digest[7..]);
+    let signature = |digest: &str| format!("{}.sig.json", digest.replacen(':', "-", 1));
+    assert!(manifests.iter().chain(&layers).all(|b| blob(b).exists()));
+    // Within the grace period (7 days by default) nothing goes.
+    let young = stdout_json(&toolguard(d, &["prune-cache"]));
+    assert_eq!(young["removed"], serde_json::json!([]), "{young}");
+    assert!(young["young"].as_u64().unwrap() > 0, "{young}");
+    // A dry run past it lists v1 — its manifest, layer and signature — and removes nothing.
+    let dry = stdout_json(&toolguard(d, &["prune-cache", "--older-than-days", "0", "--dry-run"]));
+    let listed: Vec<String> = dry["removed"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+    for gone in [&manifests[0][7..], &layers[0][7..], signature(&manifests[0]).as_str()] {
+        assert!(listed.iter().any(|p| p.ends_with(gone)), "{gone} not in {listed:?}");
+    }
+    assert!(blob(&manifests[0]).exists(), "a dry run removes nothing");
+    let pruned = stdout_json(&toolguard(d, &["prune-cache", "--older-than-days", "0"]));
+    assert_eq!(pruned["removed"], dry["removed"], "{pruned}");
+    assert!(pruned["bytes"].as_u64().unwrap() > 0);
+    assert!(!blob(&manifests[0]).exists() && !blob(&layers[0]).exists(), "v1 is gone");
+    for kept in [&manifests[1], &manifests[2], &layers[1], &layers[2]] {
+        assert!(blob(kept).exists(), "{kept}: the tag's version and the one before stay");
+    }
+    // With the registry down, the config loads from what is left: v3, signature checked.
+    registry.stop();
+    let out = count_words(d, "c-offline");
+    assert!(out.status.success(), "{}", said(&out));
+    let report = stdout_json(&toolguard(d, &["audit", "--json"]));
+    assert_eq!(report["components"][0]["registry"]["manifest_digest"], manifests[2].as_str());
+    assert_eq!(report["components"][0]["registry"]["signature"]["status"], "verified", "{report}");
+}

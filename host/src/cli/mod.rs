@@ -182,6 +182,19 @@ enum Command {
         /// Only these plugins.
         plugins: Vec<String>,
     },
+    /// Remove from the registry cache what the configuration no longer needs
+    /// to load offline (older than the grace period); prints what went.
+    PruneCache {
+        /// The config file (names the data directory and the components it needs).
+        #[arg(long, default_value = "toolguard.toml")]
+        config: PathBuf,
+        /// Keep anything written within this many days, needed or not.
+        #[arg(long, default_value_t = 7)]
+        older_than_days: u64,
+        /// List what would go; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Run the payments sandbox (a Stripe-like provider) standalone.
     Sandbox {
         /// Address to listen on.
@@ -258,6 +271,7 @@ pub fn main() -> ExitCode {
             Command::Sign { target, key, registry } => registry::sign(&target, &key, &registry).await,
             Command::Keygen { out } => registry::keygen(&out),
             Command::Pull { config, plugins } => registry::pull(&config, &plugins).await,
+            Command::PruneCache { config, older_than_days, dry_run } => registry::prune(&config, older_than_days, dry_run),
             Command::Audit { config, components, json, format, history, against, acks, lock } => {
                 let format = format.unwrap_or(if json { audit::Format::Json } else { audit::Format::Text });
                 audit::run(audit::Args { config, components, format, history, against, acks, lock }).await

@@ -2,7 +2,8 @@
 //! pair), `toolguard push` (a component as a Wasm OCI artifact, signed with
 //! `--sign`), `toolguard sign` (a pushed manifest), and `toolguard pull`
 //! (the configured registry components into the cache, checked as a start
-//! would check them).
+//! would check them), and `toolguard prune-cache` (what the configuration
+//! no longer needs, out of the cache).
 
 use crate::policy::{Registry, RegistryCredentials};
 use crate::registry::keys::SigningKey;
@@ -149,6 +150,27 @@ pub async fn pull(config: &Path, plugins: &[String]) -> u8 {
         }
     }
     code
+}
+
+/// Prunes the registry cache of `config`'s data directory: keeps what its
+/// `oci://` components need offline, removes the rest older than `days`.
+pub fn prune(config: &Path, days: u64, dry_run: bool) -> u8 {
+    let config = match crate::Config::load(config) {
+        Ok(c) => c,
+        Err(e) => return fail("prune-cache", &e.to_string()),
+    };
+    let refs: Vec<OciRef> = config
+        .plugins
+        .iter()
+        .filter_map(|p| match &p.component {
+            crate::config::ComponentSource::Oci(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect();
+    let grace_ms = days.saturating_mul(24 * 3_600_000);
+    let pruned = registry::Cache::under(&config.data_dir).prune(&refs, grace_ms, crate::ledger::records::now_ms(), dry_run);
+    println!("{}", serde_json::to_string_pretty(&pruned).unwrap_or_default());
+    0
 }
 
 fn read_signing_key(path: &Path) -> Result<SigningKey, String> {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// The cache of one data directory.
 #[derive(Debug, Clone)]
 pub struct Cache {
-    root: PathBuf,
+    pub(super) root: PathBuf,
 }
 
 /// What a tag resolved to when it was last asked.
@@ -94,7 +94,8 @@ impl Cache {
         modified.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
     }
 
-    fn tag_path(&self, registry: &str, repository: &str, tag: &str) -> PathBuf {
+    /// Where `tag`'s record lives (whether or not it is there).
+    pub(super) fn tag_path(&self, registry: &str, repository: &str, tag: &str) -> PathBuf {
         let registry: String = registry.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect();
         self.root.join("tags").join(registry).join(repository).join(format!("{tag}.json"))
     }

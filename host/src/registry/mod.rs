@@ -12,6 +12,7 @@ pub mod credentials;
 pub mod keyless;
 pub mod keys;
 pub mod manifest;
+pub mod prune;
 pub mod reference;
 mod referrers;
 pub mod signature;

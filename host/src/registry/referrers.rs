@@ -31,7 +31,7 @@ struct Entry {
 }
 
 /// The referrers tag of manifest `digest`: `sha256-<hex>`.
-fn referrers_tag(digest: &str) -> String {
+pub(super) fn referrers_tag(digest: &str) -> String {
     digest.replacen(':', "-", 1)
 }
 
