@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 pub mod audit;
+pub mod body;
 pub mod builtin;
 pub mod cli;
 pub mod config;

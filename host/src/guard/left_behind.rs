@@ -38,6 +38,8 @@ impl CallGuard {
             let (method, url) = (a.request.method.clone(), a.request.url.clone());
             let outcome = match &a.response {
                 Some(response) if a.state.is_final() => Ok(response.clone().into()),
+                // Settled as never sent: nothing took effect.
+                None if a.state.is_final() => continue,
                 _ if a.resolution == Some(Resolution::HostFault) => Err(self.left_for_operator(&a)),
                 _ => match policy::authorize(&self.rules.grants, self.rules.wires.downstreams(), &method, &url) {
                     Ok((downstream, _)) if downstream.name == a.downstream => self.redrive(a.step, &downstream).await,

@@ -201,15 +201,13 @@ fn retry_after(headers: &[(String, String)]) -> Option<Duration> {
     }
 }
 
-async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| error_chain(&e))? {
-        if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
-            return Err(format!("it exceeds {MAX_RESPONSE_BYTES} bytes"));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
+/// The body of a downstream's answer, at most [`MAX_RESPONSE_BYTES`].
+async fn read_capped(response: reqwest::Response) -> Result<Vec<u8>, String> {
+    crate::body::collect_within(response, MAX_RESPONSE_BYTES as u64).await.map_err(|e| match e {
+        crate::body::BodyError::TooLarge => format!("it exceeds {MAX_RESPONSE_BYTES} bytes"),
+        crate::body::BodyError::Transport(e) => error_chain(&e),
+        crate::body::BodyError::Sink(e) => e.to_string(),
+    })
 }
 
 /// The TLS alert by which the server refused the handshake, if that is how

@@ -315,20 +315,12 @@ async fn success(response: reqwest::Response, what: &str) -> Result<reqwest::Res
 }
 
 /// Reads a body chunk by chunk into `sink`, failing once it passes `max` bytes.
-async fn read_bounded(mut response: reqwest::Response, max: u64, what: &str, mut sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> Result<u64, RegistryError> {
-    let too_big = || RegistryError::invalid(format!("{what} is larger than the {max} bytes toolguard reads"));
-    if response.content_length().is_some_and(|n| n > max) {
-        return Err(too_big());
-    }
-    let mut read = 0u64;
-    while let Some(chunk) = response.chunk().await.map_err(RegistryError::transport)? {
-        read += chunk.len() as u64;
-        if read > max {
-            return Err(too_big());
-        }
-        sink(&chunk).map_err(|e| RegistryError::local(format!("{what}: {e}")))?;
-    }
-    Ok(read)
+async fn read_bounded(response: reqwest::Response, max: u64, what: &str, sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> Result<u64, RegistryError> {
+    crate::body::read_within(response, max, sink).await.map_err(|e| match e {
+        crate::body::BodyError::TooLarge => RegistryError::invalid(format!("{what} is larger than the {max} bytes toolguard reads")),
+        crate::body::BodyError::Transport(e) => RegistryError::transport(e),
+        crate::body::BodyError::Sink(e) => RegistryError::local(format!("{what}: {e}")),
+    })
 }
 
 #[cfg(test)]

@@ -163,18 +163,15 @@ impl IssuerKeys {
     }
 
     async fn get(&self, url: &Url) -> Result<Vec<u8>, String> {
-        let mut response = self.http.get(url.clone()).header("accept", "application/json").send().await.map_err(|e| format!("{url}: {e}"))?;
+        let response = self.http.get(url.clone()).header("accept", "application/json").send().await.map_err(|e| format!("{url}: {e}"))?;
         if !response.status().is_success() {
             return Err(format!("{url} answered {}", response.status()));
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
-            body.extend_from_slice(&chunk);
-            if body.len() > MAX_DOCUMENT_BYTES {
-                return Err(format!("{url}: larger than {MAX_DOCUMENT_BYTES} bytes"));
-            }
-        }
-        Ok(body)
+        crate::body::collect_within(response, MAX_DOCUMENT_BYTES as u64).await.map_err(|e| match e {
+            crate::body::BodyError::TooLarge => format!("{url}: larger than {MAX_DOCUMENT_BYTES} bytes"),
+            crate::body::BodyError::Transport(e) => format!("{url}: {e}"),
+            crate::body::BodyError::Sink(e) => format!("{url}: {e}"),
+        })
     }
 }
 
