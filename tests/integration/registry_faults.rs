@@ -323,18 +323,20 @@ fn a_pruned_cache_keeps_what_the_config_loads_offline_and_the_version_before() {
     assert!(manifests.iter().chain(&layers).all(|b| blob(b).exists()));
     // Within the grace period (7 days by default) nothing goes.
     let young = stdout_json(&toolguard(d, &["prune-cache"]));
-    assert_eq!(young["removed"], serde_json::json!([]), "{young}");
-    assert!(young["young"].as_u64().unwrap() > 0, "{young}");
+    assert_eq!(young["registry"]["removed"], serde_json::json!([]), "{young}");
+    assert!(young["registry"]["young"].as_u64().unwrap() > 0, "{young}");
+    assert_eq!((young["compiled"]["removed"].clone(), young["compiled"]["kept"].as_u64()), (serde_json::json!([]), Some(3)), "{young}");
     // A dry run past it lists v1 — its manifest, layer and signature — and removes nothing.
     let dry = stdout_json(&toolguard(d, &["prune-cache", "--older-than-days", "0", "--dry-run"]));
-    let listed: Vec<String> = dry["removed"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+    let listed: Vec<String> = dry["registry"]["removed"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
     for gone in [&manifests[0][7..], &layers[0][7..], signature(&manifests[0]).as_str()] {
         assert!(listed.iter().any(|p| p.ends_with(gone)), "{gone} not in {listed:?}");
     }
     assert!(blob(&manifests[0]).exists(), "a dry run removes nothing");
     let pruned = stdout_json(&toolguard(d, &["prune-cache", "--older-than-days", "0"]));
-    assert_eq!(pruned["removed"], dry["removed"], "{pruned}");
-    assert!(pruned["bytes"].as_u64().unwrap() > 0);
+    assert_eq!(pruned["registry"]["removed"], dry["registry"]["removed"], "{pruned}");
+    assert!(pruned["registry"]["bytes"].as_u64().unwrap() > 0);
+    assert_eq!(pruned["compiled"]["removed"].as_array().map(Vec::len), Some(3), "past the grace every compiled entry goes: {pruned}");
     assert!(!blob(&manifests[0]).exists() && !blob(&layers[0]).exists(), "v1 is gone");
     for kept in [&manifests[1], &manifests[2], &layers[1], &layers[2]] {
         assert!(blob(kept).exists(), "{kept}: the tag's version and the one before stay");
@@ -346,4 +348,13 @@ fn a_pruned_cache_keeps_what_the_config_loads_offline_and_the_version_before() {
     let report = stdout_json(&toolguard(d, &["audit", "--json"]));
     assert_eq!(report["components"][0]["registry"]["manifest_digest"], manifests[2].as_str());
     assert_eq!(report["components"][0]["registry"]["signature"]["status"], "verified", "{report}");
+    // A compiled entry written long ago but loaded now counts as used: a prune keeps it.
+    let compiled =
+        std::fs::read_dir(d.join("data/compiled")).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "cwasm")).unwrap();
+    let month_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(30 * 24 * 3600);
+    std::fs::File::options().append(true).open(&compiled).unwrap().set_modified(month_ago).unwrap();
+    assert!(count_words(d, "c-loaded").status.success());
+    let after = stdout_json(&toolguard(d, &["prune-cache"]));
+    assert_eq!(after["compiled"]["removed"], serde_json::json!([]), "loaded just now: {after}");
+    assert!(compiled.exists());
 }

@@ -183,7 +183,8 @@ enum Command {
         plugins: Vec<String>,
     },
     /// Remove from the registry cache what the configuration no longer needs
-    /// to load offline (older than the grace period); prints what went.
+    /// to load offline, and from the compile cache what was not loaded,
+    /// past the grace period; prints what went.
     PruneCache {
         /// The config file (names the data directory and the components it needs).
         #[arg(long, default_value = "toolguard.toml")]

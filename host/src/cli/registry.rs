@@ -152,8 +152,9 @@ pub async fn pull(config: &Path, plugins: &[String]) -> u8 {
     code
 }
 
-/// Prunes the registry cache of `config`'s data directory: keeps what its
-/// `oci://` components need offline, removes the rest older than `days`.
+/// Prunes `config`'s caches: the registry cache keeps what its `oci://`
+/// components need offline and loses the rest older than `days`; the
+/// compile cache loses what was not loaded within `days`.
 pub fn prune(config: &Path, days: u64, dry_run: bool) -> u8 {
     let config = match crate::Config::load(config) {
         Ok(c) => c,
@@ -167,9 +168,10 @@ pub fn prune(config: &Path, days: u64, dry_run: bool) -> u8 {
             _ => None,
         })
         .collect();
-    let grace_ms = days.saturating_mul(24 * 3_600_000);
-    let pruned = registry::Cache::under(&config.data_dir).prune(&refs, grace_ms, crate::ledger::records::now_ms(), dry_run);
-    println!("{}", serde_json::to_string_pretty(&pruned).unwrap_or_default());
+    let (grace_ms, now_ms) = (days.saturating_mul(24 * 3_600_000), crate::ledger::records::now_ms());
+    let registry = registry::Cache::under(&config.data_dir).prune(&refs, grace_ms, now_ms, dry_run);
+    let compiled = crate::runtime::compile::prune(&config.compile_cache, grace_ms, now_ms, dry_run);
+    println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "registry": registry, "compiled": compiled })).unwrap_or_default());
     0
 }
 

@@ -54,12 +54,61 @@ fn read_cached(engine: &Engine, path: &Path) -> Option<Component> {
     // engine's compatibility hash, and its checksum matches what this host
     // wrote; wasmtime also checks the header before use.
     match unsafe { Component::deserialize(engine, artifact) } {
-        Ok(component) => Some(component),
+        Ok(component) => {
+            mark_used(path);
+            Some(component)
+        }
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cache entry unusable; recompiling");
             None
         }
     }
+}
+
+/// Notes that the entry at `path` was used now (its modification time), so
+/// that [`prune`] keeps what is still loaded; a read-only cache stays as it is.
+fn mark_used(path: &Path) {
+    if let Ok(file) = std::fs::File::options().append(true).open(path) {
+        let _ = file.set_modified(std::time::SystemTime::now());
+    }
+}
+
+/// What a prune of the compile cache removed.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Pruned {
+    /// Entries used (written or loaded) within the grace period, kept.
+    pub kept: usize,
+    /// Entries removed (in a dry run, to be removed): file names.
+    pub removed: Vec<String>,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Removes from `cache_dir` the compiled entries (and stray temporary
+/// files) not written or loaded within `grace_ms` before `now_ms` (none,
+/// if `dry_run`). What is removed is compiled again when next loaded.
+pub fn prune(cache_dir: &Path, grace_ms: u64, now_ms: u64, dry_run: bool) -> Pruned {
+    let mut pruned = Pruned::default();
+    let Ok(entries) = std::fs::read_dir(cache_dir) else { return pruned };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(meta) = entry.path().symlink_metadata() else { continue };
+        if !meta.is_file() || !(name.ends_with(".cwasm") || name.ends_with(".tmp")) {
+            continue;
+        }
+        let used_ms = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as u64);
+        if now_ms.saturating_sub(used_ms) < grace_ms {
+            pruned.kept += 1;
+            continue;
+        }
+        if !dry_run && let Err(e) = std::fs::remove_file(entry.path()) {
+            tracing::warn!(file = %entry.path().display(), error = %e, "could not remove a compiled entry");
+            continue;
+        }
+        pruned.removed.push(name);
+        pruned.bytes += meta.len();
+    }
+    pruned
 }
 
 /// Writes atomically: a reader sees the old entry, no entry, or the new one.
