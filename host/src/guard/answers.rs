@@ -27,10 +27,13 @@ impl Answered {
     /// What a new attempt records: the answered rounds, if there are any and they fit.
     pub(super) fn to_record(&self) -> Option<Value> {
         let journal = self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()?;
-        let fits = journal.as_array().is_some_and(|rounds| !rounds.is_empty()) && journal.to_string().len() <= MAX_RECORDED_BYTES;
-        if !fits && !journal.as_array().is_some_and(Vec::is_empty) {
-            tracing::warn!("a call's answers are over {MAX_RECORDED_BYTES} bytes: not recorded with its send; a later run asks again");
+        if journal.as_array().is_none_or(Vec::is_empty) {
+            return None;
         }
-        fits.then_some(journal)
+        if journal.to_string().len() > MAX_RECORDED_BYTES {
+            tracing::warn!("a call's answers are over {MAX_RECORDED_BYTES} bytes: not recorded with its send; a later run asks again");
+            return None;
+        }
+        Some(journal)
     }
 }

@@ -35,17 +35,20 @@ impl CallGuard {
         behind.retain(|a| a.step >= reached);
         behind.sort_by_key(|a| a.step);
         for a in behind {
+            // Settled: what it came to (a send settled as never sent took no effect).
+            if a.state.is_final() {
+                self.progress.effects.note_settled_earlier(&a);
+                continue;
+            }
             let (method, url) = (a.request.method.clone(), a.request.url.clone());
-            let outcome = match &a.response {
-                Some(response) if a.state.is_final() => Ok(response.clone().into()),
-                // Settled as never sent: nothing took effect.
-                None if a.state.is_final() => continue,
-                _ if a.resolution == Some(Resolution::HostFault) => Err(self.left_for_operator(&a)),
-                _ => match policy::authorize(&self.rules.grants, self.rules.wires.downstreams(), &method, &url) {
+            let outcome = if a.resolution == Some(Resolution::HostFault) {
+                Err(self.left_for_operator(&a))
+            } else {
+                match policy::authorize(&self.rules.grants, self.rules.wires.downstreams(), &method, &url) {
                     Ok((downstream, _)) if downstream.name == a.downstream => self.redrive(a.step, &downstream).await,
                     _ => Err(Unsettled::of(&a, "the policy no longer grants it, so it is not re-sent; an operator must settle it")
                         .kept_open(&mut self.open_steps, &a.fingerprint)),
-                },
+                }
             };
             self.progress.effects.note_earlier(&method, &url, &outcome);
         }

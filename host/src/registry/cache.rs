@@ -90,8 +90,7 @@ impl Cache {
 
     /// When blob `digest` entered the cache (ms since the epoch).
     pub fn stored_ms(&self, digest: &str) -> Option<u64> {
-        let modified = std::fs::metadata(self.blob_path(digest)).ok()?.modified().ok()?;
-        modified.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
+        written_ms(&std::fs::metadata(self.blob_path(digest)).ok()?)
     }
 
     /// Where `tag`'s record lives (whether or not it is there).
@@ -132,6 +131,12 @@ impl Cache {
         std::fs::rename(&temp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         Ok(record)
     }
+}
+
+/// When a cache file was last written (ms since the epoch), if the system says.
+pub fn written_ms(meta: &std::fs::Metadata) -> Option<u64> {
+    let modified = meta.modified().ok()?;
+    modified.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
 }
 
 fn rand_u64() -> u64 {

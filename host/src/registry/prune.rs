@@ -1,4 +1,4 @@
-//! Pruning the registry cache (`toolguard cache prune`). Kept: what the
+//! Pruning the registry cache (`toolguard prune-cache`). Kept: what the
 //! configuration can load with the registry down — for each `oci://`
 //! component its tag's manifest and the one the tag pointed to before (a
 //! rollback), or its pinned manifest; their config and layer blobs; the
@@ -43,8 +43,7 @@ impl Cache {
                     pruned.kept += 1;
                     continue;
                 }
-                let written_ms = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as u64);
-                if now_ms.saturating_sub(written_ms) < grace_ms {
+                if now_ms.saturating_sub(super::cache::written_ms(&meta).unwrap_or(0)) < grace_ms {
                     pruned.young += 1;
                     continue;
                 }

@@ -96,8 +96,7 @@ pub fn prune(cache_dir: &Path, grace_ms: u64, now_ms: u64, dry_run: bool) -> Pru
         if !meta.is_file() || !(name.ends_with(".cwasm") || name.ends_with(".tmp")) {
             continue;
         }
-        let used_ms = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as u64);
-        if now_ms.saturating_sub(used_ms) < grace_ms {
+        if now_ms.saturating_sub(crate::registry::cache::written_ms(&meta).unwrap_or(0)) < grace_ms {
             pruned.kept += 1;
             continue;
         }
