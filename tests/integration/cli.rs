@@ -183,3 +183,46 @@ fn the_open_file_limit_is_raised_to_the_hard_limit() {
     let soft_now: u64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
     assert_eq!(soft_now, hard, "started with a soft limit of {soft}: {line}");
 }
+
+/// A command whose reader goes away ends quietly: `toolguard ledger export
+/// | head -1` prints its first line and exits 0, no panic.
+#[test]
+fn a_command_whose_reader_goes_away_ends_quietly() {
+    use std::io::BufRead as _;
+    let w = crate::world::World::new();
+    for n in 0..6 {
+        assert!(w.refund(&format!("e{n}"), 100 + n).0);
+    }
+    let mut child = Command::new(BIN)
+        .args(["ledger", "export", "--config", w.config.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A pipe of one page, so the export cannot all fit in it before the reader goes.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(child.stdout.as_ref().unwrap());
+    // SAFETY: F_SETPIPE_SZ on a pipe this process owns; no memory is passed.
+    assert!(unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, 4096) } >= 0, "{}", std::io::Error::last_os_error());
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.contains("\"type\""), "{first}");
+    // The pipe is closed here (`head -1` exits); the rest of the export meets it.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status.code());
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// `toolguard reload` with a configuration it cannot read says so, and
+/// claims nothing about a serve it could not even look for.
+#[test]
+fn reload_with_an_unreadable_config_says_no_serve_was_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("broken.toml");
+    std::fs::write(&config, "this is [not toml").unwrap();
+    let out = toolguard(&["reload", "--config", config.to_str().unwrap()]);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(said.contains("no serve was asked"), "{said}");
+    assert!(!said.contains("keeps serving"), "{said}");
+}

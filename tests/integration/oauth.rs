@@ -391,8 +391,12 @@ fn principals_come_from_the_token_and_one_cannot_reach_anothers_calls() {
     let session = server.session(&b);
     let (status, _, body) = server.refund(Some(&b), &session, "c1");
     assert_eq!(status, 200, "{body}");
-    // A sends B's conversation and call id: its own call in its own namespace, never B's answer.
+    // A holding B's transport session id reaches nothing of it: the session is B's (404, as for no session).
     let (status, _, body) = server.refund(Some(&a), &session, "c1");
+    assert_eq!((status, body.as_str()), (404, "Not Found: Session not found"), "A used B's session");
+    // A sends B's conversation and call id from its own session: its own call in its own namespace, never B's answer.
+    let own = server.session(&a);
+    let (status, _, body) = server.refund(Some(&a), &own, "c1");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#""toolguard/replayed":false"#), "A was answered with B's call: {body}");
     let (status, _, body) = server.refund(Some(&b), &session, "c1");

@@ -23,7 +23,7 @@ use toolguard::policy::{Downstream, Downstreams, Grant, KeyTransport, RawDownstr
 
 /// Runs `test` on inputs from `strategy`: the short pass, or for
 /// `TOOLGUARD_FUZZ_SECONDS` with fresh seeds until the time is up.
-fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
+pub(crate) fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
     let seconds: u64 = std::env::var("TOOLGUARD_FUZZ_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let cases: u32 = std::env::var("TOOLGUARD_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
     let started = Instant::now();

@@ -230,6 +230,9 @@ fn a_change_to_an_actions_identity_waits_until_its_calls_are_settled() {
     assert!(!ok, "{answer:#}");
     let said = answer["error"].as_str().unwrap();
     assert!(said.contains("`action`") && said.contains("c-unresolved"), "names the change and the call: {said}");
+    // Pending at the provider and running now: one call, named once with both facts.
+    assert_eq!(said.matches("c-unresolved").count(), 1, "each call named once: {said}");
+    assert!(said.contains("1 call(s)") && said.contains("running now") && said.contains("attempt"), "{said}");
     assert_eq!(host.info()["generation"], 1);
     // A transport change of the downstream it goes to is refused the same way.
     host.rewrite(&Downstream { key: crate::payments::HEADER_ONLY, refund_action: Some(INTENT_AND_AMOUNT), ..patient() }, "");

@@ -67,7 +67,7 @@ pub async fn run(args: Args) -> u8 {
     if json {
         super::print_json(&serde_json::to_value(&report).unwrap_or_default());
     } else {
-        print!("{}", crate::audit::render(&report));
+        out!("{}", crate::audit::render(&report));
     }
     if report.verdict == crate::audit::Verdict::PASS { 0 } else { super::EXIT_CALL_FAILED }
 }
@@ -86,9 +86,9 @@ fn print_history(config: &crate::Config, json: bool) -> u8 {
         super::print_json(&serde_json::to_value(&history).unwrap_or_default());
         return 0;
     }
-    println!("{:<24} {:<14} {:<16} GRANTS", "FROM (UTC ms)", "PLUGIN", "SHA256");
+    outln!("{:<24} {:<14} {:<16} GRANTS", "FROM (UTC ms)", "PLUGIN", "SHA256");
     for r in &history {
-        println!("{:<24} {:<14} {:<16} {}", r.recorded_ms, r.plugin, &r.digest[..r.digest.len().min(12)], r.grants);
+        outln!("{:<24} {:<14} {:<16} {}", r.recorded_ms, r.plugin, &r.digest[..r.digest.len().min(12)], r.grants);
     }
     0
 }

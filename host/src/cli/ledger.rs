@@ -208,10 +208,10 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
         }
         LedgerCommand::Export => {
             for call in ledger.calls(None)? {
-                println!("{}", super::json_for_terminal(&json!({ "type": "call", "record": call }).to_string()));
+                outln!("{}", super::json_for_terminal(&json!({ "type": "call", "record": call }).to_string()));
             }
             for attempt in ledger.attempts()? {
-                println!("{}", super::json_for_terminal(&json!({ "type": "attempt", "record": attempt }).to_string()));
+                outln!("{}", super::json_for_terminal(&json!({ "type": "attempt", "record": attempt }).to_string()));
             }
             Ok(0)
         }
@@ -222,14 +222,14 @@ fn print_stats(s: &crate::ledger::retention::LedgerStats) {
     let by_state = |m: &std::collections::BTreeMap<String, u64>| {
         if m.is_empty() { "none".to_string() } else { m.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ") }
     };
-    println!("calls       {} ({})", s.total_calls(), by_state(&s.calls));
-    println!("attempts    {} ({})", s.attempts.values().sum::<u64>(), by_state(&s.attempts));
-    println!("episodes    {} open, {} closed", s.episodes_open, s.episodes_closed);
-    println!("retiring    {} final units in the retire index", s.retiring);
-    println!("tombstones  {} pruned calls", s.tombstones);
-    println!("budget uses {}", s.budget_uses);
+    outln!("calls       {} ({})", s.total_calls(), by_state(&s.calls));
+    outln!("attempts    {} ({})", s.attempts.values().sum::<u64>(), by_state(&s.attempts));
+    outln!("episodes    {} open, {} closed", s.episodes_open, s.episodes_closed);
+    outln!("retiring    {} final units in the retire index", s.retiring);
+    outln!("tombstones  {} pruned calls", s.tombstones);
+    outln!("budget uses {}", s.budget_uses);
     let per_call = s.bytes.checked_div(s.total_calls()).map_or_else(String::new, |b| format!(" ({b} per call)"));
-    println!("bytes       {}{per_call}", s.bytes);
+    outln!("bytes       {}{per_call}", s.bytes);
     let oldest = s.oldest_call_ms.map_or_else(
         || "none".into(),
         |t| {
@@ -237,11 +237,11 @@ fn print_stats(s: &crate::ledger::retention::LedgerStats) {
             format!("{t} ms since the epoch ({age_h:.1} h ago)")
         },
     );
-    println!("oldest call {oldest}");
+    outln!("oldest call {oldest}");
 }
 
 fn print_table(rows: &[(CallRecord, Vec<AttemptRecord>)]) {
-    println!("{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} ATTEMPTS (step key state tries)", "SESSION", "CALL ID", "TOOL", "STATE", "TOLD", "EPISODE");
+    outln!("{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} ATTEMPTS (step key state tries)", "SESSION", "CALL ID", "TOOL", "STATE", "TOLD", "EPISODE");
     for (call, attempts) in rows {
         let state = match call.state {
             CallState::Admitted => "admitted",
@@ -256,7 +256,7 @@ fn print_table(rows: &[(CallRecord, Vec<AttemptRecord>)]) {
         };
         let attempts: Vec<String> = attempts.iter().map(|a| format!("{} {} {} {}", a.step, a.key, a.state.as_str(), a.tries)).collect();
         let attempts = if attempts.is_empty() { "-".to_string() } else { attempts.join("; ") };
-        println!(
+        outln!(
             "{:<16} {:<20} {:<14} {:<10} {:<10} {:<12} {}",
             super::terminal_safe(&call.session),
             super::terminal_safe(&call.call_id),

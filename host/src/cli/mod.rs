@@ -1,13 +1,15 @@
 //! The `toolguard` command line: argument parsing, logging set-up and
 //! dispatch. Each subcommand lives in its own module.
 
+// First: its `outln!`/`out!` serve every subcommand below.
+#[macro_use]
+mod output;
 mod approvals;
 mod audit;
 mod call;
 mod demo;
 mod ledger;
 mod logging;
-mod output;
 mod registry;
 mod reload;
 mod review;

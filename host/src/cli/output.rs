@@ -1,6 +1,17 @@
 //! What the command line prints — JSON made safe for a terminal — and how
 //! a command that is done ends.
 
+/// `println!` for what a command prints: a reader that went away (`toolguard
+/// ledger export | head -1`) ends the command quietly ([`line`]).
+macro_rules! outln {
+    ($($arg:tt)*) => { $crate::cli::output::line(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` for what a command prints, ending quietly as [`outln!`] does.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::cli::output::line(format_args!($($arg)*)) };
+}
+
 /// Ends the process at once with `code`: stdout and stderr flushed, nothing
 /// torn down (no destructor runs; the ledger is left as a kill would leave
 /// it, which it is built to survive). For `toolguard call` once the record
@@ -8,7 +19,7 @@
 /// do, and every moment the process lived on would be one in which a kill
 /// takes the clean exit from a caller that trusts only one, while the
 /// ledger says that caller was told.
-pub(super) fn exit_now(code: u8) -> ! {
+pub(crate) fn exit_now(code: u8) -> ! {
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
@@ -18,9 +29,32 @@ pub(super) fn exit_now(code: u8) -> ! {
     unsafe { libc::_exit(i32::from(code)) }
 }
 
-/// Prints pretty JSON to stdout.
+/// Writes `text` to stdout. A reader that went away (a closed pipe)
+/// ends the command quietly, with status 0, as ripgrep does: nobody is left
+/// to read the rest. Any other failure to write is reported on stderr once
+/// and ends the command with status 1.
+pub(crate) fn line(text: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(text) {
+        ended(&e);
+    }
+}
+
+/// Ends the command after stdout failed with `e` ([`line`]).
+fn ended(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        exit_now(0);
+    }
+    let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("toolguard: cannot write to stdout: {e}\n"));
+    exit_now(1)
+}
+
+/// Prints pretty JSON to stdout (ending quietly if its reader went away).
 pub(super) fn print_json(value: &serde_json::Value) {
-    let _ = write_json(value);
+    if let Err(e) = write_json(value) {
+        ended(&e);
+    }
 }
 
 /// Writes pretty JSON and a newline to stdout and flushes it.

@@ -61,8 +61,8 @@ pub fn keygen(out: &Path) -> u8 {
         return fail("keygen", &format!("cannot write the key pair: {e}"));
     }
     let fingerprint = SigningKey::from_pem("new key", private.as_bytes()).map(|k| k.fingerprint()).unwrap_or_default();
-    println!("wrote {} (keep it secret) and {} ({fingerprint})", key_path.display(), pub_path.display());
-    println!("a reviewer names the publisher: [policy.plugins.NAME] signed_by = {{ key = \"{}\" }}", pub_path.display());
+    outln!("wrote {} (keep it secret) and {} ({fingerprint})", key_path.display(), pub_path.display());
+    outln!("a reviewer names the publisher: [policy.plugins.NAME] signed_by = {{ key = \"{}\" }}", pub_path.display());
     0
 }
 
@@ -87,13 +87,13 @@ pub async fn push(component: &Path, target: &str, sign: Option<&Path>, args: &Re
         let digest = registry::push(&client, &r, &bytes, &imports, &[]).await.map_err(|e| e.to_string())?;
         use sha2::Digest as _;
         let sha256 = hex::encode(sha2::Sha256::digest(&bytes));
-        println!("pushed {r}@{digest} (component sha256 {sha256})");
+        outln!("pushed {r}@{digest} (component sha256 {sha256})");
         match key {
             Some(key) => {
                 registry::sign(&client, &r, &digest, &key).await.map_err(|e| e.to_string())?;
-                println!("signed {digest} as {}", key.fingerprint());
+                outln!("signed {digest} as {}", key.fingerprint());
             }
-            None => println!("pin it: [policy.plugins.NAME] sha256 = \"{sha256}\", or sign it: toolguard sign {}@{digest} --key KEY", r.name()),
+            None => outln!("pin it: [policy.plugins.NAME] sha256 = \"{sha256}\", or sign it: toolguard sign {}@{digest} --key KEY", r.name()),
         }
         Ok(())
     }
@@ -112,12 +112,12 @@ pub async fn sign(target: &str, key: &Path, args: &RegistryArgs) -> u8 {
             None => {
                 let (_, digest) =
                     client.manifest(&r.repository, r.manifest_reference()).await.map_err(|e| e.to_string())?.ok_or_else(|| format!("{r}: no such tag"))?;
-                println!("{r} is {digest} now; signing that digest");
+                outln!("{r} is {digest} now; signing that digest");
                 digest
             }
         };
         registry::sign(&client, &r, &digest, &key).await.map_err(|e| e.to_string())?;
-        println!("signed {}@{digest} as {}", r.name(), key.fingerprint());
+        outln!("signed {}@{digest} as {}", r.name(), key.fingerprint());
         Ok::<(), String>(())
     }
     .await;
@@ -140,7 +140,7 @@ pub async fn pull(config: &Path, plugins: &[String]) -> u8 {
             Ok(crate::runtime::source::Component { sha256, provenance: Some(p), .. }) => {
                 let signer = p.signer.map_or_else(|| "no signature asked for".into(), |s| format!("signed by {} ({})", s.key, s.fingerprint));
                 let cached = p.offline.map(|why| format!("; from the cache: {why}")).unwrap_or_default();
-                println!("{}: {} is {} (component sha256 {}); {signer}{cached}", plugin.name, p.reference, p.manifest_digest, sha256);
+                outln!("{}: {} is {} (component sha256 {}); {signer}{cached}", plugin.name, p.reference, p.manifest_digest, sha256);
             }
             Ok(_) => {}
             Err(e) => {
@@ -171,7 +171,7 @@ pub fn prune(config: &Path, days: u64, dry_run: bool) -> u8 {
     let (grace_ms, now_ms) = (days.saturating_mul(24 * 3_600_000), crate::ledger::records::now_ms());
     let registry = registry::Cache::under(&config.data_dir).prune(&refs, grace_ms, now_ms, dry_run);
     let compiled = crate::runtime::compile::prune(&config.compile_cache, grace_ms, now_ms, dry_run);
-    println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "registry": registry, "compiled": compiled })).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(&serde_json::json!({ "registry": registry, "compiled": compiled })).unwrap_or_default());
     0
 }
 

@@ -9,7 +9,12 @@ use std::path::Path;
 pub(super) async fn run(path: &Path) -> u8 {
     let config = match crate::Config::load(path) {
         Ok(c) => c,
-        Err(e) => return super::config_error(format!("reload refused, the running configuration keeps serving: {e}")),
+        // Unread, it cannot name the serve to ask: say nothing about what one does.
+        Err(e) => {
+            return super::config_error(format!(
+                "reload refused: the configuration cannot be read, so no serve was asked (one that runs keeps its configuration): {e}"
+            ));
+        }
     };
     let Some(socket) = crate::local::control_socket(&config) else {
         return super::config_error("the data directory's path is too long for a Unix socket; send the serve SIGHUP instead".into());

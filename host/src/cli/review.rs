@@ -62,7 +62,7 @@ pub(super) async fn run(config: &crate::Config, (config_path, old): (&Path, &Pat
             "findings": findings,
         }));
     } else {
-        print!("{}", render(&findings, (verdict, after.verdict), open));
+        out!("{}", render(&findings, (verdict, after.verdict), open));
     }
     if verdict == Verdict::PASS { 0 } else { super::EXIT_CALL_FAILED }
 }

@@ -25,10 +25,10 @@ pub fn run(input: &Path, output: &Path) -> u8 {
     use sha2::Digest as _;
     let digest = hex::encode(sha2::Sha256::digest(&sealed));
     if record.sealed.is_empty() {
-        println!("{}: imports nothing to seal; written unchanged", input.display());
+        outln!("{}: imports nothing to seal; written unchanged", input.display());
     } else {
-        println!("sealed {} interface(s) under a trapping stub: {}", record.sealed.len(), record.sealed.join(", "));
+        outln!("sealed {} interface(s) under a trapping stub: {}", record.sealed.len(), record.sealed.join(", "));
     }
-    println!("wrote {} (sha256 {digest}); pin it: [policy.plugins.NAME] sha256 = \"{digest}\"", output.display());
+    outln!("wrote {} (sha256 {digest}); pin it: [policy.plugins.NAME] sha256 = \"{digest}\"", output.display());
     0
 }

@@ -34,14 +34,14 @@ pub(super) fn print(records: &[ServingRecord], now_ms: u64) {
     for r in records {
         let age_s = now_ms.saturating_sub(r.seen_ms) / 1000;
         let state = if now_ms.saturating_sub(r.seen_ms) <= LIVE_MS { "live" } else { "not seen lately" };
-        println!("serving     {} (generation {}, noted {age_s} s ago, {state})", super::terminal_safe(&r.host), r.generation);
+        outln!("serving     {} (generation {}, noted {age_s} s ago, {state})", super::terminal_safe(&r.host), r.generation);
         for (plugin, served) in &r.plugins {
-            println!("              {:<16} policy {} component {}", super::terminal_safe(plugin), short(&served.policy_digest), short(&served.sha256));
+            outln!("              {:<16} policy {} component {}", super::terminal_safe(plugin), short(&served.policy_digest), short(&served.sha256));
         }
     }
     for (plugin, policies) in differing(records, now_ms) {
         let each: Vec<String> = policies.iter().map(|(digest, hosts)| format!("{} on {}", short(digest), hosts.join(", "))).collect();
-        println!("DIFFERS     `{}` is served under {} policies: {}", super::terminal_safe(&plugin), policies.len(), super::terminal_safe(&each.join("; ")));
+        outln!("DIFFERS     `{}` is served under {} policies: {}", super::terminal_safe(&plugin), policies.len(), super::terminal_safe(&each.join("; ")));
     }
 }
 

@@ -31,11 +31,11 @@ pub async fn run(config: &Path, json: bool) -> u8 {
     }
     for t in &tools {
         let text = |key: &str| t[key].as_str().unwrap_or_default().to_string();
-        println!("{}  (plugin {}, {})", text("name"), text("plugin"), text("effect"));
-        println!("  {}", text("description"));
-        println!("  input schema:  {}", t["input_schema"]);
+        outln!("{}  (plugin {}, {})", text("name"), text("plugin"), text("effect"));
+        outln!("  {}", text("description"));
+        outln!("  input schema:  {}", t["input_schema"]);
         if !t["output_schema"].is_null() {
-            println!("  output schema: {}", t["output_schema"]);
+            outln!("  output schema: {}", t["output_schema"]);
         }
     }
     0

@@ -35,6 +35,12 @@ pub struct McpConfig {
     pub tokens: Vec<McpToken>,
     /// Host names (or `host:port`) accepted besides loopback, for DNS-rebinding protection.
     pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`, `:*` for any port, or
+    /// `null`) whose requests are served besides the server's own; a
+    /// request carrying any other `Origin` is refused 403. Empty (the
+    /// default): only the server's own origin — MCP clients that are not
+    /// browsers send none.
+    pub allowed_origins: Vec<String>,
     /// Largest HTTP request body accepted.
     pub max_request_bytes: usize,
     /// Most Streamable HTTP sessions (`Mcp-Session-Id`) open at once; a
@@ -48,6 +54,17 @@ pub struct McpConfig {
     /// for an instance) at once; one more is answered `busy` and not run
     /// ([`crate::mcp::principals`]).
     pub max_calls_per_principal: usize,
+    /// Most HTTP requests one authenticated principal has open at once —
+    /// bodies being read, responses being streamed, GET streams — past which
+    /// its next request is answered 429 ([`crate::mcp::principals`]).
+    pub max_requests_per_principal: usize,
+    /// Most MCP tasks one authenticated principal has unsettled on a host
+    /// at once; a call past it is answered `busy`, nothing run.
+    pub max_tasks_per_principal: usize,
+    /// Most approval requests one authenticated principal's calls may open
+    /// per hour, over the fleet (counted in the ledger, in the same write
+    /// as the request); a call past it is answered `busy`, nobody asked.
+    pub max_approval_requests_per_principal_hour: u32,
     /// Most HTTP connections open at once ([`crate::mcp::listen`]).
     pub max_connections: usize,
     /// An environment variable holding the operator's bearer token: with
@@ -84,10 +101,14 @@ impl Default for McpConfig {
             token_principal: "token-holder".into(),
             tokens: Vec::new(),
             allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
             max_request_bytes: 1 << 20,
             max_sessions: 1_000,
             max_sessions_per_principal: 100,
             max_calls_per_principal: 64,
+            max_requests_per_principal: 256,
+            max_tasks_per_principal: 256,
+            max_approval_requests_per_principal_hour: 100,
             max_connections: 4_096,
             operator_token_env: None,
             task_after_ms: 2_000,
@@ -121,4 +142,20 @@ impl McpConfig {
 /// be short and unable to contain the separator.
 pub fn valid_principal(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Whether `origin` is a well-formed `[mcp] allowed_origins` entry: `null`,
+/// or `http://` / `https://` then a host and at most a port (a number or
+/// `*`), with no path.
+pub fn valid_origin(origin: &str) -> bool {
+    if origin == "null" {
+        return true;
+    }
+    let Some(rest) = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://")) else { return false };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && !p.contains(']') => (h, Some(p)),
+        _ => (rest, None),
+    };
+    let host_ok = !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'));
+    host_ok && port.is_none_or(|p| p == "*" || (!p.is_empty() && p.len() <= 5 && p.chars().all(|c| c.is_ascii_digit())))
 }

@@ -242,6 +242,12 @@ impl Config {
             }
             plugins.push(PluginConfig { name, component, limits, settings: p.config, tool_prefix: p.tool_prefix, policy });
         }
+        if let Some(bad) = raw.mcp.allowed_origins.iter().find(|o| !mcp::valid_origin(o)) {
+            return Err(err(
+                "mcp.allowed_origins",
+                format!("`{bad}` is not an origin: write `https://host`, `https://host:8443`, `http://localhost:*` or `null`"),
+            ));
+        }
         if raw.mcp.max_request_bytes < 1024 {
             return Err(err("mcp.max_request_bytes", "must be at least 1024".into()));
         }
@@ -249,6 +255,9 @@ impl Config {
             ("mcp.max_sessions", raw.mcp.max_sessions),
             ("mcp.max_sessions_per_principal", raw.mcp.max_sessions_per_principal),
             ("mcp.max_calls_per_principal", raw.mcp.max_calls_per_principal),
+            ("mcp.max_requests_per_principal", raw.mcp.max_requests_per_principal),
+            ("mcp.max_tasks_per_principal", raw.mcp.max_tasks_per_principal),
+            ("mcp.max_approval_requests_per_principal_hour", raw.mcp.max_approval_requests_per_principal_hour as usize),
             ("mcp.max_connections", raw.mcp.max_connections),
             ("mcp.task_poll_ms", raw.mcp.task_poll_ms as usize),
             ("mcp.task_ttl_ms", raw.mcp.task_ttl_ms as usize),

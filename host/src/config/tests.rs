@@ -122,7 +122,17 @@ fn the_ledger_pool_is_sized_for_postgresql_only_and_within_bounds() {
 
 #[test]
 fn mcp_counts_are_at_least_one() {
-    for field in ["max_sessions", "max_sessions_per_principal", "max_calls_per_principal", "max_connections", "task_poll_ms", "task_ttl_ms"] {
+    for field in [
+        "max_sessions",
+        "max_sessions_per_principal",
+        "max_calls_per_principal",
+        "max_requests_per_principal",
+        "max_tasks_per_principal",
+        "max_approval_requests_per_principal_hour",
+        "max_connections",
+        "task_poll_ms",
+        "task_ttl_ms",
+    ] {
         let e = parse(&format!("[mcp]\n{field} = 0\n")).unwrap_err();
         assert_eq!((e.field.as_str(), e.message.as_str()), (format!("mcp.{field}").as_str(), "must be at least 1"));
     }
@@ -181,4 +191,15 @@ fn oauth_refuses_what_would_fail_open() {
     assert!(e.field.ends_with("issuer") && e.message.contains("https"), "{e}");
     let e = oauth("[mcp.oauth.scopes]\neffects = { destructive = \"x\" }").unwrap_err();
     assert!(e.field.contains("scopes.effects"), "{e}");
+}
+
+#[test]
+fn allowed_origins_are_origins() {
+    for good in ["https://app.example.com", "https://app.example.com:8443", "http://localhost:*", "http://[::1]:8080", "null"] {
+        assert!(parse(&format!("[mcp]\nallowed_origins = [{good:?}]\n")).is_ok(), "{good}");
+    }
+    for bad in ["app.example.com", "https://", "https://a.example/path", "ftp://a.example", "https://a.example:99999x", "*"] {
+        let e = parse(&format!("[mcp]\nallowed_origins = [{bad:?}]\n")).unwrap_err();
+        assert_eq!(e.field, "mcp.allowed_origins", "{bad}");
+    }
 }

@@ -12,7 +12,7 @@
 use super::CallGuard;
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{Approval, ApprovalStatus, now_ms};
-use crate::ledger::{Durability, LedgerWrite};
+use crate::ledger::{Charge, Durability, LedgerWrite};
 use serde_json::json;
 
 /// What the guard needs to ask a person about one call.
@@ -36,12 +36,14 @@ impl CallGuard {
     ///
     /// # Errors
     /// `awaiting-approval` (nothing sent; retry the same call or poll its
-    /// task), `denied` (definitive: the guard completes the call with it),
+    /// task), `busy` (the principal's approval requests of the hour are
+    /// spent: nobody asked, nothing sent), `denied` (definitive: the guard completes the call with it),
     /// or `transport`/`internal` when the request could not be recorded.
     pub async fn consent(&mut self, ask: Ask) -> Result<(), CallError> {
         let now = now_ms();
+        let mut ask = ask;
         match self.record.approval.clone() {
-            Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest && now < a.expires_ms => return Ok(()),
+            Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest && now < a.usable_until() => return Ok(()),
             // Approved and used: a send of it is recorded, so its run goes on (re-run after a
             // crash, say) whatever the clock or the policy says now; it is never denied after it acted.
             Some(a) if a.status == ApprovalStatus::Approved && self.sent_anything().await? => return Ok(()),
@@ -49,8 +51,13 @@ impl CallGuard {
             Some(a) if a.status == ApprovalStatus::Pending && a.policy_digest == ask.policy_digest => {
                 return Err(if a.waiting(now) { awaiting(&self.record.call_id, &a) } else { denied(&self.record.call_id, &a, "expired") });
             }
+            // Approved in time but not used within its time: asked again (it was approved, not refused).
             Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest => {
-                return Err(denied(&self.record.call_id, &a, "expired"));
+                ask.reason = format!(
+                    "{}; an approval given earlier was not used within its {} min, so a person is asked again",
+                    ask.reason,
+                    a.expires_ms.saturating_sub(a.requested_ms) / 60_000
+                );
             }
             // Never asked, or asked under another policy: ask now.
             _ => {}
@@ -62,16 +69,41 @@ impl CallGuard {
             status: ApprovalStatus::Pending,
             reason: ask.reason,
             policy_digest: ask.policy_digest,
-            principal: ask.principal,
+            principal: ask.principal.clone(),
             requested_ms: now,
             expires_ms: now + ask.expires_ms,
             decided_by: None,
             decided_ms: None,
             note: None,
         };
-        self.record.approval = Some(approval.clone());
-        let write = LedgerWrite::new().call(self.record.clone());
-        self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(super::internal)?;
+        let before = self.record.approval.replace(approval.clone());
+        let mut write = LedgerWrite::new().call(self.record.clone());
+        // A principal's calls may open only so many approval requests an hour
+        // (a repeat of this call spends nothing more): counted in this write.
+        let quota = ask.principal.as_ref().zip(self.guard.approval_quota()).map(|(principal, max)| {
+            let scope = json!(["approval-requests", principal]).to_string();
+            let what = format!("principal `{principal}`'s approval requests ([mcp] max_approval_requests_per_principal_hour = {max})");
+            Charge { scope, max, since_ms: now.saturating_sub(super::BUDGET_WINDOW_MS), at_ms: now, call_id: self.record.call_id.clone(), what }
+        });
+        let _spending = match &quota {
+            Some(charge) => Some(self.guard.budgets.get(charge.scope.clone()).lock_owned().await),
+            None => None,
+        };
+        if let Some(charge) = quota {
+            write = write.charge(charge);
+        }
+        match self.guard.ledger.commit_async(write, Durability::Synced).await {
+            Ok(()) => {}
+            Err(e) if e.is_refused() => {
+                self.record.approval = before;
+                let message = format!("{}; nobody was asked and nothing was sent", e.message());
+                return Err(CallError::new(ErrorKind::Busy, message));
+            }
+            Err(e) => {
+                self.record.approval = before;
+                return Err(super::internal(e));
+            }
+        }
         self.persisted = true;
         Err(awaiting(&self.record.call_id, &approval))
     }
@@ -91,40 +123,80 @@ impl CallGuard {
     }
 }
 
+/// How many earlier episodes of an action a repeat looks back through for
+/// one that was carried out within the window. Past it (that many
+/// identical calls denied, cancelled or expired within the window) the
+/// repeat is asked about anyway: conservative, never a way around consent.
+const MAX_LOOK_BACK: u64 = 64;
+
 impl super::Guard {
-    /// For a new call of an action whose previous episode ended with an
-    /// effect less than `window_ms` ago (its caller told a definitive
-    /// outcome), why a person must confirm this call is meant a second
-    /// time: the repeat no host can link (a call killed before it was
-    /// recorded, re-issued under a new id and also resumed under its old
-    /// one). `None` for the first of its action, or after the window.
+    /// For a new call of an action carried out (with an effect, its caller
+    /// told a definitive outcome) less than `window_ms` ago, why a person
+    /// must confirm this call is meant a second time: the repeat no host can
+    /// link (a call killed before it was recorded, re-issued under a new id
+    /// and also resumed under its old one). The look goes back through every
+    /// episode of the action closed within the window, whatever they came
+    /// to — a repeat that was denied, cancelled or expired in between leaves
+    /// the action that was carried out as the one the next repeat is asked
+    /// about. `None` for the first of its action, or when nothing of it was
+    /// carried out within the window.
     ///
     /// # Errors
     /// The ledger could not be read.
     pub async fn repeat_to_confirm(&self, record: &crate::ledger::CallRecord, window_ms: u64) -> Result<Option<String>, CallError> {
         let Some(n) = record.episode.filter(|n| *n > 0) else { return Ok(None) };
         let (s, t, d) = (record.session.clone(), record.tool.clone(), record.args_digest.clone());
-        let earlier = self
+        let since = now_ms().saturating_sub(window_ms);
+        let found = self
             .ledger
             .read(move |l| {
-                let Some(e) = l.episode(&s, &t, &d, Some(n - 1))? else { return Ok(None) };
-                Ok(l.call(&s, &e.executor)?.map(|c| (e, c)))
+                for k in (n.saturating_sub(MAX_LOOK_BACK)..n).rev() {
+                    let Some(e) = l.episode(&s, &t, &d, Some(k))? else { return Ok(Carried::No) };
+                    // Episodes close in order: one closed before the window ends the look.
+                    let ended = e.closed_ms.unwrap_or(0);
+                    if !e.closed || ended < since {
+                        return Ok(Carried::No);
+                    }
+                    let Some(executor) = l.call(&s, &e.executor)? else { continue };
+                    if had_effect(&executor) {
+                        return Ok(Carried::At(executor.call_id, ended));
+                    }
+                }
+                Ok(if n > MAX_LOOK_BACK { Carried::TooMany } else { Carried::No })
             })
             .await
             .map_err(super::internal)?;
-        let Some((episode, executor)) = earlier else { return Ok(None) };
-        let ended = episode.closed_ms.unwrap_or(0);
-        let effect = matches!(&executor.outcome, Some(crate::ledger::StoredOutcome::Result(_)))
-            || matches!(&executor.outcome, Some(crate::ledger::StoredOutcome::Error { kind, .. }) if kind == "failed-after-effect");
-        if !episode.closed || !effect || now_ms().saturating_sub(ended) >= window_ms {
-            return Ok(None);
-        }
-        let minutes = now_ms().saturating_sub(ended) / 60_000;
-        Ok(Some(format!(
-            "an identical action was carried out {minutes} min ago as tool call `{}`; this call runs only if a person confirms a \
-             second one is meant (confirm_repeat_within_minutes)",
-            executor.call_id
-        )))
+        Ok(match found {
+            Carried::No => None,
+            Carried::At(call_id, ended) => Some(format!(
+                "an identical action was carried out {} min ago as tool call `{call_id}`; this call runs only if a person confirms a \
+                 second one is meant (confirm_repeat_within_minutes)",
+                now_ms().saturating_sub(ended) / 60_000
+            )),
+            Carried::TooMany => Some(format!(
+                "more than {MAX_LOOK_BACK} identical calls of this action were made within confirm_repeat_within_minutes; this call \
+                 runs only if a person confirms it is meant"
+            )),
+        })
+    }
+}
+
+/// What a look back through an action's episodes found.
+enum Carried {
+    /// Nothing of it carried out within the window.
+    No,
+    /// Carried out by that call, its episode closed then (Unix ms).
+    At(String, u64),
+    /// The look back ran out before the window did.
+    TooMany,
+}
+
+/// Whether a call's recorded outcome says its action took effect.
+fn had_effect(call: &crate::ledger::CallRecord) -> bool {
+    match &call.outcome {
+        Some(crate::ledger::StoredOutcome::Result(_)) => true,
+        Some(crate::ledger::StoredOutcome::Error { kind, .. }) => kind == "failed-after-effect",
+        None => false,
     }
 }
 

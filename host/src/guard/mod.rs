@@ -92,6 +92,9 @@ pub struct Guard {
     host: String,
     /// Whether a newer toolguard migrated the ledger since it was opened.
     schema: upgrade::SchemaWatch,
+    /// Most approval requests one principal's calls may open per hour
+    /// (`[mcp] max_approval_requests_per_principal_hour`; 0: unlimited).
+    approval_quota: std::sync::atomic::AtomicU32,
 }
 
 /// The tool call as the guard identifies it.
@@ -173,7 +176,19 @@ impl Guard {
             completed: Mutex::default(),
             host: claim::host_id(),
             schema: upgrade::SchemaWatch::default(),
+            approval_quota: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// Caps the approval requests one principal's calls may open per hour
+    /// at `max` (0: no cap), as `serve` configures from `[mcp]`.
+    pub fn limit_approval_requests(&self, max: u32) {
+        self.approval_quota.store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The cap on one principal's approval requests per hour, if any.
+    fn approval_quota(&self) -> Option<u32> {
+        Some(self.approval_quota.load(std::sync::atomic::Ordering::Relaxed)).filter(|m| *m > 0)
     }
 
     /// This host's name in claims on a shared ledger (and in what it notes it serves).

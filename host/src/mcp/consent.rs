@@ -22,9 +22,21 @@ use std::time::Duration;
 /// What the key of an input request asking for approval starts with.
 pub(crate) const APPROVAL_KEY: &str = "approval-";
 
-/// The key of the input request that asks for approval `request`.
-pub(crate) fn approval_key(request: &str) -> String {
-    format!("{APPROVAL_KEY}{request}")
+/// A key never used before for putting approval `request` to a client:
+/// `approval-<request>.<random>`. Each time the question is put again (the
+/// person dismissed it, or the answer was not one), it gets a new key, as
+/// the Tasks extension requires of a key whose answer was delivered; and
+/// the random part is not in what the model is told (`detail.approval`
+/// names only the request), so only the client that was asked can answer.
+pub(crate) fn fresh_key(request: &str) -> String {
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).expect("the OS provides randomness");
+    format!("{APPROVAL_KEY}{request}.{}", hex::encode(nonce))
+}
+
+/// The approval request a key made by [`fresh_key`] asks about.
+pub(crate) fn request_of(key: &str) -> Option<&str> {
+    key.strip_prefix(APPROVAL_KEY)?.split_once('.').map(|(request, _)| request)
 }
 
 /// The approval request (`detail.approval`) an `awaiting-approval` answer carries.
@@ -36,26 +48,45 @@ pub(crate) fn awaited(answer: &Result<crate::CallOutput, crate::CallError>) -> O
 }
 
 /// The one input request asking the person at the client to decide
-/// `approval` (`detail.approval`), under its key; with the request's id.
-pub(crate) fn approval_requests(approval: &Value) -> Option<(String, rmcp::model::InputRequests)> {
-    let request = approval["request"].as_str()?;
+/// `approval` (`detail.approval`), under `key`.
+pub(crate) fn approval_requests(approval: &Value, key: &str) -> Option<rmcp::model::InputRequests> {
     let elicitation = json!({ "method": "elicitation/create", "params": question(approval) });
     let input = serde_json::from_value::<rmcp::model::InputRequest>(elicitation).ok()?;
-    Some((request.to_string(), rmcp::model::InputRequests::from([(approval_key(request), input)])))
+    Some(rmcp::model::InputRequests::from([(key.to_string(), input)]))
 }
 
 /// The longest a `tools/call` waits for the person at the client to answer.
 const MAX_ASK: Duration = Duration::from_secs(600);
 
-/// The decision an elicitation answer (`ElicitResult` as JSON) carries:
-/// approve or not, with the person's note; `None` when dismissed (no
-/// decision: the request stays open until it expires).
-pub(crate) fn decision_of(answer: &Value) -> Option<(bool, Option<String>)> {
+/// What an elicitation answer to an approval question says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Said {
+    /// Approve (or not), with the person's note.
+    Decided(bool, Option<String>),
+    /// Dismissed (`cancel`): no decision; the question is put again until it expires.
+    Dismissed,
+}
+
+/// What an elicitation answer (`ElicitResult` as JSON) to an approval
+/// question says.
+///
+/// # Errors
+/// In words, for anything that is not an answer to that question: not an
+/// object, an unknown action, `accept` whose `content.approve` is missing or
+/// not a boolean. Nothing is decided on such an answer.
+pub(crate) fn decision_of(answer: &Value) -> Result<Said, String> {
     let note = answer["content"]["note"].as_str().map(str::to_string);
     match answer["action"].as_str() {
-        Some("accept") => Some((answer["content"]["approve"].as_bool().unwrap_or(false), note)),
-        Some("decline") => Some((false, note)),
-        _ => None,
+        Some("accept") => match answer["content"]["approve"].as_bool() {
+            Some(approve) => Ok(Said::Decided(approve, note)),
+            None => Err("an `accept` answer to an approval carries `content.approve`, true or false".into()),
+        },
+        Some("decline") => Ok(Said::Decided(false, note)),
+        Some("cancel") => Ok(Said::Dismissed),
+        _ => {
+            Err("an answer to an approval is an elicitation result: {\"action\": \"accept\", \"content\": {\"approve\": true}}, or `decline`, or `cancel`"
+                .into())
+        }
     }
 }
 
@@ -78,27 +109,35 @@ impl McpHost {
     /// dismissed it (no decision; the request stays open until it expires).
     ///
     /// # Errors
-    /// In words: no such request waiting, or the ledger failed.
+    /// In words: not an answer to the question ([`decision_of`]), no such
+    /// request waiting, or the ledger failed.
     pub(super) async fn decide_at_client(&self, call: &CallRequest, request: &str, answer: &Value) -> Result<Option<bool>, String> {
-        let (Some((approve, note)), Some(guard)) = (decision_of(answer), self.runtime().guard().cloned()) else { return Ok(None) };
+        let Said::Decided(approve, note) = decision_of(answer)? else { return Ok(None) };
+        let Some(guard) = self.runtime().guard().cloned() else { return Ok(None) };
         let by = format!("client:{}", call.principal.as_deref().unwrap_or("unauthenticated"));
         let decision = crate::ledger::Decision { approve, by: &by, note: note.as_deref() };
         guard.decide_approval(&call.session, &call.call_id, request, decision).await?;
         Ok(Some(approve))
     }
 
-    /// Records the decisions a retried `tools/call` carries in its
-    /// `inputResponses` (answers to the approval it was asked for). Only a
-    /// request still waiting for this very call is decided; the other keys
-    /// answer the tool's own questions ([`super::questions`]).
+    /// Records the decision a retried `tools/call` carries in its
+    /// `inputResponses` for the approval question its `requestState` says
+    /// was put to this client (`asked`, the key). Answers under any other
+    /// `approval-` key are ignored: never asked of this client, or asked
+    /// before and answered then. The other keys answer the tool's own
+    /// questions ([`super::questions`]).
     ///
     /// # Errors
-    /// `-32602` for an answer to no approval of this call.
-    pub(super) async fn record_responses(&self, call: &CallRequest, responses: &rmcp::model::InputResponses) -> Result<(), rmcp::ErrorData> {
-        for (key, answer) in responses {
-            let Some(request) = key.strip_prefix(APPROVAL_KEY) else { continue };
-            self.decide_at_client(call, request, answer).await.map_err(|e| rmcp::ErrorData::invalid_params(e, None))?;
-        }
+    /// `-32602` for an answer that is not one to the question asked.
+    pub(super) async fn record_responses(
+        &self,
+        call: &CallRequest,
+        responses: &rmcp::model::InputResponses,
+        asked: Option<&str>,
+    ) -> Result<(), rmcp::ErrorData> {
+        let Some((key, answer)) = asked.and_then(|key| responses.get_key_value(key)) else { return Ok(()) };
+        let Some(request) = request_of(key) else { return Ok(()) };
+        self.decide_at_client(call, request, answer).await.map_err(|e| rmcp::ErrorData::invalid_params(format!("`{key}`: {e}; nothing was decided"), None))?;
         Ok(())
     }
 
@@ -119,6 +158,7 @@ impl McpHost {
         let left = approval["expires_ms"].as_u64().unwrap_or(0).saturating_sub(crate::ledger::records::now_ms());
         let asked = cx.peer.create_elicitation_with_timeout(params, Some(Duration::from_millis(left).min(MAX_ASK))).await;
         let Some(said) = asked.ok().and_then(|r| serde_json::to_value(r).ok()) else { return answer };
+        // A dismissal, or an answer that is none, decides nothing: the call still awaits approval.
         match self.decide_at_client(call, approval["request"].as_str().unwrap_or_default(), &said).await {
             Ok(Some(_)) => {}
             Ok(None) => return answer,
@@ -128,5 +168,36 @@ impl McpHost {
             }
         }
         runtime.call_answering(call, inputs.clone()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_answer_to_the_question_decides() {
+        let said = |v: Value| decision_of(&v);
+        assert_eq!(said(json!({ "action": "accept", "content": { "approve": true, "note": "ok" } })), Ok(Said::Decided(true, Some("ok".into()))));
+        assert_eq!(said(json!({ "action": "accept", "content": { "approve": false } })), Ok(Said::Decided(false, None)));
+        assert_eq!(said(json!({ "action": "decline" })), Ok(Said::Decided(false, None)));
+        assert_eq!(said(json!({ "action": "cancel" })), Ok(Said::Dismissed));
+        for bad in [
+            json!("yes"),
+            json!({ "action": "accept" }),
+            json!({ "action": "accept", "content": { "approve": "yes" } }),
+            json!({ "action": "ok" }),
+            json!(null),
+        ] {
+            assert!(said(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn each_key_is_new_and_names_its_request() {
+        let (a, b) = (fresh_key("r1"), fresh_key("r1"));
+        assert_ne!(a, b, "a question put again gets a new key");
+        assert_eq!((request_of(&a), request_of(&b)), (Some("r1"), Some("r1")));
+        assert_eq!(request_of("approval-r1"), None, "the unkeyed layout of before names nothing");
     }
 }

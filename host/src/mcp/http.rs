@@ -1,7 +1,10 @@
 //! MCP over Streamable HTTP, hardened: loopback by default; a bearer token
 //! required when binding anywhere else (several tokens, each its own
 //! principal); Host validation against DNS rebinding always on (loopback
-//! plus the configured `allowed_hosts`), `/metrics` included; request
+//! plus the configured `allowed_hosts`), `/metrics` included; `Origin`
+//! validated on every route (`super::origin`: the server's own, or one in
+//! `[mcp] allowed_origins`; any other 403); a session served only to the
+//! principal that opened it (`super::sessions`); request
 //! bodies capped and read whole within a timeout; connections capped and
 //! given a header timeout (`super::listen`);
 //! a request id reused while in flight refused (`super::request_ids`).
@@ -52,6 +55,14 @@ pub async fn serve(host: McpHost, addr: SocketAddr) -> anyhow::Result<()> {
 /// A non-loopback `addr` without a token or allowed hosts, or a token
 /// variable that is unset.
 pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
+    // `Origin` first, on every route: a present one that is neither the server's own nor allowed is 403 (origin.rs).
+    let origins = Arc::new(super::origin::Origins::new(&host.config.allowed_origins));
+    let routes = routes(host, addr)?;
+    Ok(routes.layer(axum::middleware::from_fn(move |req, next| super::origin::only_allowed_origins(origins.clone(), req, next))))
+}
+
+/// Every route of [`router`], behind its checks but the `Origin`'s.
+fn routes(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
     let config = host.config.clone();
     // Who may come in: static tokens or OAuth, read again on every reload (access.rs).
     let access = super::access::Access::of(&config, &host.runtime(), None, addr).map_err(anyhow::Error::msg)?;
@@ -103,6 +114,9 @@ pub fn router(host: McpHost, addr: SocketAddr) -> anyhow::Result<axum::Router> {
         None => router,
     };
     let router = router.layer(axum::middleware::from_fn(move |req, next| super::listen::whole_body(max_bytes, req, next)));
+    // Each principal's share of open requests, counted before its body is read.
+    let open = super::principals::OpenRequests::new(config.max_requests_per_principal);
+    let router = router.layer(axum::middleware::from_fn(move |req, next| super::principals::open_request(open.clone(), req, next)));
     let router = match &first_gate {
         Some(gate) => {
             let (inner, current) = (doors.clone(), doors.clone());

@@ -10,11 +10,13 @@ mod access;
 pub mod client;
 mod consent;
 mod delivery;
+mod handles;
 pub mod http;
 pub mod ids;
 pub mod listen;
 pub mod oauth;
 mod operator;
+mod origin;
 pub mod principals;
 mod questions;
 mod request_ids;
@@ -51,8 +53,8 @@ pub struct McpHost {
     pending: Option<Arc<delivery::Pending>>,
     /// The MCP tasks this host drives ([`tasks`]).
     tasks: Arc<tasks::Tasks>,
-    /// Seals the `requestState` of questions put to 2026-07-28 clients ([`questions`]).
-    states: Arc<std::sync::OnceLock<rmcp::model::RequestStateCodec>>,
+    /// Seals the handles clients hand back: `requestState` ([`questions`]) and task ids ([`tasks::id`]).
+    handles: Arc<handles::Handles>,
 }
 
 impl McpHost {
@@ -62,8 +64,11 @@ impl McpHost {
         live.follow(Arc::new(view::Following(views.clone())));
         let in_flight = principals::CallsInFlight::new(config.max_calls_per_principal);
         let ms = std::time::Duration::from_millis;
-        let tasks = Arc::new(tasks::Tasks::new(views.clone(), ms(config.task_poll_ms), ms(config.task_ttl_ms)));
-        Self { live, views, config: Arc::new(config), in_flight, pending: None, tasks, states: Arc::default() }
+        let tasks = Arc::new(tasks::Tasks::new(views.clone(), (ms(config.task_poll_ms), ms(config.task_ttl_ms)), config.max_tasks_per_principal));
+        if let Some(guard) = live.runtime().guard() {
+            guard.limit_approval_requests(config.max_approval_requests_per_principal_hour);
+        }
+        Self { live, views, config: Arc::new(config), in_flight, pending: None, tasks, handles: Arc::default() }
     }
 
     /// The runtime a call made now runs in.
@@ -192,17 +197,14 @@ impl ServerHandler for McpHost {
             return Err(tasks_required());
         }
         let runtime = view.runtime.clone();
-        let inputs = self.inputs(&cx, &call, (request.request_state.as_ref(), request.input_responses.as_ref()))?;
+        let (inputs, approval_asked) = self.inputs(&cx, &call, (request.request_state.as_ref(), request.input_responses.as_ref()))?;
+        if let Some(responses) = &request.input_responses {
+            self.record_responses(&call, responses, approval_asked.as_deref()).await?;
+        }
         if opted_in && side_effects && runtime.guard().is_some() {
-            if let Some(responses) = &request.input_responses {
-                self.record_responses(&call, responses).await?;
-            }
             return self.call_as_task(call, *effect, &cx, inputs).await;
         }
         let inputs = Arc::new(inputs);
-        if let Some(responses) = &request.input_responses {
-            self.record_responses(&call, responses).await?;
-        }
         let answer = runtime.call_answering(&call, inputs.clone()).await;
         if let Some(asked) = self.input_required(&cx, (&call, &inputs), &answer) {
             return Ok(asked.into());
@@ -259,10 +261,15 @@ fn tasks_required() -> ErrorData {
 
 /// The answer to a call past its principal's `[mcp] max_calls_per_principal`.
 fn busy(tool: &str, call_id: &str, cap: usize) -> CallToolResult {
-    crate::metrics::tool_call(tool, ErrorKind::Busy.as_str());
     let message = format!(
         "{cap} of your tool calls are already running, the most [mcp] max_calls_per_principal lets one principal have at once; \
          `{tool}` was not run and nothing was recorded"
     );
+    busy_saying(tool, call_id, message)
+}
+
+/// A `busy` answer to a call of `tool` saying `message`: nothing was run.
+fn busy_saying(tool: &str, call_id: &str, message: String) -> CallToolResult {
+    crate::metrics::tool_call(tool, ErrorKind::Busy.as_str());
     results::naming(results::error_result(&crate::CallError::new(ErrorKind::Busy, message)), call_id)
 }

@@ -8,15 +8,22 @@
 //! `busy` at once, before admission — nothing run, nothing recorded, so
 //! retrying the same tool call later is safe. Calls without a principal (stdio,
 //! HTTP without tokens) have one client and are not counted.
+//!
+//! The same share, one level down: each principal has at most `[mcp]
+//! max_requests_per_principal` HTTP requests open at once ([`OpenRequests`]:
+//! a body being read, a response being streamed, a GET stream held open),
+//! so one token holder's open streams and trickled bodies cannot take the
+//! connections and memory every other principal needs. One more is
+//! answered 429 before its body is read.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// The authenticated principal of an HTTP request, put in its extensions
 /// by the authentication middleware (a static token's, or an OAuth
 /// token's, `oauth/`), which rmcp hands on to the tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal(pub String);
-use std::sync::{Arc, Mutex};
 
 /// The tool calls each principal has in flight, capped.
 pub struct CallsInFlight {
@@ -57,6 +64,55 @@ impl Drop for InFlight {
                 counts.remove(&self.principal);
             }
         }
+    }
+}
+
+/// Each principal's open HTTP requests, capped.
+pub type OpenRequests = CallsInFlight;
+
+/// Middleware (after authentication): counts the request against its
+/// principal's `[mcp] max_requests_per_principal` until its response body
+/// is done (streamed whole, or dropped when the client goes away); one past
+/// the cap is answered 429 with nothing read or run.
+pub(crate) async fn open_request(open: Arc<OpenRequests>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let Some(principal) = req.extensions().get::<Principal>().map(|p| p.0.clone()) else { return next.run(req).await };
+    let counted = match open.enter(&principal) {
+        Ok(counted) => counted,
+        Err(cap) => {
+            let why = format!(
+                "{cap} of your requests are already open, the most [mcp] max_requests_per_principal lets one principal have; close a \
+                 stream or wait for an answer, then send this again (nothing of it was read or run)\n"
+            );
+            return (axum::http::StatusCode::TOO_MANY_REQUESTS, [(axum::http::header::RETRY_AFTER, "1")], why).into_response();
+        }
+    };
+    next.run(req).await.map(|inner| axum::body::Body::new(Holding { inner, _counted: counted }))
+}
+
+/// A response body that holds its request's place until it is done.
+struct Holding<B> {
+    inner: B,
+    _counted: InFlight,
+}
+
+impl<B: http_body::Body<Data = axum::body::Bytes> + Unpin> http_body::Body for Holding<B> {
+    type Data = axum::body::Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -42,6 +42,10 @@ struct State {
     journal: Vec<Round>,
     /// The round the client is asked now ([`crate::runtime::client::journal::digest`]).
     asked: Option<String>,
+    /// The key under which a person's approval was asked of this client
+    /// now ([`super::consent::fresh_key`]): the only approval answer taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    approval: Option<String>,
 }
 
 /// The kinds of question the client of `cx` declared it answers.
@@ -89,24 +93,9 @@ fn unanswered(answer: Answer, why: &str) -> Answer {
 }
 
 impl McpHost {
-    /// The codec sealing `requestState`: keyed by the ledger's secret, so
-    /// every host of a fleet opens what another sealed (a host without a
-    /// ledger keys it with a secret of its own process).
+    /// The codec sealing `requestState` ([`super::handles`]).
     fn codec(&self) -> &RequestStateCodec {
-        self.states.get_or_init(|| {
-            use hmac::{Hmac, Mac as _};
-            let secret = match self.runtime().guard() {
-                Some(guard) => guard.ledger().secret().0.to_vec(),
-                None => {
-                    let mut own = [0u8; 32];
-                    getrandom::fill(&mut own).expect("the OS provides randomness");
-                    own.to_vec()
-                }
-            };
-            let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&secret).expect("HMAC takes any key length");
-            mac.update(b"toolguard requestState v1");
-            RequestStateCodec::new_unchecked(mac.finalize().into_bytes().to_vec())
-        })
+        self.handles.states(|| self.runtime())
     }
 
     /// What the state sealed for `call` is bound to: its principal, session,
@@ -120,14 +109,20 @@ impl McpHost {
 
     /// `requestState` for `call`: its `journal`, and the round asked now.
     pub(super) fn seal(&self, call: &CallRequest, journal: Vec<Round>, asked: Option<String>) -> String {
+        self.seal_state(call, &State { journal, asked, approval: None })
+    }
+
+    /// `state`, sealed for `call`.
+    fn seal_state(&self, call: &CallRequest, state: &State) -> String {
         let bound = Self::bound_to(call);
         let options = SealOptions::new().associated_data(&bound).ttl(STATE_TTL);
-        self.codec().seal_json_with(&State { journal, asked }, &options).unwrap_or_default()
+        self.codec().seal_json_with(state, &options).unwrap_or_default()
     }
 
     /// What a run of `call` may answer its questions with: the client's
     /// capabilities, the rounds its `requestState` carries (verified), the
-    /// answers its `inputResponses` offer for the round asked.
+    /// answers its `inputResponses` offer for the round asked; and the key
+    /// of the approval question the state says was put to this client.
     ///
     /// # Errors
     /// `-32602` for a `requestState` this host did not seal for this very
@@ -137,17 +132,18 @@ impl McpHost {
         cx: &RequestContext<RoleServer>,
         call: &CallRequest,
         (state, responses): (Option<&String>, Option<&rmcp::model::InputResponses>),
-    ) -> Result<Inputs, ErrorData> {
+    ) -> Result<(Inputs, Option<String>), ErrorData> {
         let mut inputs = Inputs { askable: askable(cx), ..Inputs::default() };
+        let mut approval = None;
         if let Some(sealed) = state {
             let state: State = self.codec().open_json_with(sealed, &Self::bound_to(call)).map_err(|e| {
                 ErrorData::invalid_params(format!("requestState was not issued by this host for this call ({e}); call again without it to start over"), None)
             })?;
-            (inputs.journal, inputs.offered_for) = (state.journal, state.asked);
+            (inputs.journal, inputs.offered_for, approval) = (state.journal, state.asked, state.approval);
         }
         let offered = responses.into_iter().flatten().filter(|(key, _)| !key.starts_with(super::consent::APPROVAL_KEY));
         inputs.offered = offered.map(|(k, v)| (k.clone(), v.clone())).collect();
-        Ok(inputs)
+        Ok((inputs, approval))
     }
 
     /// For a 2025-era session: `answer`, or while it stops at questions,
@@ -213,8 +209,10 @@ impl McpHost {
         if cx.client_capabilities().is_none_or(|c| c.elicitation.is_none()) {
             return None;
         }
-        let (_, requests) = super::consent::approval_requests(approval)?;
-        let state = self.seal(call, inputs.journal.clone(), inputs.offered_for.clone());
-        Some(rmcp::model::InputRequiredResult::new(Some(requests), Some(state)))
+        // Asked under a new key each time: the only approval answer the retry may carry.
+        let key = super::consent::fresh_key(approval["request"].as_str()?);
+        let requests = super::consent::approval_requests(approval, &key)?;
+        let state = State { journal: inputs.journal.clone(), asked: inputs.offered_for.clone(), approval: Some(key) };
+        Some(rmcp::model::InputRequiredResult::new(Some(requests), Some(self.seal_state(call, &state))))
     }
 }

@@ -6,7 +6,10 @@
 //! it — nothing run — with 409 and a JSON-RPC error that names the id. An id
 //! is free again once the response of the request that held it has been
 //! sent or dropped, so a client that reuses ids one request at a time is
-//! served as before.
+//! served as before. Ids are held per principal *and* session: a request
+//! naming another principal's session (which rmcp then refuses as unknown)
+//! holds nothing of that session's, so it cannot make its owner's
+//! requests collide.
 
 use super::delivery::KeptUntilAnswered;
 use rmcp::model::RequestId;
@@ -83,6 +86,9 @@ pub(crate) async fn claim(open: Arc<OpenIds>, req: axum::extract::Request, next:
     // rmcp's session ids are UUIDs; a longer one names no session (rmcp answers 404) and is not held.
     let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).filter(|s| s.len() <= MAX_SESSION_ID).map(str::to_string);
     let Some(session) = session.filter(|_| req.method() == axum::http::Method::POST) else { return next.run(req).await };
+    // The principal is part of the scope: the same session id named by someone else is another scope.
+    let principal = req.extensions().get::<super::principals::Principal>().map(|p| p.0.as_str()).unwrap_or_default();
+    let session = format!("{principal}\u{0}{session}");
     let (mut parts, body) = req.into_parts();
     // Whole already: this takes its bytes, it does not wait for them.
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {

@@ -13,11 +13,22 @@
 //! oldest, so one token holder's loop closes none of another's. (rmcp asks
 //! for a session without saying for whom: the bearer middleware names the
 //! principal in [`PRINCIPAL`] while it serves the request.)
+//!
+//! **A session is its principal's** (`docs/threat-model.md`). A session id
+//! is not a credential: every request naming one — a POST of a request, a
+//! notification or the answer to a server-to-client request, the GET
+//! stream, its resumption, the DELETE — reaches the session only when it
+//! comes from the principal that opened it. Anyone else is served exactly
+//! as if the session did not exist (rmcp's 404 `Session not found`; a
+//! DELETE answered 202 and nothing closed), so holding another principal's
+//! session id gives no oracle, no stream, no way to answer its questions
+//! and no way to end it.
 
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
 use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage, SessionId, SessionManager};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{PoisonError, RwLock};
 
 tokio::task_local! {
     /// The authenticated principal of the HTTP request being served, if any.
@@ -34,6 +45,13 @@ pub struct CappedSessions {
     /// (some since closed or expired). Locked from the count to the insert,
     /// so concurrent `initialize`s cannot overshoot.
     made: tokio::sync::Mutex<VecDeque<(SessionId, Option<String>)>>,
+    /// Whose each open session is (`None`: opened without a principal).
+    owners: RwLock<HashMap<SessionId, Option<String>>>,
+}
+
+/// The principal of the HTTP request being served (`None` without one).
+fn caller() -> Option<String> {
+    PRINCIPAL.try_with(Clone::clone).ok().flatten()
 }
 
 impl CappedSessions {
@@ -41,7 +59,25 @@ impl CappedSessions {
     /// `per_principal` of one principal (each at least 1: the new one).
     pub fn new(max: usize, per_principal: usize) -> Self {
         let (max, per_principal) = (max.max(1), per_principal.max(1));
-        Self { inner: LocalSessionManager::default(), max, per_principal, made: tokio::sync::Mutex::default() }
+        Self { inner: LocalSessionManager::default(), max, per_principal, made: tokio::sync::Mutex::default(), owners: RwLock::default() }
+    }
+
+    /// Whether session `id` was opened by the principal of the request
+    /// being served (an unknown id is nobody's).
+    fn callers(&self, id: &SessionId) -> bool {
+        let owners = self.owners.read().unwrap_or_else(PoisonError::into_inner);
+        owners.get(id).is_some_and(|owner| *owner == caller())
+    }
+
+    /// The error rmcp's own manager gives for a session it does not have.
+    fn not_found(id: &SessionId) -> LocalSessionManagerError {
+        LocalSessionManagerError::SessionNotFound(id.clone())
+    }
+
+    /// Forgets the owners of sessions no longer open.
+    async fn forget_closed(&self) {
+        let open = self.inner.sessions.read().await;
+        self.owners.write().unwrap_or_else(PoisonError::into_inner).retain(|id, _| open.contains_key(id));
     }
 
     /// Makes room for one more of the open sessions in `made` whose owner
@@ -59,6 +95,10 @@ impl CappedSessions {
             tracing::debug!(session = %id, cap, why, "closed an MCP session to open a new one");
         }
         made.retain(|(id, _)| !excess.contains(id));
+        let mut owners = self.owners.write().unwrap_or_else(PoisonError::into_inner);
+        for id in &excess {
+            owners.remove(id);
+        }
     }
 }
 
@@ -67,7 +107,7 @@ impl SessionManager for CappedSessions {
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
-        let owner = PRINCIPAL.try_with(Clone::clone).ok().flatten();
+        let owner = caller();
         let mut made = self.made.lock().await;
         if owner.is_some() {
             self.make_room(&mut made, self.per_principal, |whose| *whose == owner, "[mcp] max_sessions_per_principal").await;
@@ -76,8 +116,11 @@ impl SessionManager for CappedSessions {
         if made.len() >= 2 * self.max {
             let open = self.inner.sessions.read().await;
             made.retain(|(id, _)| open.contains_key(id));
+            drop(open);
+            self.forget_closed().await;
         }
         let (id, transport) = self.inner.create_session().await?;
+        self.owners.write().unwrap_or_else(PoisonError::into_inner).insert(id.clone(), owner.clone());
         made.push_back((id.clone(), owner));
         Ok((id, transport))
     }
@@ -87,10 +130,16 @@ impl SessionManager for CappedSessions {
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
-        self.inner.has_session(id).await
+        // Another principal's session is one that does not exist.
+        Ok(self.callers(id) && self.inner.has_session(id).await?)
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        // rmcp answers a DELETE of an unknown session 202 and closes nothing: so for another principal's.
+        if !self.callers(id) {
+            return Ok(());
+        }
+        self.owners.write().unwrap_or_else(PoisonError::into_inner).remove(id);
         self.inner.close_session(id).await
     }
 
@@ -99,10 +148,17 @@ impl SessionManager for CappedSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl futures_util::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        if !self.callers(id) {
+            return Err(Self::not_found(id));
+        }
         self.inner.create_stream(id, message).await
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        // The answer to a server-to-client request is taken only from the principal it was put to.
+        if !self.callers(id) {
+            return Err(Self::not_found(id));
+        }
         self.inner.accept_message(id, message).await
     }
 
@@ -110,6 +166,9 @@ impl SessionManager for CappedSessions {
         &self,
         id: &SessionId,
     ) -> Result<impl futures_util::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        if !self.callers(id) {
+            return Err(Self::not_found(id));
+        }
         self.inner.create_standalone_stream(id).await
     }
 
@@ -118,6 +177,9 @@ impl SessionManager for CappedSessions {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl futures_util::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        if !self.callers(id) {
+            return Err(Self::not_found(id));
+        }
         self.inner.resume(id, last_event_id).await
     }
 

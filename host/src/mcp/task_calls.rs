@@ -10,6 +10,7 @@ use crate::runtime::client::journal::Inputs;
 use rmcp::model::{CallToolResponse, GetTaskResult, MetaObject};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// How often a call past its budget is looked for in the ledger before
@@ -45,7 +46,15 @@ impl McpHost {
         let ask_first = required && cx.meta.protocol_version().is_some();
         // The round this request brings answers to: not asked again here.
         let fed = inputs.offered_for.clone().filter(|_| !inputs.offered.is_empty());
-        let Watched { request, mut state } = self.tasks.drive(call, inputs);
+        if let Err(cap) = self.tasks.room_for(&call) {
+            let message = format!(
+                "{cap} of your tasks are still unsettled here, the most [mcp] max_tasks_per_principal lets one principal have; `{}` \
+                 was not run and nothing was recorded: poll your tasks, then call it again",
+                call.tool
+            );
+            return Ok(super::busy_saying(&call.tool, &call.call_id, message).into());
+        }
+        let Watched { request, mut state } = self.tasks.drive(call, inputs, None);
         let budget_ms = match (ask_first, &fed) {
             (true, Some(_)) => 0,
             (true, None) => self.config.task_after_ms.max(ASK_FIRST.as_millis() as u64),
@@ -71,7 +80,9 @@ impl McpHost {
                 }
                 continue;
             }
-            if self.recorded(&request.session, &request.call_id).await.ok().flatten().is_some() {
+            if let Some(record) = self.recorded(&request.session, &request.call_id).await.ok().flatten() {
+                // The task was created when its call was recorded: its createdAt on every host, after any restart.
+                self.tasks.recorded_at(&request.session, &request.call_id, record.created_ms);
                 break;
             }
             if let Some(answer) = settled {
@@ -80,7 +91,8 @@ impl McpHost {
             }
             tokio::time::sleep(RECORD_POLL).await;
         }
-        let task_id = tasks::id::encode(&request.session, &request.call_id, request.principal.as_deref());
+        let task_id =
+            tasks::id::TaskIds::new(self.handles.task_key(|| self.runtime())).encode(&request.session, &request.call_id, request.principal.as_deref());
         let snapshot = state.borrow().clone();
         Ok(wire::created(&task_id, &snapshot, self.timing()).into())
     }
@@ -119,26 +131,47 @@ impl McpHost {
     }
 
     /// `tasks/update`: the person's answer to the approval its task asks
-    /// for (`inputRequests` of an `input_required` task), recorded as the
-    /// decision of `client:<principal>`; the task then runs (approved) or
-    /// ends `denied`.
+    /// for (`inputRequests` of an `input_required` task, under the key it
+    /// is asked under now), recorded as the decision of
+    /// `client:<principal>`; the task then runs (approved) or ends
+    /// `denied`. A dismissal, or an answer that is none (`-32602`), decides
+    /// nothing and the question is put again under a new key. Answers
+    /// under any other `approval-` key — never asked, or answered before —
+    /// are ignored, as the extension says of keys not outstanding; the rest
+    /// answer the tool's own questions.
     pub(super) async fn update(&self, task_id: &str, responses: &rmcp::model::InputResponses, cx: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
         let Watched { request, state } = self.find(task_id, cx).await?;
-        let approval = state.borrow().approval.clone();
-        let asked = approval.as_ref().and_then(|a| a["request"].as_str()).map(str::to_string);
-        let Some(asked) = asked.filter(|r| responses.contains_key(&super::consent::approval_key(r))) else {
-            if let Some(key) = responses.keys().find(|k| k.starts_with(super::consent::APPROVAL_KEY)) {
-                return Err(ErrorData::invalid_params(format!("task `{task_id}` asks for no approval `{key}` now: nothing was decided"), None));
-            }
-            // Answers to the tool's own questions.
-            let answered = self.tasks.answer(&request.session, &request.call_id, responses);
-            return answered.map_err(|why| ErrorData::invalid_params(format!("task `{task_id}`: {why}; nothing was taken"), None));
+        // Outstanding only while the task is unsettled: after it, every key is stale.
+        let (approval, key) = {
+            let s = state.borrow();
+            if s.settled().is_some() { (None, None) } else { (s.approval.clone(), s.approval_key.clone()) }
         };
-        let answer = &responses[&super::consent::approval_key(&asked)];
-        let decided = self.decide_at_client(&request, &asked, answer).await.map_err(|e| ErrorData::invalid_params(e, None))?;
-        let Some(approve) = decided else { return Ok(()) };
-        self.tasks.decided(&request.session, &request.call_id, approve);
-        Ok(())
+        let asked = approval.as_ref().and_then(|a| a["request"].as_str()).map(str::to_string);
+        if let (Some(asked), Some(key)) = (asked, key)
+            && let Some(answer) = responses.get(&key)
+        {
+            let decided = self.decide_at_client(&request, &asked, answer).await;
+            let again = || self.tasks.ask_approval_again(&request.session, &request.call_id);
+            return match decided {
+                Ok(Some(approve)) => {
+                    self.tasks.decided(&request.session, &request.call_id, approve);
+                    Ok(())
+                }
+                Ok(None) => {
+                    again();
+                    Ok(())
+                }
+                Err(why) => {
+                    again();
+                    Err(ErrorData::invalid_params(format!("task `{task_id}`, `{key}`: {why}; nothing was decided and the question is asked again"), None))
+                }
+            };
+        }
+        let own: BTreeMap<String, serde_json::Value> =
+            responses.iter().filter(|(k, _)| !k.starts_with(super::consent::APPROVAL_KEY)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        // Answers to the tool's own questions.
+        let answered = self.tasks.answer(&request.session, &request.call_id, &own);
+        answered.map_err(|why| ErrorData::invalid_params(format!("task `{task_id}`: {why}; nothing was taken"), None))
     }
 
     /// The task `task_id` names for the principal asking: the one this host
@@ -146,7 +179,7 @@ impl McpHost {
     async fn find(&self, task_id: &str, cx: &RequestContext<RoleServer>) -> Result<Watched, ErrorData> {
         let principal = self.principal(cx);
         let unknown = || ErrorData::invalid_params(format!("no task `{task_id}` of yours (a task id names one of your own tool calls)"), None);
-        let (session, call_id) = tasks::id::decode(task_id, principal.as_deref()).ok_or_else(unknown)?;
+        let (session, call_id) = tasks::id::TaskIds::new(self.handles.task_key(|| self.runtime())).decode(task_id, principal.as_deref()).ok_or_else(unknown)?;
         if let Some(watched) = self.tasks.watch(&session, &call_id) {
             return Ok(watched);
         }
@@ -157,7 +190,8 @@ impl McpHost {
         }
         let args_json = record.args.to_string();
         let inputs = Inputs { askable: super::questions::askable(cx), ..Inputs::default() };
-        let mut watched = self.tasks.drive(CallRequest { session, call_id, tool: record.tool, args_json, principal }, inputs);
+        let created = Some(record.created_ms);
+        let mut watched = self.tasks.drive(CallRequest { session, call_id, tool: record.tool, args_json, principal }, inputs, created);
         let _ = tokio::time::timeout(RESUME_GRACE, watched.state.wait_for(|s| s.settled().is_some())).await;
         Ok(watched)
     }

@@ -90,12 +90,15 @@ pub(super) async fn identity(old: &Config, new: &Config, previous: &Runtime, nex
     for change in changes {
         let touches_attempt = |a: &crate::ledger::AttemptRecord| change.tool.as_deref() == Some(&a.tool) || change.downstream.as_deref() == Some(&a.downstream);
         let touches_call = |tool: &str| change.tool.as_deref() == Some(tool) || change.downstream.as_deref().is_some_and(|d| granted(tool, d));
-        let mut calls: Vec<String> = unsettled
-            .iter()
-            .filter(|a| touches_attempt(a))
-            .map(|a| format!("session `{}` call `{}` (attempt {}, {:?})", a.session, a.call_id, a.key, a.state).to_lowercase())
-            .collect();
-        calls.extend(running.iter().filter(|c| touches_call(&c.tool)).map(|c| format!("session `{}` call `{}` (running now)", c.session, c.call_id)));
+        // One entry per call, whatever of it is unresolved: its attempts, and that it runs now.
+        let mut touched: std::collections::BTreeMap<(&str, &str), Vec<String>> = std::collections::BTreeMap::new();
+        for a in unsettled.iter().filter(|a| touches_attempt(a)) {
+            touched.entry((&a.session, &a.call_id)).or_default().push(format!("attempt {}, {:?}", a.key, a.state).to_lowercase());
+        }
+        for c in running.iter().filter(|c| touches_call(&c.tool)) {
+            touched.entry((&c.session, &c.call_id)).or_default().push("running now".into());
+        }
+        let calls: Vec<String> = touched.iter().map(|((session, call), facts)| format!("session `{session}` call `{call}` ({})", facts.join("; "))).collect();
         if !calls.is_empty() {
             refusals.push(format!("{} changes while {} call(s) it touches are unresolved: {}", change.what, calls.len(), named(&calls)));
         }

@@ -36,8 +36,8 @@ pub struct Approval {
     pub principal: Option<String>,
     /// When it was asked (Unix ms).
     pub requested_ms: u64,
-    /// Until when it may be decided, and once approved, until when the
-    /// approval may be used (Unix ms).
+    /// Until when it may be decided (Unix ms). Once approved, it may be
+    /// used for as long again from its decision ([`Approval::usable_until`]).
     pub expires_ms: u64,
     /// Who decided: `client:<principal>` for the person at the client,
     /// `operator:<name>` for an operator.
@@ -55,5 +55,13 @@ impl Approval {
     /// Whether it waits for a decision at `now_ms` (asked, not expired).
     pub fn waiting(&self, now_ms: u64) -> bool {
         self.status == ApprovalStatus::Pending && now_ms < self.expires_ms
+    }
+
+    /// Until when an approval may be first used (Unix ms): the time it
+    /// gave for a decision, counted again from the decision — an approval
+    /// given in its last minute is not lost before its caller can retry.
+    pub fn usable_until(&self) -> u64 {
+        let window = self.expires_ms.saturating_sub(self.requested_ms);
+        self.decided_ms.unwrap_or(self.requested_ms).saturating_add(window)
     }
 }

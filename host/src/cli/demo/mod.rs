@@ -49,92 +49,92 @@ async fn demo() -> anyhow::Result<bool> {
     let mut expect = |what: &str, refunds: usize| {
         let n = sandbox.refunds().len();
         let mark = if n == refunds { "✓" } else { "✗ UNEXPECTED" };
-        println!("   {mark} refunds at the provider: {n} ({what})");
+        outln!("   {mark} refunds at the provider: {n} ({what})");
         ok &= n == refunds;
     };
 
-    println!("toolguard demo — a refund that times out after the provider accepted it is never refunded twice.");
-    println!("Provider: the payments sandbox at {} (Stripe semantics). Our deadline: {DEADLINE_MS} ms.\n", sandbox.url());
+    outln!("toolguard demo — a refund that times out after the provider accepted it is never refunded twice.");
+    outln!("Provider: the payments sandbox at {} (Stripe semantics). Our deadline: {DEADLINE_MS} ms.\n", sandbox.url());
 
-    println!("1. The model calls refund({PI}, 1500) as tool call call_1. The provider commits the refund but");
-    println!("   answers only after {LATE_ANSWER_MS} ms, and its refund listing lags by {LIST_LAG_MS} ms, so reconciling");
-    println!("   for {RECONCILE_MS} ms cannot tell either.");
+    outln!("1. The model calls refund({PI}, 1500) as tool call call_1. The provider commits the refund but");
+    outln!("   answers only after {LATE_ANSWER_MS} ms, and its refund listing lags by {LIST_LAG_MS} ms, so reconciling");
+    outln!("   for {RECONCILE_MS} ms cannot tell either.");
     sandbox.inject(Fault::DelayAfterCommit { ms: LATE_ANSWER_MS });
     sandbox.set_list_lag(std::time::Duration::from_millis(LIST_LAG_MS));
     call(&runtime, "call_1", &args(1_500)).await;
     expect("the provider did commit it", 1);
 
-    println!("\n2. In the background, a recovery pass (as every start-up, `toolguard recover` and a fleet's takeover");
-    println!("   pass run) re-sends call_1 with the same key: the provider replays its stored answer. call_1 is");
-    println!("   settled in our ledger, but the model was never told.");
+    outln!("\n2. In the background, a recovery pass (as every start-up, `toolguard recover` and a fleet's takeover");
+    outln!("   pass run) re-sends call_1 with the same key: the provider replays its stored answer. call_1 is");
+    outln!("   settled in our ledger, but the model was never told.");
     let report = runtime.recover().await.map_err(anyhow::Error::msg)?;
     let replayed =
         runtime.guard().and_then(|g| g.ledger().attempts_of_call("demo", "call_1").ok()).is_some_and(|a| a.first().is_some_and(|a| a.provider_replayed));
-    println!("   → recovery settled {} attempt(s) and minted no key; the provider answered with its stored", report.settled.len());
-    println!("     response (Idempotent-Replayed: {replayed})");
+    outln!("   → recovery settled {} attempt(s) and minted no key; the provider answered with its stored", report.settled.len());
+    outln!("     response (Idempotent-Replayed: {replayed})");
     expect("the same refund, replayed by the provider", 1);
 
-    println!("\n3. The model, having read an inconclusive result, re-issues the refund as a new tool call (call_1b).");
+    outln!("\n3. The model, having read an inconclusive result, re-issues the refund as a new tool call (call_1b).");
     let posts = count_posts(&sandbox);
     call(&runtime, "call_1b", &args(1_500)).await;
-    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
+    outln!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
     expect("held, carrying call_1's real outcome: never executed blind", 1);
 
-    println!("\n4. The transport retries the same tool call (call_1): its send replays from our ledger.");
+    outln!("\n4. The transport retries the same tool call (call_1): its send replays from our ledger.");
     let posts = count_posts(&sandbox);
     call(&runtime, "call_1", &args(1_500)).await;
-    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
+    outln!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
     expect("the original refund, not a new one", 1);
 
-    println!("\n5. The agent resumes from a checkpoint and replays call_1b once more.");
+    outln!("\n5. The agent resumes from a checkpoint and replays call_1b once more.");
     call(&runtime, "call_1b", &args(1_500)).await;
     expect("the same answer, from our ledger", 1);
 
-    println!("\n6. The customer is owed a goodwill refund: a genuinely new tool call (call_2), same arguments, made");
-    println!("   after the model was told how call_1 ended.");
+    outln!("\n6. The customer is owed a goodwill refund: a genuinely new tool call (call_2), same arguments, made");
+    outln!("   after the model was told how call_1 ended.");
     call(&runtime, "call_2", &args(1_500)).await;
     expect("a new tool-call id after a definitive answer is a new refund", 2);
 
-    println!("\n7. The model re-issues call_2 with mutated arguments (2500 instead of 1500).");
+    outln!("\n7. The model re-issues call_2 with mutated arguments (2500 instead of 1500).");
     let posts = count_posts(&sandbox);
     call(&runtime, "call_2", &args(2_500)).await;
-    println!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
+    outln!("   requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
     expect("a conflict, nothing sent", 2);
 
-    println!("\n8. call_3 refunds 500: the provider commits it but answers HTTP 500. The host reconciles before");
-    println!("   answering: it lists the payment's refunds (no lag now) and finds the one carrying the key.");
+    outln!("\n8. call_3 refunds 500: the provider commits it but answers HTTP 500. The host reconciles before");
+    outln!("   answering: it lists the payment's refunds (no lag now) and finds the one carrying the key.");
     sandbox.set_list_lag(std::time::Duration::ZERO);
     sandbox.inject(Fault::HiddenCommit500);
     call(&runtime, "call_3", &args(500)).await;
     expect("the real outcome, found by reconciliation", 3);
 
-    println!("\n9. An MCP client that opted into tasks (the 2026-07-28 Tasks extension) refunds 700 as call_4. The");
-    println!("   provider commits it and drops the connection, and its listing lags again: where call_1 got");
-    println!("   outcome-unknown, this client gets a task, and the host settles the call itself.");
+    outln!("\n9. An MCP client that opted into tasks (the 2026-07-28 Tasks extension) refunds 700 as call_4. The");
+    outln!("   provider commits it and drops the connection, and its listing lags again: where call_1 got");
+    outln!("   outcome-unknown, this client gets a task, and the host settles the call itself.");
     sandbox.set_list_lag(std::time::Duration::from_millis(LIST_LAG_MS));
     sandbox.inject(Fault::DropAfterCommit);
     tasks::run(runtime.clone(), &args(700)).await?;
     expect("one refund, its real outcome delivered through the task", 4);
 
-    println!("\nThe provider's refunds:");
+    outln!("\nThe provider's refunds:");
     for r in sandbox.refunds() {
         let key = r.metadata.get("toolguard_key").map_or("-", String::as_str);
-        println!("   {}  {} cents  {}  key {key}", r.id, r.amount, r.status);
+        outln!("   {}  {} cents  {}  key {key}", r.id, r.amount, r.status);
     }
-    println!("\nOur ledger:");
+    outln!("\nOur ledger:");
     if let Some(guard) = runtime.guard() {
         for c in guard.ledger().calls(None)? {
             let state = if c.state == crate::ledger::CallState::Completed { "completed" } else { "admitted" };
             let role = if c.is_executor() { "" } else { ", held behind an identical call" };
-            println!("   tool call {} ({}, {state}{role}; the model was told: {})", c.call_id, c.tool, c.reported.as_str());
+            outln!("   tool call {} ({}, {state}{role}; the model was told: {})", c.call_id, c.tool, c.reported.as_str());
             for a in guard.ledger().attempts_of_call(&c.session, &c.call_id)? {
                 let status = a.response.as_ref().map_or("-".to_string(), |r| r.status.to_string());
                 let tries = if a.tries == 1 { "1 try".to_string() } else { format!("{} tries", a.tries) };
-                println!("     step {} key {} {} HTTP {status}, {tries}", a.step, a.key, a.state.as_str());
+                outln!("     step {} key {} {} HTTP {status}, {tries}", a.step, a.key, a.state.as_str());
             }
         }
     }
-    println!("\n{}", if ok { "Every count as expected." } else { "Some counts were WRONG." });
+    outln!("\n{}", if ok { "Every count as expected." } else { "Some counts were WRONG." });
     Ok(ok)
 }
 
@@ -149,12 +149,12 @@ async fn call(runtime: &Runtime, call_id: &str, args: &str) {
 
 fn show(result: &Result<CallOutput, CallError>) {
     match result {
-        Ok(out) if out.replayed => println!("   → {} (replayed from the ledger; no plugin ran)", out.value),
-        Ok(out) => println!("   → {}", out.value),
+        Ok(out) if out.replayed => outln!("   → {} (replayed from the ledger; no plugin ran)", out.value),
+        Ok(out) => outln!("   → {}", out.value),
         Err(e) if e.detail.as_ref().is_some_and(|d| d["replayed"] == true) => {
-            println!("   → {}: {} (replayed from the ledger; no plugin ran)", e.kind, e.message);
+            outln!("   → {}: {} (replayed from the ledger; no plugin ran)", e.kind, e.message);
         }
-        Err(e) => println!("   → {}: {}", e.kind, e.message),
+        Err(e) => outln!("   → {}: {}", e.kind, e.message),
     }
 }
 

@@ -28,15 +28,15 @@ pub(super) async fn run(runtime: Arc<Runtime>, args: &str) -> anyhow::Result<()>
     let params = json!({ "name": "refund", "arguments": serde_json::from_str::<Value>(args)?, "_meta": meta });
     let handle = client.request(1, "tools/call", params).await?["result"].clone();
     let Some(task) = handle["taskId"].as_str().map(str::to_string) else {
-        println!("   → answered at once (not a task): {handle}");
+        outln!("   → answered at once (not a task): {handle}");
         return Ok(());
     };
-    println!("   → a task, {}: {}", handle["status"], handle["statusMessage"].as_str().unwrap_or(""));
+    outln!("   → a task, {}: {}", handle["status"], handle["statusMessage"].as_str().unwrap_or(""));
     for id in 2..200 {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let got = client.request(id, "tasks/get", json!({ "taskId": task, "_meta": tasks })).await?["result"].clone();
         if got["status"] != "working" {
-            println!("   → tasks/get after {} polls: {}, {}", id - 1, got["status"], got["result"]["structuredContent"]);
+            outln!("   → tasks/get after {} polls: {}, {}", id - 1, got["status"], got["result"]["structuredContent"]);
             settled_in_ledger(&runtime_for_ledger).await;
             return Ok(());
         }

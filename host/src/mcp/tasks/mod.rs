@@ -15,18 +15,22 @@
 //! same ledger answers `tasks/get`, after a restart or kill -9 too.
 
 mod answers;
+mod driver;
 pub mod id;
 pub(crate) mod wire;
 
-use crate::error::{CallError, ErrorKind};
+use crate::error::CallError;
 use crate::guard::Gate;
 use crate::runtime::client::journal::Inputs;
-use crate::runtime::{CallOutput, CallRequest, Runtime};
+use crate::runtime::{CallOutput, CallRequest};
+use driver::{Driving, approval_key};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+pub(crate) use driver::{HELD, STARTED};
 
 /// A call's answer.
 pub(crate) type Answer = Result<CallOutput, CallError>;
@@ -61,6 +65,9 @@ pub(crate) struct Snapshot {
     /// While its call awaits a person's approval: the request
     /// (`detail.approval` of the `awaiting-approval` answer).
     pub(crate) approval: Option<serde_json::Value>,
+    /// The key the approval is asked under now ([`crate::mcp::consent::fresh_key`]):
+    /// a new one whenever the question is put again.
+    pub(crate) approval_key: Option<String>,
     /// While its tool's questions wait for the client: the round, with the
     /// questions not answered yet.
     pub(crate) asked: Option<crate::runtime::client::journal::Pending>,
@@ -129,13 +136,33 @@ pub(crate) struct Tasks {
     views: Arc<super::view::Views>,
     poll: Duration,
     ttl: Duration,
+    /// Most unsettled tasks one principal has here (`[mcp] max_tasks_per_principal`).
+    per_principal: usize,
     entries: Mutex<HashMap<(String, String), Entry>>,
 }
 
 impl Tasks {
-    /// No tasks yet; settling retries start `poll` apart, and a task is kept `ttl`.
-    pub(crate) fn new(views: Arc<super::view::Views>, poll: Duration, ttl: Duration) -> Self {
-        Self { views, poll, ttl, entries: Mutex::new(HashMap::new()) }
+    /// No tasks yet; settling retries start `poll` apart, a task is kept
+    /// `ttl`, and one principal has at most `per_principal` unsettled.
+    pub(crate) fn new(views: Arc<super::view::Views>, (poll, ttl): (Duration, Duration), per_principal: usize) -> Self {
+        Self { views, poll, ttl, per_principal: per_principal.max(1), entries: Mutex::new(HashMap::new()) }
+    }
+
+    /// Whether a task may be started for `request`: it has one here
+    /// already, or its principal has fewer than its share unsettled here;
+    /// else `Err(cap)`. (Requests racing past the check overshoot by at most
+    /// the principal's calls in flight.)
+    pub(crate) fn room_for(&self, request: &CallRequest) -> Result<(), usize> {
+        let Some(principal) = &request.principal else { return Ok(()) };
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if entries.get(&(request.session.clone(), request.call_id.clone())).is_some_and(Entry::live) {
+            return Ok(());
+        }
+        let unsettled = entries
+            .values()
+            .filter(|e| e.request.principal.as_ref() == Some(principal) && e.state.borrow().settled().is_none() && !e.driver.is_finished())
+            .count();
+        if unsettled >= self.per_principal { Err(self.per_principal) } else { Ok(()) }
     }
 
     /// The task of `request`'s call: the one this host is driving (or has
@@ -143,7 +170,10 @@ impl Tasks {
     /// else a new driver that runs the call, its questions answered from
     /// `inputs`, until its answer is definitive or the task's time to live
     /// has passed.
-    pub(crate) fn drive(&self, request: CallRequest, inputs: Inputs) -> Watched {
+    /// `created_ms` is when the call was first recorded, if known (a task
+    /// taken up again after a restart or on another host): the task's
+    /// `createdAt`, from which its time to live counts.
+    pub(crate) fn drive(&self, request: CallRequest, inputs: Inputs, created_ms: Option<u64>) -> Watched {
         let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let key = (request.session.clone(), request.call_id.clone());
         if let Some(entry) = entries.get(&key).filter(|e| e.live()) {
@@ -157,10 +187,19 @@ impl Tasks {
             entries.retain(|_, e| !(e.driver.is_finished() && e.state.borrow().created_ms < expired));
         }
         let now = crate::ledger::records::now_ms();
-        let snapshot =
-            Snapshot { progress: Progress::Working(STARTED.into()), created_ms: now, updated_ms: now, cancel_refused: None, approval: None, asked: None };
+        let created_ms = created_ms.unwrap_or(now).min(now);
+        let snapshot = Snapshot {
+            progress: Progress::Working(STARTED.into()),
+            created_ms,
+            updated_ms: now,
+            cancel_refused: None,
+            approval: None,
+            approval_key: None,
+            asked: None,
+        };
         let (state, _) = watch::channel(snapshot);
-        let until = Instant::now() + self.ttl;
+        // The time to live counts from the task's creation, wherever it was.
+        let until = Instant::now() + self.ttl.saturating_sub(Duration::from_millis(now - created_ms));
         let (request, gate, wake) = (Arc::new(request), Arc::new(Gate::default()), Arc::new(tokio::sync::Notify::new()));
         let answers = Arc::new(Mutex::new(answers::Answers::new(inputs)));
         let runtime = self.views.current().runtime.clone();
@@ -197,6 +236,25 @@ impl Tasks {
         Ok(())
     }
 
+    /// Notes when the call of a task this host drives was first recorded
+    /// (its `createdAt`).
+    pub(crate) fn recorded_at(&self, session: &str, call_id: &str, created_ms: u64) {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = entries.get(&(session.to_string(), call_id.to_string())) {
+            entry.state.send_modify(|s| s.created_ms = s.created_ms.min(created_ms));
+        }
+    }
+
+    /// Puts the approval question of the task of call (`session`,
+    /// `call_id`) again under a new key (its answer under the old one was
+    /// delivered and decided nothing).
+    pub(crate) fn ask_approval_again(&self, session: &str, call_id: &str) {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = entries.get(&(session.to_string(), call_id.to_string())) {
+            entry.state.send_modify(|s| s.approval_key = approval_key(s.approval.as_ref()));
+        }
+    }
+
     /// Notes that a person decided on the approval the task of call
     /// (`session`, `call_id`) asked for, and has its driver try again now.
     pub(crate) fn decided(&self, session: &str, call_id: &str, approve: bool) {
@@ -204,6 +262,7 @@ impl Tasks {
         if let Some(entry) = entries.get(&(session.to_string(), call_id.to_string())) {
             entry.state.send_modify(|s| {
                 s.approval = None;
+                s.approval_key = None;
                 let what = if approve { "approved: running the tool call" } else { "denied: recording the denial" };
                 s.progress = Progress::Working(what.into());
             });
@@ -242,7 +301,8 @@ impl Tasks {
                     // Stopped before anything of it passed: run it again.
                     self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
                     let inputs = lock(&answers).inputs();
-                    self.drive((*request).clone(), inputs);
+                    let created = state.borrow().created_ms;
+                    self.drive((*request).clone(), inputs, Some(created));
                 }
                 let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if let Some(entry) = entries.get(&key) {
@@ -250,109 +310,5 @@ impl Tasks {
                 }
             }
         }
-    }
-}
-
-/// One driver: the call it runs, through which gate, reporting where,
-/// woken by whom.
-struct Driving {
-    runtime: Arc<Runtime>,
-    request: Arc<CallRequest>,
-    gate: Arc<Gate>,
-    state: watch::Sender<Snapshot>,
-    wake: Arc<tokio::sync::Notify>,
-    answers: Arc<Mutex<answers::Answers>>,
-}
-
-/// What a task says before its first try has answered.
-pub(crate) const STARTED: &str = "running the tool call";
-
-/// What a task says while its call waits behind an identical earlier one.
-pub(crate) const HELD: &str = "an identical earlier call is still unsettled; this one waits for its outcome and does not act on its own. \
-                               Poll this task; do not repeat the call";
-
-impl Driving {
-    /// Runs the call until its answer is definitive (then the task's result)
-    /// or until `until`, pausing between tries from `poll` up to
-    /// [`MAX_PAUSE`]. Each try is the same tool call under the same id: a
-    /// completed call replays, an unsettled send is re-sent with its own key
-    /// or looked up at the provider, never made anew (`docs/guard.md`).
-    async fn settle(self, poll: Duration, until: Instant) {
-        let mut pause = poll;
-        loop {
-            let inputs = Arc::new(lock(&self.answers).inputs());
-            let answer = self.runtime.call_as_task(&self.request, &self.gate, inputs).await;
-            let now = crate::ledger::records::now_ms();
-            let working = unsettled(&answer);
-            let settled = working.is_none();
-            let approval = crate::mcp::consent::awaited(&answer).cloned();
-            let asked = {
-                let mut answers = lock(&self.answers);
-                answers.stopped_at(crate::mcp::questions::asked(&answer));
-                answers.open()
-            };
-            // Questions wait for the client's answers (which wake the driver); a
-            // decision may come from anywhere, so each try is a ledger read at the client's pace.
-            let next = if asked.is_some() {
-                until.saturating_duration_since(Instant::now())
-            } else if approval.is_some() {
-                poll
-            } else {
-                pause
-            };
-            let waits_for_answers = asked.is_some();
-            self.state.send_modify(|s| {
-                s.progress = working.map_or(Progress::Settled(answer), Progress::Working);
-                s.approval = approval;
-                s.asked = asked;
-                s.updated_ms = now;
-            });
-            // Waiting for answers, it waits up to its time to live.
-            let out_of_time = if waits_for_answers { Instant::now() >= until } else { Instant::now() + next > until };
-            if settled || out_of_time {
-                return;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(next) => pause = (next * 2).min(MAX_PAUSE),
-                () = self.wake.notified() => pause = poll,
-            }
-        }
-    }
-}
-
-/// Why `answer` does not settle its call, in words for the model; `None`
-/// when it is definitive.
-pub(crate) fn unsettled(answer: &Answer) -> Option<String> {
-    let Err(e) = answer else { return None };
-    match e.kind {
-        ErrorKind::OutcomeUnknown => Some(
-            "the provider may already have carried this out and has not yet said so; toolguard keeps settling it (its own \
-             idempotency key re-sent, or the provider's records looked up) and nothing is done twice. Poll this task for \
-             the real outcome; do not repeat the call"
-                .into(),
-        ),
-        ErrorKind::Held if e.detail.as_ref().is_none_or(|d| d.get("earlier_outcome").is_none()) => Some(HELD.into()),
-        ErrorKind::AwaitingApproval => Some(format!("{}. Poll this task; do not repeat the call", e.message)),
-        ErrorKind::InputRequired => Some("the tool asks its client the questions this task lists; answer them with tasks/update".into()),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn only_an_unknown_outcome_or_a_hold_without_one_keeps_a_task_working() {
-        let error = |kind, detail| Err(CallError { kind, message: "m".into(), detail });
-        assert!(unsettled(&error(ErrorKind::OutcomeUnknown, None)).is_some());
-        assert!(unsettled(&error(ErrorKind::AwaitingApproval, None)).is_some());
-        assert!(unsettled(&error(ErrorKind::Held, Some(json!({ "earlier": "c1" })))).is_some());
-        assert!(unsettled(&error(ErrorKind::Held, Some(json!({ "earlier_outcome": {} })))).is_none(), "held with the earlier outcome is told");
-        for kind in [ErrorKind::ToolFailed, ErrorKind::Transport, ErrorKind::Conflict, ErrorKind::Denied, ErrorKind::Internal] {
-            assert!(unsettled(&error(kind, None)).is_none(), "{kind}");
-        }
-        assert!(unsettled(&Ok(CallOutput { value: json!({}), replayed: false })).is_none());
     }
 }
