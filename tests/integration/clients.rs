@@ -79,7 +79,7 @@ fn refund(id: u64, call_id: &str, amount: u64) -> String {
 }
 
 /// A POST whose SSE response is read as it arrives: each JSON-RPC message on the channel.
-fn stream(url: &str, headers: &[(&str, &str)], body: String) -> mpsc::Receiver<Value> {
+pub(crate) fn stream(url: &str, headers: &[(&str, &str)], body: String) -> mpsc::Receiver<Value> {
     let (tx, rx) = mpsc::channel();
     let (url, body) = (url.to_string(), body);
     let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

@@ -19,7 +19,6 @@ use crate::common::serve_http;
 use crate::tasks::{Client, task_id};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use std::sync::mpsc;
 use std::time::Duration;
 
 /// The identifiers of a's that the generator names, as placeholders.
@@ -166,37 +165,6 @@ impl Theirs {
     }
 }
 
-/// A POST whose SSE response arrives on a channel, message by message.
-fn stream(url: &str, headers: Vec<(String, String)>, body: String) -> mpsc::Receiver<Value> {
-    let (tx, rx) = mpsc::channel();
-    let url = url.to_string();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            let mut req =
-                reqwest::Client::new().post(&url).header("Content-Type", "application/json").header("Accept", "application/json, text/event-stream").body(body);
-            for (k, v) in &headers {
-                req = req.header(k, v);
-            }
-            let Ok(mut response) = req.send().await else { return };
-            let mut buffer = String::new();
-            while let Ok(Some(chunk)) = response.chunk().await {
-                buffer.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = buffer.find('\n') {
-                    let line: String = buffer.drain(..=end).collect();
-                    if let Some(data) = line.trim().strip_prefix("data:").map(str::trim).filter(|d| !d.is_empty())
-                        && let Ok(m) = serde_json::from_str::<Value>(data)
-                        && tx.send(m).is_err()
-                    {
-                        return;
-                    }
-                }
-            }
-        });
-    });
-    rx
-}
-
 #[test]
 fn generated_messages_from_another_principal_never_reach_the_owners_objects() {
     let dir = tempfile::tempdir().unwrap();
@@ -226,7 +194,9 @@ fn generated_messages_from_another_principal_never_reach_the_owners_objects() {
     let refund = json!({ "jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": { "name": "refund",
         "arguments": { "payment_intent": "pi_mcp", "amount_cents": 7_777, "reason": "duplicate" },
         "_meta": { "toolguard/toolCallId": "a-live", "toolguard/sessionId": "conv" } } });
-    let live = stream(&server.url, in_a(&[]), refund.to_string());
+    let live_headers = in_a(&[]);
+    let live_refs: Vec<(&str, &str)> = live_headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let live = crate::clients::stream(&server.url, &live_refs, refund.to_string());
     let asked = loop {
         let m = live.recv_timeout(Duration::from_secs(30)).expect("a's question");
         if m["method"] == "elicitation/create" {
@@ -320,18 +290,28 @@ fn generated_messages_from_another_principal_never_reach_the_owners_objects() {
         prop_assert_eq!(sandbox.requests().iter().filter(|r| r.method == "POST").count(), 0, "something was sent after {:?} {}", p, body);
         Ok(())
     });
-    // Afterwards: a's three questions still wait, a's session serves, and a's own answers decide.
-    assert_eq!(client_a.task("get", &task)["result"]["status"], "input_required");
-    let pairs = in_a(&[]);
-    let as_refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let approve = json!({ "jsonrpc": "2.0", "id": asked["id"], "result": { "action": "accept", "content": { "approve": true } } });
-    assert_eq!(crate::mcp::send(&server.url, &as_refs, approve.to_string()).0, 202, "a's session still takes a's answer");
-    let answered = loop {
-        let m = live.recv_timeout(Duration::from_secs(30)).expect("a's call answers");
-        if m["id"] == 50 {
-            break m;
-        }
-    };
-    assert_eq!(answered["result"]["isError"], false, "{answered}");
-    assert_eq!(sandbox.refunds().len(), 1, "only a's own answer made a refund");
+    // Afterwards: nothing was sent, a's task still waits for a's person, and a's own answers decide.
+    assert_eq!(sandbox.requests().iter().filter(|r| r.method == "POST").count(), 0);
+    let a_now = Client::open(&server.url, Some(A)).eliciting();
+    let waiting = a_now.task("get", &task)["result"].clone();
+    assert_eq!(waiting["status"], "input_required", "{waiting}");
+    let now = waiting["inputRequests"].as_object().unwrap().keys().next().unwrap().clone();
+    a_now.answer(&task, &now, json!({ "action": "accept", "content": { "approve": true } }));
+    assert_eq!(a_now.settled(&task)["result"]["isError"], false);
+    assert_eq!(sandbox.refunds().len(), 1, "a's own answer made its refund");
+    // In the short pass a's live question is still open (a long run outlasts its ten minutes and the session's idle time).
+    if std::env::var("TOOLGUARD_FUZZ_SECONDS").is_err() {
+        let pairs = in_a(&[]);
+        let as_refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let approve = json!({ "jsonrpc": "2.0", "id": asked["id"], "result": { "action": "accept", "content": { "approve": true } } });
+        assert_eq!(crate::mcp::send(&server.url, &as_refs, approve.to_string()).0, 202, "a's session still takes a's answer");
+        let answered = loop {
+            let m = live.recv_timeout(Duration::from_secs(30)).expect("a's call answers");
+            if m["id"] == 50 {
+                break m;
+            }
+        };
+        assert_eq!(answered["result"]["isError"], false, "{answered}");
+        assert_eq!(sandbox.refunds().len(), 2, "only a's own answers made refunds");
+    }
 }

@@ -135,8 +135,12 @@ impl SessionManager for CappedSessions {
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
-        // rmcp answers a DELETE of an unknown session 202 and closes nothing: so for another principal's.
-        if !self.callers(id) {
+        // A DELETE comes in a request's scope: rmcp answers one for an unknown
+        // session 202 and closes nothing, so for another principal's. rmcp also
+        // closes a session whose worker ended (idle, or the server stopping),
+        // from a task of its own, outside any request: that always closes.
+        let from_a_request = PRINCIPAL.try_with(|_| ()).is_ok();
+        if from_a_request && !self.callers(id) {
             return Ok(());
         }
         self.owners.write().unwrap_or_else(PoisonError::into_inner).remove(id);
@@ -185,5 +189,38 @@ impl SessionManager for CappedSessions {
 
     async fn restore_session(&self, id: SessionId) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
         self.inner.restore_session(id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session made by `principal`: its id.
+    async fn made_by(sessions: &CappedSessions, principal: &str) -> SessionId {
+        PRINCIPAL.scope(Some(principal.into()), sessions.create_session()).await.unwrap().0
+    }
+
+    async fn seen_by(sessions: &CappedSessions, principal: &str, id: &SessionId) -> bool {
+        PRINCIPAL.scope(Some(principal.into()), sessions.has_session(id)).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_session_is_its_principals_and_ended_only_by_it_or_by_rmcp() {
+        let sessions = CappedSessions::new(10, 10);
+        let id = made_by(&sessions, "a").await;
+        assert!(seen_by(&sessions, "a", &id).await);
+        assert!(!seen_by(&sessions, "b", &id).await, "another principal's session does not exist for it");
+        // b's DELETE closes nothing.
+        PRINCIPAL.scope(Some("b".into()), sessions.close_session(&id)).await.unwrap();
+        assert!(seen_by(&sessions, "a", &id).await);
+        // rmcp closing it after its worker ended (outside any request) removes it: no session left behind.
+        sessions.close_session(&id).await.unwrap();
+        assert!(!seen_by(&sessions, "a", &id).await);
+        assert!(sessions.owners.read().unwrap().is_empty(), "its owner forgotten too");
+        // The owner's own DELETE closes its session.
+        let other = made_by(&sessions, "a").await;
+        PRINCIPAL.scope(Some("a".into()), sessions.close_session(&other)).await.unwrap();
+        assert!(!seen_by(&sessions, "a", &other).await);
     }
 }
