@@ -43,6 +43,7 @@ mod properties;
 mod questions;
 mod recovery_edges;
 mod registry;
+mod registry_deadlines;
 mod registry_faults;
 mod reload;
 mod reload_versions;

@@ -97,3 +97,18 @@ fn the_shipped_build_compiles_no_crate_beyond_those_its_cold_build_was_measured_
         crates.len() - SHIPPED_CRATES_MEASURED
     );
 }
+
+/// No path around the guard ships: the bench's unguarded baseline — its
+/// runtime flag, its mode and its send — is compiled only with the `bench`
+/// feature, so the shipped binary has no symbol of it. (Before it was gated,
+/// it had `guard::direct::send_unguarded`. The tests' build is no witness:
+/// `cargo test --workspace` builds the bench crate too, whose dependency
+/// turns the feature on for the host it builds.)
+#[test]
+fn the_shipped_binary_has_no_unguarded_send() {
+    let bytes = std::fs::read(shipped()).unwrap();
+    for name in ["send_unguarded", "unguarded_for_bench"] {
+        let found = bytes.windows(name.len()).any(|w| w == name.as_bytes());
+        assert!(!found, "the shipped binary has `{name}`: a way around the guard compiled in");
+    }
+}

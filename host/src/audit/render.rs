@@ -22,6 +22,7 @@ pub fn render(report: &Report) -> String {
             "match" => " (matches the pin)",
             "mismatch" => " (DOES NOT MATCH the pin)",
             "signed" => " (not pinned: vouched for by a publisher's signature)",
+            "digest" => " (pinned by its manifest digest: the reference names the bytes)",
             _ => " (unpinned)",
         };
         if let Some(r) = &c.registry {

@@ -110,7 +110,8 @@ pub struct ComponentReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct PinReport {
     /// `match`, `mismatch`, `unpinned`, `builtin` (embedded, so pinned by
-    /// this binary), or `signed` (not pinned: a publisher's signature vouches).
+    /// this binary), `signed` (not pinned: a publisher's signature vouches),
+    /// or `digest` (referenced by manifest digest, which fixes its bytes).
     pub status: &'static str,
     /// The pin in the policy, if any.
     pub expected: Option<String>,

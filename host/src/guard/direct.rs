@@ -1,6 +1,7 @@
 //! Requests that are not side effects: `outbound.fetch` (GET and HEAD inside
-//! the plugin's grants, sent once, keyless and unrecorded), and the bench's
-//! unguarded baseline, which sends the same way.
+//! the plugin's grants, sent once, keyless and unrecorded), and — only in a
+//! build with the `bench` feature — the bench's unguarded baseline, which
+//! sends the same way.
 
 use super::transport::Outcome;
 use super::{Request, Response, SendError, Wires, wire};
@@ -23,7 +24,8 @@ pub async fn fetch(wires: &Wires, grants: &[Grant], req: Request) -> Result<Resp
 
 /// `toolguard bench`'s unguarded baseline: the request authorised and sent
 /// as a guarded send would be — no admission, no ledger write, no key.
-/// Reachable only from a runtime built by the bench.
+/// Compiled only with the `bench` feature.
+#[cfg(feature = "bench")]
 pub(crate) async fn send_unguarded(wires: &Wires, grants: &[Grant], req: Request) -> Result<Response, SendError> {
     direct(wires, grants, req).await
 }

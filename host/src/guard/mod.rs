@@ -55,6 +55,7 @@ pub use answers::Answered;
 pub use attempt::{Reconciled, Reconciler};
 pub use consent::{Ask, is_decision as is_consent_decision};
 pub use direct::fetch;
+#[cfg(feature = "bench")]
 pub(crate) use direct::send_unguarded;
 pub(crate) use failpoints::{failpoint, write_failpoint};
 pub use hold::DEFAULT_HOLD_WAIT;

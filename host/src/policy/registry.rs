@@ -30,6 +30,9 @@ pub struct RawRegistry {
     pub password_env: Option<String>,
     /// The largest component pulled from it, in MiB (default 256).
     pub max_component_mb: Option<u64>,
+    /// How long one exchange with it may take in all, in seconds (default
+    /// 10; a blob one more second per 256 KiB).
+    pub timeout_seconds: Option<u64>,
 }
 
 /// Where a registry's credentials come from.
@@ -56,6 +59,8 @@ pub struct Registry {
     pub credentials: RegistryCredentials,
     /// The largest component pulled from it.
     pub max_component_bytes: u64,
+    /// How long one exchange with it may take in all ([`crate::registry::DEFAULT_TIMEOUT`]).
+    pub timeout: std::time::Duration,
 }
 
 /// Registries by `host[:port]`.
@@ -71,6 +76,7 @@ impl Registry {
             tls: TlsPolicy::default(),
             credentials: RegistryCredentials::Anonymous,
             max_component_bytes: crate::registry::DEFAULT_MAX_COMPONENT_BYTES,
+            timeout: crate::registry::DEFAULT_TIMEOUT,
         }
     }
 
@@ -100,7 +106,12 @@ impl Registry {
             Some(0) => return Err(("max_component_mb".into(), "must be at least 1".into())),
             Some(mb) => mb << 20,
         };
-        Ok(Self { host: host.to_ascii_lowercase(), plain_http: raw.plain_http, tls, credentials, max_component_bytes })
+        let timeout = match raw.timeout_seconds {
+            None => crate::registry::DEFAULT_TIMEOUT,
+            Some(0) => return Err(("timeout_seconds".into(), "must be at least 1".into())),
+            Some(s) => std::time::Duration::from_secs(s.min(3_600)),
+        };
+        Ok(Self { host: host.to_ascii_lowercase(), plain_http: raw.plain_http, tls, credentials, max_component_bytes, timeout })
     }
 }
 

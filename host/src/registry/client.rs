@@ -19,6 +19,23 @@ pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 /// The largest token response read.
 const MAX_TOKEN_BYTES: u64 = 64 << 10;
 
+/// How long one exchange with a registry may take in all — connecting,
+/// the answer, its whole body — unless `[policy.registries."HOST"]
+/// timeout_seconds` says otherwise. A silent registry costs a start at most
+/// this (the cache then stands in: `super::fetch`).
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The slowest a blob may arrive: its deadline is the timeout plus one
+/// second per this many bytes of its size, so a registry trickling a blob
+/// cannot stall a start for ever.
+pub const MIN_BYTES_PER_SECOND: u64 = 256 << 10;
+
+/// How long moving `bytes` may take: `timeout`, plus one second per
+/// [`MIN_BYTES_PER_SECOND`].
+pub fn deadline(timeout: std::time::Duration, bytes: u64) -> std::time::Duration {
+    timeout + std::time::Duration::from_secs(bytes / MIN_BYTES_PER_SECOND)
+}
+
 /// A client of one registry.
 pub struct Client {
     base: Url,
@@ -26,23 +43,26 @@ pub struct Client {
     credentials: Option<Credentials>,
     /// The bearer token last issued, with the scope it was asked for.
     token: Mutex<Option<(String, String)>>,
+    /// How long one exchange may take in all ([`DEFAULT_TIMEOUT`]).
+    timeout: std::time::Duration,
 }
 
 impl Client {
     /// A client of `registry` (`host[:port]`) over HTTPS with `tls`, or over
-    /// plain HTTP where `tls` is `None` (the caller allows that only on loopback).
+    /// plain HTTP where `tls` is `None` (the caller allows that only on
+    /// loopback), each exchange given `timeout` in all (a blob more: [`deadline`]).
     ///
     /// # Errors
     /// The HTTP client cannot be built.
-    pub fn new(registry: &str, tls: Option<rustls::ClientConfig>, credentials: Option<Credentials>) -> Result<Self, String> {
+    pub fn new(registry: &str, tls: Option<rustls::ClientConfig>, credentials: Option<Credentials>, timeout: std::time::Duration) -> Result<Self, String> {
         // reqwest needs a process-wide provider even for plain HTTP; the host uses ring throughout.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let base = Url::parse(&format!("{scheme}://{registry}/")).map_err(|e| format!("registry `{registry}`: {e}"))?;
         let builder = reqwest::Client::builder()
             .no_proxy()
-            .connect_timeout(std::time::Duration::from_secs(10))
-            .read_timeout(std::time::Duration::from_secs(60))
+            .connect_timeout(timeout)
+            .read_timeout(timeout)
             // Blobs are often served from a storage service the registry redirects to;
             // reqwest drops the Authorization header when a redirect changes host.
             // Never from HTTPS down to plain HTTP, and plain HTTP only on loopback.
@@ -61,7 +81,7 @@ impl Client {
             None => builder,
         };
         let http = builder.build().map_err(|e| format!("cannot build the HTTP client of registry `{registry}`: {e}"))?;
-        Ok(Self { base, http, credentials, token: Mutex::new(None) })
+        Ok(Self { base, http, credentials, token: Mutex::new(None), timeout })
     }
 
     fn url(&self, path: &str) -> Result<Url, RegistryError> {
@@ -77,7 +97,7 @@ impl Client {
     /// Unreachable, refused, over [`MAX_MANIFEST_BYTES`], or a digest mismatch.
     pub async fn manifest(&self, repository: &str, reference: &str) -> Result<Option<(Vec<u8>, String)>, RegistryError> {
         let url = self.url(&format!("v2/{repository}/manifests/{reference}"))?;
-        let response = self.send(repository, false, |c| c.get(url.clone()).header("accept", ACCEPT)).await?;
+        let response = self.send(repository, (false, self.timeout), |c| c.get(url.clone()).header("accept", ACCEPT)).await?;
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -109,7 +129,7 @@ impl Client {
     /// Unreachable, or over [`MAX_MANIFEST_BYTES`].
     pub async fn referrers(&self, repository: &str, digest: &str) -> Result<Option<Vec<u8>>, RegistryError> {
         let url = self.url(&format!("v2/{repository}/referrers/{digest}"))?;
-        let response = self.send(repository, false, |c| c.get(url.clone()).header("accept", "application/vnd.oci.image.index.v1+json")).await?;
+        let response = self.send(repository, (false, self.timeout), |c| c.get(url.clone()).header("accept", "application/vnd.oci.image.index.v1+json")).await?;
         if !response.status().is_success() {
             return Ok(None);
         }
@@ -123,7 +143,8 @@ impl Client {
     }
 
     /// Streams blob `digest` of `repository` into `dest` (created), at most
-    /// `max` bytes, checking the digest as it goes; `dest` is removed on failure.
+    /// `max` bytes, checking the digest as it goes, within [`deadline`] of
+    /// `max`; `dest` is removed on failure.
     ///
     /// # Errors
     /// Unreachable, refused, too large, or the bytes do not have the digest.
@@ -137,7 +158,8 @@ impl Client {
 
     async fn blob_to_file_inner(&self, repository: &str, digest: &str, max: u64, dest: &Path) -> Result<(), RegistryError> {
         let url = self.url(&format!("v2/{repository}/blobs/{digest}"))?;
-        let response = success(self.send(repository, false, |c| c.get(url.clone())).await?, &format!("blob {digest}")).await?;
+        let within = deadline(self.timeout, max);
+        let response = success(self.send(repository, (false, within), |c| c.get(url.clone())).await?, &format!("blob {digest}")).await?;
         let mut file = std::fs::File::create(dest).map_err(|e| RegistryError::local(format!("cannot write {}: {e}", dest.display())))?;
         let mut hasher = Sha256::new();
         read_bounded(response, max, &format!("blob {digest}"), |chunk| {
@@ -160,11 +182,12 @@ impl Client {
     pub async fn push_blob(&self, repository: &str, media_type: &str, bytes: &[u8]) -> Result<Descriptor, RegistryError> {
         let descriptor = super::manifest::describe(media_type, bytes);
         let head = self.url(&format!("v2/{repository}/blobs/{}", descriptor.digest))?;
-        if self.send(repository, true, |c| c.head(head.clone())).await?.status().is_success() {
+        if self.send(repository, (true, self.timeout), |c| c.head(head.clone())).await?.status().is_success() {
             return Ok(descriptor);
         }
         let start = self.url(&format!("v2/{repository}/blobs/uploads/"))?;
-        let started = success(self.send(repository, true, |c| c.post(start.clone()).header("content-length", "0")).await?, "blob upload").await?;
+        let started =
+            success(self.send(repository, (true, self.timeout), |c| c.post(start.clone()).header("content-length", "0")).await?, "blob upload").await?;
         let location = started
             .headers()
             .get("location")
@@ -174,7 +197,7 @@ impl Client {
         upload.query_pairs_mut().append_pair("digest", &descriptor.digest);
         let body = bytes.to_vec();
         let put = |c: &reqwest::Client| c.put(upload.clone()).header("content-type", "application/octet-stream").body(body.clone());
-        success(self.send(repository, true, put).await?, "blob upload").await?;
+        success(self.send(repository, (true, deadline(self.timeout, bytes.len() as u64)), put).await?, "blob upload").await?;
         Ok(descriptor)
     }
 
@@ -186,19 +209,22 @@ impl Client {
         let url = self.url(&format!("v2/{repository}/manifests/{reference}"))?;
         let body = bytes.to_vec();
         let put = |c: &reqwest::Client| c.put(url.clone()).header("content-type", media_type).body(body.clone());
-        success(self.send(repository, true, put).await?, &format!("manifest {repository}:{reference}")).await?;
+        success(self.send(repository, (true, self.timeout), put).await?, &format!("manifest {repository}:{reference}")).await?;
         Ok(digest_of(bytes))
     }
 
-    /// Sends a request, answering a credentials challenge once.
+    /// Sends a request (to push, or only to pull), answering a credentials
+    /// challenge once; each try must be answered, body and all, `within` its
+    /// deadline.
     async fn send(
         &self,
         repository: &str,
-        push: bool,
+        (push, within): (bool, std::time::Duration),
         request: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, RegistryError> {
         let scope = format!("repository:{repository}:{}", if push { "pull,push" } else { "pull" });
         let token = self.token.lock().await.as_ref().filter(|(s, _)| *s == scope).map(|(_, t)| t.clone());
+        let request = |c: &reqwest::Client| request(c).timeout(within);
         let first = match &token {
             Some(t) => request(&self.http).bearer_auth(t),
             None => request(&self.http),
@@ -246,7 +272,7 @@ impl Client {
             }
             q.append_pair("scope", params.iter().find(|(k, _)| k == "scope").map_or(scope, |(_, s)| s.as_str()));
         }
-        let request = self.http.get(url);
+        let request = self.http.get(url).timeout(self.timeout);
         let request = match &self.credentials {
             Some(c) => request.basic_auth(&c.username, Some(&c.password)),
             None => request,
@@ -318,7 +344,10 @@ async fn success(response: reqwest::Response, what: &str) -> Result<reqwest::Res
 async fn read_bounded(response: reqwest::Response, max: u64, what: &str, sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> Result<u64, RegistryError> {
     crate::body::read_within(response, max, sink).await.map_err(|e| match e {
         crate::body::BodyError::TooLarge => RegistryError::invalid(format!("{what} is larger than the {max} bytes toolguard reads")),
-        crate::body::BodyError::Transport(e) => RegistryError::transport(e),
+        crate::body::BodyError::Transport(e) => {
+            let cut = RegistryError::transport(e);
+            RegistryError::unreachable(format!("{what}: {} (the whole answer must arrive within its deadline)", cut.message))
+        }
         crate::body::BodyError::Sink(e) => RegistryError::local(format!("{what}: {e}")),
     })
 }

@@ -19,7 +19,7 @@ pub mod signature;
 pub mod trusted_root;
 
 pub use cache::Cache;
-pub use client::{Client, MAX_MANIFEST_BYTES};
+pub use client::{Client, DEFAULT_TIMEOUT, MAX_MANIFEST_BYTES, MIN_BYTES_PER_SECOND};
 pub use credentials::Credentials;
 pub use reference::OciRef;
 pub use referrers::attach_bundle;
@@ -108,26 +108,38 @@ pub struct Fetched {
 /// Fetches the component `r` names, from `cache` where it can and from the
 /// registry otherwise; a tag is resolved at the registry when it answers and
 /// from the cache when it cannot be reached. With `signatures`, also the
-/// manifest's cosign signatures.
+/// manifest's cosign signatures and sigstore bundles. Once the registry is
+/// found unreachable — or `gone` says it already was, earlier in the same
+/// load — every later step of the fetch is answered from the cache, so a
+/// silent registry costs it one [`DEFAULT_TIMEOUT`] (its `timeout_seconds`)
+/// at most, not one per lookup.
 ///
 /// # Errors
 /// The registry cannot be reached and the cache cannot stand in; or it
 /// refused, or served something wrong (see [`Failure`]).
-pub async fn fetch(client: &Client, cache: &Cache, r: &OciRef, signatures: bool, max_component: u64) -> Result<Fetched, RegistryError> {
-    let at = At { client, cache, r };
-    let Resolved { bytes, digest, moved_from, offline } =
+pub async fn fetch(
+    client: &Client,
+    cache: &Cache,
+    r: &OciRef,
+    signatures: bool,
+    (max_component, gone): (u64, Option<String>),
+) -> Result<Fetched, RegistryError> {
+    let at = At { client, cache, r, gone: std::sync::Mutex::new(gone) };
+    let Resolved { bytes, digest, moved_from, .. } =
         at.resolve(r.manifest_reference()).await?.ok_or_else(|| RegistryError::refused(format!("{r}: the registry has no such manifest")))?;
     let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: {e}")))?;
     let layer = manifest.wasm_layer().map_err(|e| RegistryError::invalid(format!("{r}: {e}")))?;
     if layer.size > max_component {
         return Err(RegistryError::invalid(format!("{r}: the component is {} bytes, over the {max_component} bytes allowed", layer.size)));
     }
-    let component = at.blob(&layer.digest, max_component, offline.is_some()).await?;
+    // Its size as the manifest declares it bounds the download (and its deadline); the digest checks it.
+    let component = at.blob(&layer.digest, layer.size.max(1)).await?;
     let (signatures, bundles) = match signatures {
-        true => (at.signatures_of(&digest, offline.is_some()).await?, at.bundles_of(&digest, offline.is_some()).await?),
+        true => (at.signatures_of(&digest).await?, at.bundles_of(&digest).await?),
         false => (Vec::new(), Vec::new()),
     };
     let pulled_ms = cache.stored_ms(&digest).unwrap_or_else(crate::ledger::records::now_ms);
+    let offline = at.gone();
     Ok(Fetched { reference: r.clone(), manifest_digest: digest, component, signatures, bundles, pulled_ms, offline, moved_from })
 }
 
@@ -137,8 +149,6 @@ struct Resolved {
     digest: String,
     /// The digest a tag resolved to before it moved.
     moved_from: Option<String>,
-    /// Why the cache stood in for the registry, if it did.
-    offline: Option<String>,
 }
 
 /// One repository, reached through a registry client and the cache.
@@ -146,28 +156,55 @@ struct At<'a> {
     client: &'a Client,
     cache: &'a Cache,
     r: &'a OciRef,
+    /// Why the registry is not asked any more, once it was found unreachable.
+    gone: std::sync::Mutex<Option<String>>,
 }
 
 impl At<'_> {
+    /// Why the registry is not asked any more, if it is not.
+    fn gone(&self) -> Option<String> {
+        self.gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// `result` of a registry exchange; an unreachable registry is noted, so
+    /// that the rest of the fetch is answered from the cache.
+    fn noting<T>(&self, result: Result<T, RegistryError>) -> Result<T, RegistryError> {
+        if let Err(e) = &result
+            && e.failure == Failure::Unreachable
+        {
+            self.gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert_with(|| e.message.clone());
+        }
+        result
+    }
+
     /// The manifest `reference` names, or `None` if the registry has none.
     /// Digests come from the cache first; tags from the registry first, and
     /// from the cache when the registry cannot be reached.
     async fn resolve(&self, reference: &str) -> Result<Option<Resolved>, RegistryError> {
-        let Self { client, cache, r } = *self;
+        let Self { client, cache, r, .. } = self;
         let local = |e: String| RegistryError::local(e);
         if reference::is_sha256_digest(reference) {
             if let Some(bytes) = cache.get(reference) {
-                return Ok(Some(Resolved { bytes, digest: reference.into(), moved_from: None, offline: None }));
+                return Ok(Some(Resolved { bytes, digest: reference.into(), moved_from: None }));
             }
-            let Some((bytes, digest)) = client.manifest(&r.repository, reference).await? else { return Ok(None) };
+            if let Some(why) = self.gone() {
+                return Err(RegistryError::unreachable(format!(
+                    "{r}: manifest {reference} is not in this host's cache and the registry cannot be reached: {why}"
+                )));
+            }
+            let Some((bytes, digest)) = self.noting(client.manifest(&r.repository, reference).await)? else { return Ok(None) };
             cache.put(&bytes).map_err(local)?;
-            return Ok(Some(Resolved { bytes, digest, moved_from: None, offline: None }));
+            return Ok(Some(Resolved { bytes, digest, moved_from: None }));
         }
-        match client.manifest(&r.repository, reference).await {
+        let answered = match self.gone() {
+            Some(why) => Err(RegistryError::unreachable(why)),
+            None => self.noting(client.manifest(&r.repository, reference).await),
+        };
+        match answered {
             Ok(Some((bytes, digest))) => {
                 cache.put(&bytes).map_err(local)?;
                 let record = cache.set_tag(&r.registry, &r.repository, reference, &digest).map_err(local)?;
-                Ok(Some(Resolved { bytes, digest, moved_from: record.previous, offline: None }))
+                Ok(Some(Resolved { bytes, digest, moved_from: record.previous }))
             }
             Ok(None) => {
                 cache.forget_tag(&r.registry, &r.repository, reference);
@@ -175,16 +212,18 @@ impl At<'_> {
             }
             Err(e) if e.failure == Failure::Unreachable => {
                 let cached = cache.tag(&r.registry, &r.repository, reference).and_then(|t| cache.get(&t.digest).map(|b| (b, t)));
-                let (bytes, tag) = cached.ok_or_else(|| RegistryError::unreachable(format!("{r}: {} — and it is not in this host's cache", e.message)))?;
-                Ok(Some(Resolved { bytes, digest: tag.digest, moved_from: tag.previous, offline: Some(e.message) }))
+                let missing = || RegistryError::unreachable(format!("{r}: {} — and `{reference}` is not in this host's cache", e.message));
+                let (bytes, tag) = cached.ok_or_else(missing)?;
+                Ok(Some(Resolved { bytes, digest: tag.digest, moved_from: tag.previous }))
             }
             Err(e) => Err(e),
         }
     }
 
-    /// Blob `digest`: from the cache, else downloaded into it.
-    async fn blob(&self, digest: &str, max: u64, offline: bool) -> Result<Vec<u8>, RegistryError> {
-        let Self { client, cache, r } = *self;
+    /// Blob `digest`, at most `size` bytes: from the cache, else downloaded
+    /// into it within its deadline ([`client::deadline`]).
+    async fn blob(&self, digest: &str, size: u64) -> Result<Vec<u8>, RegistryError> {
+        let Self { client, cache, r, .. } = self;
         let repository = &r.repository;
         // A digest is a path in the cache and in the registry's URL: only the one form is taken.
         if !reference::is_sha256_digest(digest) {
@@ -193,31 +232,33 @@ impl At<'_> {
         if let Some(bytes) = cache.get(digest) {
             return Ok(bytes);
         }
-        if offline {
-            return Err(RegistryError::unreachable(format!("blob {digest} is not in this host's cache and the registry cannot be reached")));
+        if let Some(why) = self.gone() {
+            return Err(RegistryError::unreachable(format!("blob {digest} is not in this host's cache and the registry cannot be reached: {why}")));
         }
         let temp = cache.temp_path().map_err(RegistryError::local)?;
-        client.blob_to_file(repository, digest, max, &temp).await?;
+        self.noting(client.blob_to_file(repository, digest, size, &temp).await)?;
         let path = cache.commit(&temp, digest).map_err(RegistryError::local)?;
         std::fs::read(&path).map_err(|e| RegistryError::local(format!("cannot read {}: {e}", path.display())))
     }
 
-    /// The cosign signatures stored for manifest `digest` of the repository.
-    async fn signatures_of(&self, digest: &str, offline: bool) -> Result<Vec<SignatureLayer>, RegistryError> {
-        let Self { cache, r, .. } = *self;
+    /// The cosign signatures stored for manifest `digest` of the repository
+    /// (from the cache once the registry is gone: [`At::resolve`] of their tag).
+    async fn signatures_of(&self, digest: &str) -> Result<Vec<SignatureLayer>, RegistryError> {
+        let r = self.r;
         let tag = signature::signature_tag(digest);
-        let found = if offline {
-            cache.tag(&r.registry, &r.repository, &tag).and_then(|t| cache.get(&t.digest))
-        } else {
-            self.resolve(&tag).await?.map(|found| found.bytes)
+        let found = match self.resolve(&tag).await {
+            Ok(found) => found,
+            // Gone, and no signature manifest cached (the registry had none when it answered): none known.
+            Err(e) if e.failure == Failure::Unreachable => None,
+            Err(e) => return Err(e),
         };
-        let Some(bytes) = found else { return Ok(Vec::new()) };
+        let Some(bytes) = found.map(|found| found.bytes) else { return Ok(Vec::new()) };
         let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: its signature manifest: {e}")))?;
         let mut layers = Vec::new();
         // A registry listing thousands of "signatures" would cost as many requests: the first few are read.
         for layer in manifest.layers.iter().filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE).take(MAX_SIGNATURES) {
             let Some(sig) = layer.annotations.get(SIGNATURE_ANNOTATION) else { continue };
-            let payload = self.blob(&layer.digest, signature::MAX_PAYLOAD_BYTES, offline).await?;
+            let payload = self.blob(&layer.digest, signature::MAX_PAYLOAD_BYTES).await?;
             let annotation = |name: &str| layer.annotations.get(name).cloned();
             let (certificate, bundle) = (annotation(keyless::CERTIFICATE_ANNOTATION), annotation(keyless::BUNDLE_ANNOTATION));
             layers.push(SignatureLayer { payload, signature: sig.clone(), certificate, bundle });

@@ -37,8 +37,8 @@ pub(super) fn referrers_tag(digest: &str) -> String {
 
 impl At<'_> {
     /// The sigstore bundles referring to manifest `digest` (JSON each).
-    pub(super) async fn bundles_of(&self, digest: &str, offline: bool) -> Result<Vec<Vec<u8>>, RegistryError> {
-        let Some(index) = self.referrers_index(digest, offline).await? else { return Ok(Vec::new()) };
+    pub(super) async fn bundles_of(&self, digest: &str) -> Result<Vec<Vec<u8>>, RegistryError> {
+        let Some(index) = self.referrers_index(digest).await? else { return Ok(Vec::new()) };
         let Ok(index) = serde_json::from_slice::<Index>(&index) else { return Ok(Vec::new()) };
         let mut bundles = Vec::new();
         let listed = index.manifests.iter().filter(|e| e.artifact_type.as_deref().is_some_and(|t| t.starts_with(bundle::MEDIA_TYPE_PREFIX)));
@@ -49,26 +49,39 @@ impl At<'_> {
             let Some(found) = self.resolve(&entry.digest).await? else { continue };
             let Ok(m) = Manifest::parse(&found.bytes) else { continue };
             let Some(layer) = m.layers.iter().find(|l| l.media_type.starts_with(bundle::MEDIA_TYPE_PREFIX)) else { continue };
-            bundles.push(self.blob(&layer.digest, MAX_BUNDLE_BYTES, offline).await?);
+            bundles.push(self.blob(&layer.digest, MAX_BUNDLE_BYTES).await?);
         }
         Ok(bundles)
     }
 
     /// The index of `digest`'s referrers: the API's answer (cached under the
-    /// referrers tag), else the referrers tag's; from the cache offline.
-    async fn referrers_index(&self, digest: &str, offline: bool) -> Result<Option<Vec<u8>>, RegistryError> {
-        let Self { client, cache, r } = *self;
+    /// referrers tag), else the referrers tag's. With the registry gone, what
+    /// the cache holds under that tag — nothing when it had none to cache (a
+    /// registry without the API and without referrers, Distribution 2.8's
+    /// usual case): no referrers known, so a warm cache still starts offline.
+    async fn referrers_index(&self, digest: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        let Self { client, cache, r, .. } = self;
         let tag = referrers_tag(digest);
-        if offline {
-            return Ok(cache.tag(&r.registry, &r.repository, &tag).and_then(|t| cache.get(&t.digest)));
+        let cached = || cache.tag(&r.registry, &r.repository, &tag).and_then(|t| cache.get(&t.digest));
+        if self.gone().is_some() {
+            return Ok(cached());
         }
-        if let Some(bytes) = client.referrers(&r.repository, digest).await? {
-            let local = |e: String| RegistryError::local(e);
-            let stored = cache.put(&bytes).map_err(local)?;
-            cache.set_tag(&r.registry, &r.repository, &tag, &stored).map_err(local)?;
-            return Ok(Some(bytes));
+        match self.noting(client.referrers(&r.repository, digest).await) {
+            Ok(Some(bytes)) => {
+                let local = |e: String| RegistryError::local(e);
+                let stored = cache.put(&bytes).map_err(local)?;
+                cache.set_tag(&r.registry, &r.repository, &tag, &stored).map_err(local)?;
+                return Ok(Some(bytes));
+            }
+            Ok(None) => {}
+            Err(e) if e.failure == super::Failure::Unreachable => return Ok(cached()),
+            Err(e) => return Err(e),
         }
-        Ok(self.resolve(&tag).await?.map(|found| found.bytes))
+        match self.resolve(&tag).await {
+            Ok(found) => Ok(found.map(|found| found.bytes)),
+            Err(e) if e.failure == super::Failure::Unreachable => Ok(cached()),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -80,6 +80,7 @@ impl Runtime {
             recovery: None,
             downstreams: config.downstreams.clone(),
             wires: Arc::new(wires),
+            #[cfg(feature = "bench")]
             unguarded: self.unguarded,
             receipts: self.receipts.clone(),
             unavailable: Vec::new(),

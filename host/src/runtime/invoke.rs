@@ -32,7 +32,7 @@ impl Runtime {
         // A read-only call has nothing downstream to protect: it is neither
         // recorded nor replayed (`docs/ledger.md`, "What a call leaves").
         let call_guard = match self.core.guard.get() {
-            Some(_) if read_only || self.unguarded => None,
+            Some(_) if read_only || self.unguarded() => None,
             None => None,
             Some(guard) => {
                 let id = CallIdentity {
@@ -91,7 +91,8 @@ impl Runtime {
         let mode = match call_guard {
             Some(call) => Mode::Guarded(call),
             None if read_only => Mode::ReadOnly(tool.name.clone()),
-            None if self.unguarded => Mode::Unguarded,
+            #[cfg(feature = "bench")]
+            None if self.unguarded() => Mode::Unguarded,
             None => Mode::NoCall,
         };
         let name = tool.plugin_tool.clone();
@@ -138,7 +139,7 @@ impl Runtime {
     /// [`Runtime::report`] for an answer that left the host at `delivered_ms`.
     pub async fn report_at(&self, request: &CallRequest, answer: &Result<CallOutput, CallError>, delivered_ms: u64) {
         let (Some(guard), Some((_, tool))) = (self.core.guard.get(), self.tools.get(&request.tool)) else { return };
-        if tool.effect != super::Effect::Irreversible || self.unguarded {
+        if tool.effect != super::Effect::Irreversible || self.unguarded() {
             return;
         }
         let reported = match answer {

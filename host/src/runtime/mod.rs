@@ -112,7 +112,9 @@ pub struct Runtime {
     downstreams: Downstreams,
     /// Those downstreams with their credentials and clients, for the plugins loaded from now on.
     wires: Arc<crate::guard::Wires>,
-    /// Bench only ([`Runtime::unguarded_for_bench`]): `send` goes straight to HTTP.
+    /// Bench only ([`Runtime::unguarded_for_bench`]): `send` goes straight to
+    /// HTTP. Not even compiled into a build without the `bench` feature.
+    #[cfg(feature = "bench")]
     unguarded: bool,
     /// When `toolguard call`s were received, beside a host's own ledger.
     receipts: Option<crate::receipts::Receipts>,
@@ -169,6 +171,7 @@ impl Runtime {
             recovery: None,
             downstreams: Downstreams::new(),
             wires: crate::guard::Wires::none(),
+            #[cfg(feature = "bench")]
             unguarded: false,
             receipts: None,
             unavailable: Vec::new(),
@@ -210,6 +213,19 @@ impl Runtime {
     pub fn unguarded_for_bench(mut self) -> Self {
         self.unguarded = true;
         self
+    }
+
+    /// Whether this is the bench's unguarded baseline ([`Runtime::unguarded_for_bench`]).
+    #[cfg(feature = "bench")]
+    fn unguarded(&self) -> bool {
+        self.unguarded
+    }
+
+    /// Never, in a build without the `bench` feature: there is no unguarded
+    /// runtime, mode or send in it at all.
+    #[cfg(not(feature = "bench"))]
+    const fn unguarded(&self) -> bool {
+        false
     }
 
     /// Runs one tool call. Arguments are checked before any instance exists;

@@ -74,23 +74,28 @@ pub fn admit(plugin: &PluginConfig, found: Unchecked) -> Result<Component, LoadE
     Ok(Component { bytes, sha256, provenance })
 }
 
-/// Reads components for the plugins of one config.
+/// Reads components for the plugins of one config: one load (a start, a
+/// reload, an audit) makes one.
 #[derive(Debug, Clone)]
 pub struct Sources {
     /// The registry cache; `None` where only embedded and file components load.
     cache: Option<Cache>,
     registries: Registries,
+    /// The registries found unreachable during this load, and why: the
+    /// plugins after the first are served from the cache without waiting on
+    /// them again, so a silent registry costs one load one timeout.
+    gone: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, String>>>,
 }
 
 impl Sources {
     /// The sources of `config`: its registries, its cache under the data directory.
     pub fn of(config: &Config) -> Self {
-        Self { cache: Some(Cache::under(&config.data_dir)), registries: config.registries.clone() }
+        Self { cache: Some(Cache::under(&config.data_dir)), registries: config.registries.clone(), gone: Default::default() }
     }
 
     /// Sources for embedded and file components only (no registry).
     pub fn local() -> Self {
-        Self { cache: None, registries: Registries::new() }
+        Self { cache: None, registries: Registries::new(), gone: Default::default() }
     }
 
     /// The plugin's component, once its pin and (for a registry component)
@@ -127,7 +132,18 @@ impl Sources {
             .ok_or_else(|| pull_error("registry components load from a configuration (`Runtime::from_config`), which names the cache".into()))?;
         let client = client_for(&settings).map_err(pull_error)?;
         let signatures = plugin.policy.asks_signature();
-        registry::fetch(&client, cache, r, signatures, settings.max_component_bytes).await.map_err(|e| match e.failure {
+        let gone = || self.gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let known = gone().get(&r.registry).cloned();
+        let fetched = registry::fetch(&client, cache, r, signatures, (settings.max_component_bytes, known)).await;
+        let unreachable = match &fetched {
+            Ok(f) => f.offline.clone(),
+            Err(e) if e.failure == Failure::Unreachable => Some(e.message.clone()),
+            Err(_) => None,
+        };
+        if let Some(why) = unreachable {
+            gone().entry(r.registry.clone()).or_insert(why);
+        }
+        fetched.map_err(|e| match e.failure {
             Failure::Unreachable => LoadError::Unavailable { plugin: plugin.name.clone(), reason: e.message },
             _ => pull_error(e.message),
         })
@@ -162,7 +178,7 @@ pub fn client_for(settings: &Registry) -> Result<Client, String> {
         RegistryCredentials::DockerConfig(path) => registry::credentials::from_docker_config(path, &settings.host)?,
         RegistryCredentials::Env(user, password) => Some(registry::credentials::from_env(user, password)?),
     };
-    Client::new(&settings.host, tls, credentials)
+    Client::new(&settings.host, tls, credentials, settings.timeout)
 }
 
 /// The publisher whose signature over the pulled manifest the policy

@@ -29,7 +29,9 @@ pub(crate) enum Mode {
     /// A call of a side-effecting tool, under its guard.
     Guarded(CallGuard),
     /// `toolguard bench`'s baseline only: sends go straight to HTTP
-    /// (`Runtime`'s crate-private `unguarded_for_bench`; no config reaches it).
+    /// (`Runtime::unguarded_for_bench`; no config reaches it). Compiled only
+    /// with the `bench` feature: the shipped binary has no such mode.
+    #[cfg(feature = "bench")]
     Unguarded,
 }
 
@@ -75,7 +77,9 @@ impl Outbound {
     async fn send(&mut self, req: guard::Request) -> Result<guard::Response, SendError> {
         match (&mut self.mode, &self.guard) {
             (Mode::Guarded(call), _) => call.send(req).await,
+            #[cfg(feature = "bench")]
             (Mode::Unguarded, Some(_)) => guard::send_unguarded(&self.plugin.wires, &self.plugin.grants, req).await,
+            #[cfg(feature = "bench")]
             (Mode::Unguarded, None) => Err(SendError::Denied("no guard to borrow a client from; nothing was sent".into())),
             (Mode::ReadOnly(tool), _) => Err(SendError::Denied(format!("`{tool}` is a read-only tool: it may fetch but not send; nothing was sent"))),
             (Mode::NoCall, _) => Err(SendError::Denied(format!(
