@@ -657,3 +657,73 @@ fn the_architecture_picture_draws_the_module_graph() {
         .collect();
     assert!(upward.is_empty(), "docs/architecture.md draws these below what they use, or beside it:\n{}", upward.join("\n"));
 }
+
+/// The files `docs/architecture.md`'s "Every file" tables list under the
+/// heading of `crate_src` (`host/src`, `host/ledger/src`).
+fn listed_files(crate_src: &str) -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/architecture.md")).unwrap();
+    let every = doc.split("## Every file").nth(1).expect("docs/architecture.md has an \"Every file\" section");
+    let table = every.split(&format!("### `{crate_src}`")).nth(1).unwrap_or_else(|| panic!("no \"### `{crate_src}`\" table in \"Every file\""));
+    let table = table.split("\n### ").next().unwrap();
+    table.lines().filter_map(|l| l.strip_prefix("| `")).filter_map(|l| l.split_once('`')).map(|(file, _)| file.to_string()).collect()
+}
+
+/// The Rust files under `src`, relative to it.
+fn files_under(src: &Path) -> BTreeSet<String> {
+    rust_files(src).iter().map(|f| f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/")).collect()
+}
+
+#[test]
+fn the_architecture_document_names_every_file_and_no_other() {
+    let host = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (crate_src, dir) in [("host/src", host.join("src")), ("host/ledger/src", host.join("ledger/src"))] {
+        let (listed, actual) = (listed_files(crate_src), files_under(&dir));
+        let unnamed: Vec<&String> = actual.difference(&listed).collect();
+        let gone: Vec<&String> = listed.difference(&actual).collect();
+        assert!(unnamed.is_empty(), "files of {crate_src} docs/architecture.md's \"Every file\" does not list: {unnamed:?}");
+        assert!(gone.is_empty(), "docs/architecture.md lists files {crate_src} no longer has: {gone:?}");
+    }
+}
+
+/// The edges "`a` → `b`" the module picture's prose states between the
+/// guard's steps (a parenthesis may stand between the two).
+fn stated_guard_edges() -> Vec<(String, String)> {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/architecture.md")).unwrap();
+    let modules = doc.split("## The modules").nth(1).unwrap().split("\n## ").next().unwrap();
+    let prose = modules.split("Inside the guard").nth(1).expect("the picture's prose states the guard's steps (\"Inside the guard …\")");
+    let prose = prose.split("\n\n").next().unwrap().replace('\n', " ");
+    // Drop parentheses (their contents are explanations, not steps), then read `x` → `y` pairs.
+    let mut flat = String::new();
+    let mut depth = 0;
+    for c in prose.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            _ if depth == 0 => flat.push(c),
+            _ => {}
+        }
+    }
+    let mut edges = Vec::new();
+    for chain in flat.split([';', ',']) {
+        let names: Vec<&str> = chain.split('→').map(|p| p.trim().trim_matches('`')).collect();
+        for pair in names.windows(2) {
+            if pair.iter().all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c == '_')) {
+                edges.push((pair[0].to_string(), pair[1].to_string()));
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn every_edge_the_architecture_document_states_between_the_guards_steps_exists() {
+    let stated = stated_guard_edges();
+    assert!(stated.len() >= 4, "the guard's chains were not read: {stated:?}");
+    let edges = edges(&host_tree());
+    let missing: Vec<String> = stated
+        .iter()
+        .filter(|(from, to)| !edges.contains_key(&(vec!["guard".to_string()], from.clone(), to.clone())))
+        .map(|(from, to)| format!("{from} → {to}"))
+        .collect();
+    assert!(missing.is_empty(), "docs/architecture.md states guard edges the code does not have: {missing:?}");
+}
