@@ -30,8 +30,8 @@ pub async fn run(runtime: Arc<Runtime>, config: &crate::Config, path: &std::path
     tokio::spawn(live.clone().note_serving_every(SERVING_NOTE_INTERVAL));
     // `toolguard call`s on this data directory hand their calls to this
     // process, and `toolguard reload` asks it to reload, on this socket.
-    let _listener = crate::local::control_socket(config).and_then(|path| {
-        crate::local::Listener::start(path, live.clone())
+    let _listener = crate::handover::control_socket(config).and_then(|path| {
+        crate::handover::Listener::start(path, live.clone())
             .inspect_err(|e| tracing::warn!(error = %e, "cannot take `toolguard call`s or `toolguard reload` from other processes (SIGHUP still reloads)"))
             .ok()
     });

@@ -451,7 +451,7 @@ fn matrix(sandbox: &Sandbox, made: &str, probed: &str) {
     let a = Client::open(made, Some(A)).eliciting();
     // Three different amounts: three actions, none held behind another.
     let task = task_id(&a.refund("mx-task", 1_101, true));
-    asking(&a, &task);
+    let created = asking(&a, &task)["createdAt"].clone();
     let mrtr = call_2026(made, A, "mx-mrtr", json!({}))["result"].clone();
     let (state, key) = (mrtr["requestState"].clone(), mrtr["inputRequests"].as_object().unwrap().keys().next().unwrap().clone());
     let plain = Client::open(made, Some(A)).refund("mx-call", 1_103, false)["structuredContent"].clone();
@@ -465,7 +465,9 @@ fn matrix(sandbox: &Sandbox, made: &str, probed: &str) {
         assert_eq!(task_error(&b, verb, &task), task_error(&b, verb, &made_up), "task × {verb} × other");
         assert_eq!(without_token(probed, json!({ "jsonrpc": "2.0", "id": 1, "method": format!("tasks/{verb}"), "params": { "taskId": task } })), 401);
     }
-    assert_eq!(asking(&a, &task)["status"], "input_required", "task × get × owner, on this host too");
+    let there = asking(&a, &task);
+    assert_eq!(there["status"], "input_required", "task × get × owner, on this host too");
+    assert_eq!(there["createdAt"], created, "createdAt is when the task was created, on every host");
     let owner_key = approval_key(&asking(&a, &task));
     let theirs = b.answer(&task, &owner_key, yes.clone());
     assert_eq!(theirs["error"]["code"], -32602, "task × update × other: {theirs}");

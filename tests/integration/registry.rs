@@ -272,7 +272,7 @@ print("verified", ok)
 /// with toolguard's verifier, and fails once any of its parts changes.
 #[test]
 fn a_signature_cosign_made_verifies() {
-    use toolguard::registry::keys::PublisherKey;
+    use toolguard::registry::publishers::PublisherKey;
     use toolguard::registry::signature::{SignatureLayer, verify};
     let key = PublisherKey::from_pem(
         "cosign.pub",

@@ -92,7 +92,7 @@ fn unsigned_and_wrongly_signed_components_are_refused_naming_what_was_expected()
     write_config(d, &registry, &reference, "signed_by = { key = \"publisher.pub\" }", "[policy]\nrequire_signatures = true\n");
     let fingerprint = |name: &str| {
         let pem = std::fs::read(d.join(name)).unwrap();
-        toolguard::registry::keys::PublisherKey::from_pem(name, &pem).unwrap().fingerprint
+        toolguard::registry::publishers::PublisherKey::from_pem(name, &pem).unwrap().fingerprint
     };
     let refused = |why: &str| {
         let out = toolguard(d, &["tools"]);

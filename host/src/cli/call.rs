@@ -4,7 +4,7 @@
 //!
 //! Several `toolguard call`s may run at once on one data directory: the
 //! first to open the ledger holds it and serves the others' calls over a
-//! local socket while it runs ([`crate::local`]).
+//! local socket while it runs ([`crate::handover`]).
 //!
 //! The record that the caller was told is the last thing the process does:
 //! it then exits at once, without tearing anything down (nothing durable is
@@ -13,7 +13,7 @@
 //! only one, while the ledger says it was told — and its blind repeat would
 //! run instead of being held (`docs/guard.md`, "The hold rule").
 
-use crate::local::{self, HandOff};
+use crate::handover::{self, HandOff};
 use crate::runtime::StartError;
 use crate::{CallError, CallOutput, CallRequest, Config, Runtime};
 use std::io::Read;
@@ -47,15 +47,15 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
     {
         tracing::warn!(error = %e, "could not keep the call's receipt; it runs as if received when admitted");
     }
-    let socket = config.ledger_dir().and_then(local::socket_path);
-    let digest = local::config_digest(&config);
+    let socket = config.ledger_dir().and_then(handover::socket_path);
+    let digest = handover::config_digest(&config);
     let deadline = Instant::now() + super::LEDGER_WAIT;
     loop {
         match Runtime::from_config(&config).await {
             Ok(runtime) => hold_and_call(Arc::new(runtime), socket, config.clone(), &request, receipts.as_ref()).await,
             Err(StartError::LedgerBusy(why)) => {
                 if let Some(path) = &socket {
-                    match local::hand_over(path, &digest, &request).await {
+                    match handover::hand_over(path, &digest, &request).await {
                         Ok(handed) => {
                             let answer = handed.answer.clone();
                             if let Some(receipts) = &receipts {
@@ -92,7 +92,7 @@ async fn hold_and_call(
     request: &CallRequest,
     receipts: Option<&crate::receipts::Receipts>,
 ) -> ! {
-    let listener = socket.and_then(|path| match local::Listener::start(path, crate::reload::Live::pinned(runtime.clone(), config)) {
+    let listener = socket.and_then(|path| match handover::Listener::start(path, crate::reload::Live::pinned(runtime.clone(), config)) {
         Ok(l) => Some(l),
         Err(e) => {
             tracing::warn!(error = %e, "cannot take calls from other toolguard processes on this data directory; they will wait");

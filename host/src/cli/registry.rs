@@ -6,7 +6,7 @@
 //! no longer needs, out of the cache).
 
 use crate::policy::{Registry, RegistryCredentials};
-use crate::registry::keys::SigningKey;
+use crate::registry::publishers::SigningKey;
 use crate::registry::{self, OciRef};
 use std::path::{Path, PathBuf};
 

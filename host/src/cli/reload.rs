@@ -16,10 +16,10 @@ pub(super) async fn run(path: &Path) -> u8 {
             ));
         }
     };
-    let Some(socket) = crate::local::control_socket(&config) else {
+    let Some(socket) = crate::handover::control_socket(&config) else {
         return super::config_error("the data directory's path is too long for a Unix socket; send the serve SIGHUP instead".into());
     };
-    match crate::local::ask_reload(&socket).await {
+    match crate::handover::ask_reload(&socket).await {
         Ok(answer) => {
             super::output::print_json(&answer);
             if answer["reloaded"] == true { 0 } else { super::EXIT_CALL_FAILED }

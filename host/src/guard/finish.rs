@@ -34,7 +34,7 @@ impl Guard {
         let result = call.progress.effects.disclosed(result);
         let outcome = match &result {
             Ok(value) => StoredOutcome::Result(value.clone()),
-            Err(e) if matches!(e.kind, ErrorKind::ToolFailed | ErrorKind::FailedAfterEffect) || super::consent::is_decision(e) => StoredOutcome::from(e),
+            Err(e) if matches!(e.kind, ErrorKind::ToolFailed | ErrorKind::FailedAfterEffect) || super::approval::is_decision(e) => StoredOutcome::from(e),
             Err(_) => {
                 self.end_uncompleted(&mut call).await;
                 return result;

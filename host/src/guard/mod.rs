@@ -24,9 +24,9 @@
 
 mod admit;
 mod answers;
+mod approval;
 mod attempt;
 mod claim;
-mod consent;
 mod direct;
 mod drive;
 mod effects;
@@ -52,8 +52,8 @@ pub mod wire;
 mod wires;
 
 pub use answers::Answered;
+pub use approval::{Ask, is_decision as is_consent_decision};
 pub use attempt::{Reconciled, Reconciler};
-pub use consent::{Ask, is_decision as is_consent_decision};
 pub use direct::fetch;
 #[cfg(feature = "bench")]
 pub(crate) use direct::send_unguarded;

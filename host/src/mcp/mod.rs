@@ -7,8 +7,8 @@
 //! integration tests drive it with.
 
 mod access;
+mod approval;
 pub mod client;
-mod consent;
 mod delivery;
 mod handles;
 pub mod http;

@@ -14,8 +14,8 @@ use super::McpHost;
 use crate::error::ErrorKind;
 use crate::policy::QuestionKind;
 use crate::runtime::CallRequest;
-use crate::runtime::client::MAX_ROUNDS;
-use crate::runtime::client::journal::{Inputs, Pending, Question, Round};
+use crate::runtime::questions::MAX_ROUNDS;
+use crate::runtime::questions::journal::{Inputs, Pending, Question, Round};
 use rmcp::model::{InputRequest, InputRequests, RequestStateCodec, SealOptions, ServerRequest};
 use rmcp::service::PeerRequestOptions;
 use rmcp::service::RequestContext;
@@ -40,10 +40,10 @@ const MAX_WAIT: Duration = Duration::from_secs(600);
 struct State {
     /// The rounds answered so far.
     journal: Vec<Round>,
-    /// The round the client is asked now ([`crate::runtime::client::journal::digest`]).
+    /// The round the client is asked now ([`crate::runtime::questions::journal::digest`]).
     asked: Option<String>,
     /// The key under which a person's approval was asked of this client
-    /// now ([`super::consent::fresh_key`]): the only approval answer taken.
+    /// now ([`super::approval::fresh_key`]): the only approval answer taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     approval: Option<String>,
 }
@@ -141,7 +141,7 @@ impl McpHost {
             })?;
             (inputs.journal, inputs.offered_for, approval) = (state.journal, state.asked, state.approval);
         }
-        let offered = responses.into_iter().flatten().filter(|(key, _)| !key.starts_with(super::consent::APPROVAL_KEY));
+        let offered = responses.into_iter().flatten().filter(|(key, _)| !key.starts_with(super::approval::APPROVAL_KEY));
         inputs.offered = offered.map(|(k, v)| (k.clone(), v.clone())).collect();
         Ok((inputs, approval))
     }
@@ -195,7 +195,7 @@ impl McpHost {
     pub(super) fn input_required(
         &self,
         cx: &RequestContext<RoleServer>,
-        (call, inputs): (&CallRequest, &crate::runtime::client::journal::Inputs),
+        (call, inputs): (&CallRequest, &crate::runtime::questions::journal::Inputs),
         answer: &Result<crate::CallOutput, crate::CallError>,
     ) -> Option<rmcp::model::InputRequiredResult> {
         // Only a 2026-07-28 request can be answered `input_required`.
@@ -205,13 +205,13 @@ impl McpHost {
             let state = self.seal(call, pending.journal, Some(pending.digest));
             return Some(rmcp::model::InputRequiredResult::new(Some(requests), Some(state)));
         }
-        let approval = super::consent::awaited(answer)?;
+        let approval = super::approval::awaited(answer)?;
         if cx.client_capabilities().is_none_or(|c| c.elicitation.is_none()) {
             return None;
         }
         // Asked under a new key each time: the only approval answer the retry may carry.
-        let key = super::consent::fresh_key(approval["request"].as_str()?);
-        let requests = super::consent::approval_requests(approval, &key)?;
+        let key = super::approval::fresh_key(approval["request"].as_str()?);
+        let requests = super::approval::approval_requests(approval, &key)?;
         let state = State { journal: inputs.journal.clone(), asked: inputs.offered_for.clone(), approval: Some(key) };
         Some(rmcp::model::InputRequiredResult::new(Some(requests), Some(self.seal_state(call, &state))))
     }

@@ -6,7 +6,7 @@ use super::tasks::{self, Progress, Watched, wire};
 use crate::ledger::records::CallRecord;
 use crate::policy::Effect;
 use crate::runtime::CallRequest;
-use crate::runtime::client::journal::Inputs;
+use crate::runtime::questions::journal::Inputs;
 use rmcp::model::{CallToolResponse, GetTaskResult, MetaObject};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
@@ -168,7 +168,7 @@ impl McpHost {
             };
         }
         let own: BTreeMap<String, serde_json::Value> =
-            responses.iter().filter(|(k, _)| !k.starts_with(super::consent::APPROVAL_KEY)).map(|(k, v)| (k.clone(), v.clone())).collect();
+            responses.iter().filter(|(k, _)| !k.starts_with(super::approval::APPROVAL_KEY)).map(|(k, v)| (k.clone(), v.clone())).collect();
         // Answers to the tool's own questions.
         let answered = self.tasks.answer(&request.session, &request.call_id, &own);
         answered.map_err(|why| ErrorData::invalid_params(format!("task `{task_id}`: {why}; nothing was taken"), None))

@@ -48,7 +48,7 @@ pub struct PluginPolicy {
     pub sha256: Option<String>,
     /// The publishers whose signature admits its component from a registry
     /// (any one of them); empty: no signature is asked for.
-    pub signed_by: Vec<crate::registry::keys::PublisherKey>,
+    pub signed_by: Vec<crate::registry::publishers::PublisherKey>,
     /// The keyless publishers (OIDC issuer and subject) whose signature
     /// admits it, checked against the policy's `trusted_root`.
     pub signed_by_identity: Vec<crate::registry::keyless::Identity>,

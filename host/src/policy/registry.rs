@@ -6,7 +6,7 @@
 
 use super::TlsPolicy;
 use crate::registry::keyless::Identity;
-use crate::registry::keys::PublisherKey;
+use crate::registry::publishers::PublisherKey;
 use crate::registry::trusted_root::TrustedRoot;
 use serde::Deserialize;
 use std::collections::BTreeMap;

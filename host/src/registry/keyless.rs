@@ -14,7 +14,7 @@
 //! signature verifies with the certificate's key; and the certificate names
 //! an identity the policy lists.
 
-use super::keys::PublisherKey;
+use super::publishers::PublisherKey;
 use super::signature::SignatureLayer;
 use super::trusted_root::TrustedRoot;
 use base64::Engine as _;

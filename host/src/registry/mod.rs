@@ -7,20 +7,20 @@
 
 pub mod bundle;
 pub mod cache;
-mod client;
 pub mod credentials;
+mod distribution;
 pub mod keyless;
-pub mod keys;
 pub mod manifest;
 pub mod prune;
+pub mod publishers;
 pub mod reference;
 mod referrers;
 pub mod signature;
 pub mod trusted_root;
 
 pub use cache::Cache;
-pub use client::{Client, DEFAULT_TIMEOUT, MAX_MANIFEST_BYTES, MIN_BYTES_PER_SECOND};
 pub use credentials::Credentials;
+pub use distribution::{Client, DEFAULT_TIMEOUT, MAX_MANIFEST_BYTES, MIN_BYTES_PER_SECOND};
 pub use reference::OciRef;
 pub use referrers::attach_bundle;
 use std::collections::BTreeMap;
@@ -221,7 +221,7 @@ impl At<'_> {
     }
 
     /// Blob `digest`, at most `size` bytes: from the cache, else downloaded
-    /// into it within its deadline ([`client::deadline`]).
+    /// into it within its deadline ([`distribution::deadline`]).
     async fn blob(&self, digest: &str, size: u64) -> Result<Vec<u8>, RegistryError> {
         let Self { client, cache, r, .. } = self;
         let repository = &r.repository;
@@ -283,7 +283,7 @@ pub async fn push(client: &Client, r: &OciRef, component: &[u8], imports: &[Stri
 ///
 /// # Errors
 /// The registry cannot be reached or refused, or signing failed.
-pub async fn sign(client: &Client, r: &OciRef, digest: &str, key: &keys::SigningKey) -> Result<(), RegistryError> {
+pub async fn sign(client: &Client, r: &OciRef, digest: &str, key: &publishers::SigningKey) -> Result<(), RegistryError> {
     use base64::Engine as _;
     let payload = signature::payload(&r.name(), digest);
     let signature = base64::engine::general_purpose::STANDARD.encode(key.sign(&payload).map_err(RegistryError::local)?);

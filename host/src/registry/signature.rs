@@ -5,7 +5,7 @@
 //! annotation. A registry without the OCI 1.1 referrers API (Distribution
 //! 2.8 among them) holds cosign's signatures this way.
 
-use super::keys::PublisherKey;
+use super::publishers::PublisherKey;
 use base64::Engine as _;
 
 /// The media type of a signature layer.
@@ -119,7 +119,7 @@ pub(super) fn check_payload(payload: &[u8], digest: &str) -> Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::{SignatureLayer, Unverified, payload, signature_tag, verify};
-    use crate::registry::keys::{PublisherKey, SigningKey};
+    use crate::registry::publishers::{PublisherKey, SigningKey};
     use base64::Engine as _;
 
     #[test]

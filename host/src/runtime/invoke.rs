@@ -3,10 +3,10 @@
 //! result checked and recorded.
 
 use super::bindings::Plugin;
-use super::client::Asking;
-use super::client::journal::Inputs;
 use super::outbound::{Mode, wit};
 use super::plugin::ToolInfo;
+use super::questions::Asking;
+use super::questions::journal::Inputs;
 use super::reconcile::PluginReconciler;
 use super::sandbox::Slot;
 use super::{CallOutput, CallRequest, Runtime};
@@ -87,7 +87,7 @@ impl Runtime {
             }
         };
         let mut call_guard = call_guard;
-        let (inputs, recording) = super::client::recorded(call_guard.as_mut(), &plugin.policy.ask_client, inputs).await?;
+        let (inputs, recording) = super::questions::recorded(call_guard.as_mut(), &plugin.policy.ask_client, inputs).await?;
         let mode = match call_guard {
             Some(call) => Mode::Guarded(call),
             None if read_only => Mode::ReadOnly(tool.name.clone()),

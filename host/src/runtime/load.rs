@@ -159,7 +159,7 @@ impl Runtime {
         // One sandbox: describe, and check the reconcile export's type if there is one.
         let (specs, _) = self
             .core
-            .sandboxed(&loaded, (Mode::NoCall, super::client::Asking::default()), Slot::Invoke, move |store, instance| {
+            .sandboxed(&loaded, (Mode::NoCall, super::questions::Asking::default()), Slot::Invoke, move |store, instance| {
                 Box::pin(async move {
                     if let Some(func) = &reconcile {
                         reconcile::typed(store, &instance, func)

@@ -59,7 +59,7 @@ impl Reconciler for PluginReconciler {
             let (func, tool) = (self.func, own.to_string());
             let (found, _) = self
                 .core
-                .sandboxed(&self.plugin, (Mode::NoCall, super::client::Asking::default()), Slot::Reconcile, move |store, instance| {
+                .sandboxed(&self.plugin, (Mode::NoCall, super::questions::Asking::default()), Slot::Reconcile, move |store, instance| {
                     Box::pin(async move {
                         let f = typed(store, &instance, &func)?;
                         Ok(f.call_async(&mut *store, (tool, args, attempt)).await?.0)

@@ -26,7 +26,7 @@ pub(crate) enum Fault {
     /// A limit stopped it (CPU, wall clock, memory, stack, outbound calls).
     Limit(String),
     /// It asked the client a round of questions not answered yet.
-    Asked(Box<super::client::journal::Pending>),
+    Asked(Box<super::questions::journal::Pending>),
     /// The guest trapped.
     Trap(String),
 }
@@ -95,7 +95,7 @@ impl Core {
     pub(crate) async fn sandboxed<R>(
         &self,
         plugin: &LoadedPlugin,
-        (mode, asking): (Mode, super::client::Asking),
+        (mode, asking): (Mode, super::questions::Asking),
         slot: Slot,
         body: impl for<'a> FnOnce(&'a mut Store<HostState>, Instance) -> GuestCall<'a, R>,
     ) -> (Result<R, Fault>, Option<CallGuard>) {
@@ -121,7 +121,7 @@ impl Core {
     }
 
     /// A fresh store for one invocation, its limiter and CPU budget armed.
-    fn new_store(&self, plugin: &LoadedPlugin, mode: Mode, asking: super::client::Asking) -> Store<HostState> {
+    fn new_store(&self, plugin: &LoadedPlugin, mode: Mode, asking: super::questions::Asking) -> Store<HostState> {
         self.sandboxes.fetch_add(1, Ordering::Relaxed);
         let outbound = Outbound::new(plugin.ctx.clone(), self.guard.get().cloned(), mode);
         let state = HostState::new(plugin.ctx.clone(), outbound, asking);

@@ -20,7 +20,7 @@ pub struct HostState {
     /// The plugin's only way out, and the call it serves.
     pub outbound: Outbound,
     /// Its questions to the call's client.
-    pub asking: super::client::Asking,
+    pub asking: super::questions::Asking,
     /// Epoch ticks of guest execution so far.
     pub cpu_ticks: u64,
     /// The limit that stopped the invocation, if one did.
@@ -31,7 +31,7 @@ pub struct HostState {
 
 impl HostState {
     /// A fresh state for one invocation of `plugin`, reaching out through `outbound`.
-    pub(crate) fn new(plugin: Arc<PluginContext>, outbound: Outbound, asking: super::client::Asking) -> Self {
+    pub(crate) fn new(plugin: Arc<PluginContext>, outbound: Outbound, asking: super::questions::Asking) -> Self {
         let stdout = PluginLog::new(plugin.name.clone(), false);
         let stderr = PluginLog::new(plugin.name.clone(), true);
         Self {
@@ -66,8 +66,8 @@ impl OutboundView for HostState {
     }
 }
 
-impl super::client::ClientView for HostState {
-    fn asking(&mut self) -> &mut super::client::Asking {
+impl super::questions::ClientView for HostState {
+    fn asking(&mut self) -> &mut super::questions::Asking {
         &mut self.asking
     }
 }

@@ -1,7 +1,7 @@
 //! The ledger's [`Backend`] on RocksDB: each operation as reads of the
 //! families and one atomic batch, after the checks both backends make.
 
-use super::keys::*;
+use super::layout::*;
 use super::writer::{Job, Now, Ticket};
 use super::*;
 use crate::backend::Pending;

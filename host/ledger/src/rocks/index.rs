@@ -2,7 +2,7 @@
 //! attempts by state, attempts by (call, step), the calls of each episode, and the retire index.
 
 use super::Rocks;
-use super::keys::{CF_BY_STATE, CF_CALL_ATTEMPTS, CF_EPISODE_CALLS, CF_RETIRE, call_key, episode_call_key, retire_key};
+use super::layout::{CF_BY_STATE, CF_CALL_ATTEMPTS, CF_EPISODE_CALLS, CF_RETIRE, call_key, episode_call_key, retire_key};
 use crate::retention::RetireEntry;
 use crate::{AttemptRecord, AttemptState, CallRecord, Prior};
 use rocksdb::WriteBatch;

@@ -20,7 +20,7 @@
 //!   writable handle opens it, before it serves; the `meta` key
 //!   [`INDEXED`], written in the same batch, says it is done.
 
-use super::keys::{CF_EPISODES, CF_LATEST, CF_META, action_prefix, episode_key, prefix_successor};
+use super::layout::{CF_EPISODES, CF_LATEST, CF_META, action_prefix, episode_key, prefix_successor};
 use super::{Rocks, db_error, read_options, write_options};
 use crate::error::{damaged_record, failed};
 use crate::{BackendError, Durability, EpisodeRecord};

@@ -1,7 +1,7 @@
 //! The layout at work: what is read from memory, the block caches, pinned
 //! partitions, compression and compaction.
 
-use super::keys::*;
+use super::layout::*;
 use super::*;
 use crate::Prior;
 use crate::{AttemptState, Backend, Durability, EpisodeRecord, LedgerWrite};

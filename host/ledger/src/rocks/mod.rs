@@ -39,8 +39,8 @@
 
 mod backend;
 mod index;
-mod keys;
 mod latest;
+mod layout;
 #[cfg(test)]
 mod layout_tests;
 mod options;
@@ -56,7 +56,7 @@ use options::*;
 pub use writer::simulate_slow_fsync;
 
 use crate::error::{damaged_record, failed};
-use keys::*;
+use layout::*;
 use writer::Writer;
 
 use super::retention::RetireEntry;

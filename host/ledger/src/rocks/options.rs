@@ -3,7 +3,7 @@
 //! compaction), and the read and write options every access uses
 //! (`docs/ledger.md`, "Layout").
 
-use super::keys::*;
+use super::layout::*;
 use super::*;
 use crate::Durability;
 use rocksdb::{BlockBasedOptions, Cache, Options, ReadOptions, WriteOptions};

@@ -1,8 +1,8 @@
 //! Retention on RocksDB: pruning through the retire index, tombstones,
 //! and the figures of `ledger stats` (see [`crate::retention`]).
 
-use super::keys::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE};
-use super::keys::{call_key, episode_call_key, episode_key, retire_key};
+use super::layout::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE};
+use super::layout::{call_key, episode_call_key, episode_key, retire_key};
 use super::{Rocks, db_error, read_options, write_options};
 use crate::error::{damaged_record, failed};
 use crate::retention::{LedgerStats, Removal, RetireEntry, tombstone};

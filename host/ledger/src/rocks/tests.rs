@@ -2,7 +2,7 @@
 //! index upkeep, schema refusals, damaged keys (the writer's:
 //! `writer_tests.rs`; the layout's: `layout_tests.rs`).
 
-use super::keys::*;
+use super::layout::*;
 use super::*;
 use crate::Prior;
 use crate::retention::Removal;

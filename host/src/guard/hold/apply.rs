@@ -2,7 +2,7 @@
 //! the same write), an idle executor superseded, a follower recorded and
 //! told to wait, settle or take its executor's outcome.
 
-use super::answer::{earlier_outcome, sends_outcome};
+use super::told::{earlier_outcome, sends_outcome};
 use super::{Decision, Executor, Next, new_call};
 use crate::error::{CallError, ErrorKind};
 use crate::guard::claim::CLAIM_POLL;

@@ -11,8 +11,8 @@
 //! writes that matter are conditional (`EpisodeOp`, `Superseding`), so
 //! two hosts can never both act.
 
-mod answer;
 mod apply;
+mod told;
 
 use super::claim::{CLAIM_POLL, Held};
 use super::start::{Origin, Started};

@@ -42,7 +42,7 @@ pub async fn authenticate(gate: Option<Arc<Gate>>, mut req: axum::extract::Reque
             req.extensions_mut().insert(who);
             crate::mcp::sessions::PRINCIPAL.scope(Some(name), next.run(req)).await
         }
-        // An unavailable issuer is logged where its keys' fetch failed (keys.rs), once per attempt, not per request.
+        // An unavailable issuer is logged where its keys' fetch failed (jwks.rs), once per attempt, not per request.
         Err(refusal) => refuse(&refusal, &gate),
     }
 }

@@ -8,13 +8,13 @@
 
 mod crypto;
 pub mod gate;
-mod keys;
+mod jwks;
 pub mod metadata;
 pub mod scopes;
 
 use crate::config::OAuthConfig;
 use jsonwebtoken::Validation;
-use keys::{IssuerKeys, Lookup};
+use jwks::{IssuerKeys, Lookup};
 use serde::Deserialize;
 use std::collections::BTreeSet;
 

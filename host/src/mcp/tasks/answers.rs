@@ -5,7 +5,7 @@
 //! answered yet (`input_required`).
 
 use crate::policy::QuestionKind;
-use crate::runtime::client::journal::{Inputs, Pending, Round, answers_kind};
+use crate::runtime::questions::journal::{Inputs, Pending, Round, answers_kind};
 use serde_json::Value;
 use std::collections::BTreeMap;
 

@@ -41,7 +41,7 @@ impl Driving {
             let now = crate::ledger::records::now_ms();
             let working = unsettled(&answer);
             let settled = working.is_none();
-            let approval = crate::mcp::consent::awaited(&answer).cloned();
+            let approval = crate::mcp::approval::awaited(&answer).cloned();
             let asked = {
                 let mut answers = lock(&self.answers);
                 answers.stopped_at(crate::mcp::questions::asked(&answer));
@@ -82,7 +82,7 @@ impl Driving {
 
 /// A new key for the approval request `approval` (`detail.approval`), if any.
 pub(super) fn approval_key(approval: Option<&serde_json::Value>) -> Option<String> {
-    approval.and_then(|a| a["request"].as_str()).map(crate::mcp::consent::fresh_key)
+    approval.and_then(|a| a["request"].as_str()).map(crate::mcp::approval::fresh_key)
 }
 
 /// Why `answer` does not settle its call, in words for the model; `None`

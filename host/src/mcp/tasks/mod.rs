@@ -21,7 +21,7 @@ pub(crate) mod wire;
 
 use crate::error::CallError;
 use crate::guard::Gate;
-use crate::runtime::client::journal::Inputs;
+use crate::runtime::questions::journal::Inputs;
 use crate::runtime::{CallOutput, CallRequest};
 use driver::{Driving, approval_key};
 use std::collections::BTreeMap;
@@ -65,12 +65,12 @@ pub(crate) struct Snapshot {
     /// While its call awaits a person's approval: the request
     /// (`detail.approval` of the `awaiting-approval` answer).
     pub(crate) approval: Option<serde_json::Value>,
-    /// The key the approval is asked under now ([`crate::mcp::consent::fresh_key`]):
+    /// The key the approval is asked under now ([`crate::mcp::approval::fresh_key`]):
     /// a new one whenever the question is put again.
     pub(crate) approval_key: Option<String>,
     /// While its tool's questions wait for the client: the round, with the
     /// questions not answered yet.
-    pub(crate) asked: Option<crate::runtime::client::journal::Pending>,
+    pub(crate) asked: Option<crate::runtime::questions::journal::Pending>,
 }
 
 impl Snapshot {
@@ -236,12 +236,12 @@ impl Tasks {
         Ok(())
     }
 
-    /// Notes when the call of a task this host drives was first recorded
-    /// (its `createdAt`).
+    /// Notes when the call of a task this host drives was first recorded:
+    /// its `createdAt` from now on, the same every host and every restart reads.
     pub(crate) fn recorded_at(&self, session: &str, call_id: &str, created_ms: u64) {
         let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(entry) = entries.get(&(session.to_string(), call_id.to_string())) {
-            entry.state.send_modify(|s| s.created_ms = s.created_ms.min(created_ms));
+            entry.state.send_modify(|s| s.created_ms = created_ms);
         }
     }
 

@@ -53,7 +53,7 @@ pub(crate) fn detailed(task_id: &str, snapshot: &Snapshot, result: Option<CallTo
         return DetailedTask::new(task(task_id, snapshot, payload.status(), timing), payload);
     }
     if let (Some(approval), Some(key), true, None) = (&snapshot.approval, &snapshot.approval_key, elicit, snapshot.settled())
-        && let Some(input_requests) = crate::mcp::consent::approval_requests(approval, key)
+        && let Some(input_requests) = crate::mcp::approval::approval_requests(approval, key)
     {
         let payload = TaskPayload::InputRequired { input_requests };
         return DetailedTask::new(task(task_id, snapshot, payload.status(), timing), payload);

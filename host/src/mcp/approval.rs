@@ -1,5 +1,5 @@
 //! The person at the client decides: a call awaiting a person's approval
-//! (`guard/consent.rs`) is put to the client as an elicitation — inside its
+//! (`guard/approval.rs`) is put to the client as an elicitation — inside its
 //! task (`input_required`, answered by `tasks/update`); for a 2026-07-28
 //! client that can elicit, as an `input_required` answer to the
 //! `tools/call` itself, which the client retries with its `inputResponses`
@@ -148,7 +148,7 @@ impl McpHost {
         &self,
         cx: &RequestContext<RoleServer>,
         (call, runtime): (&CallRequest, &crate::Runtime),
-        inputs: &Arc<crate::runtime::client::journal::Inputs>,
+        inputs: &Arc<crate::runtime::questions::journal::Inputs>,
         answer: Result<crate::CallOutput, crate::CallError>,
     ) -> Result<crate::CallOutput, crate::CallError> {
         let approval = awaited(&answer).cloned();
