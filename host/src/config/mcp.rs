@@ -145,17 +145,29 @@ pub fn valid_principal(name: &str) -> bool {
 }
 
 /// Whether `origin` is a well-formed `[mcp] allowed_origins` entry: `null`,
-/// or `http://` / `https://` then a host and at most a port (a number or
-/// `*`), with no path.
+/// or an origin [`split_origin`] reads.
 pub fn valid_origin(origin: &str) -> bool {
-    if origin == "null" {
-        return true;
-    }
-    let Some(rest) = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://")) else { return false };
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() && !p.contains(']') => (h, Some(p)),
-        _ => (rest, None),
+    origin == "null" || split_origin(origin).is_some()
+}
+
+/// An origin `http[s]://host[:port]` as (scheme, host, port) — the port the
+/// one written (digits, or `*` for any), else the scheme's default (RFC
+/// 6454); `None` for anything else (another scheme, a path, userinfo, a
+/// query). The one reading of an origin, for the config's check and the
+/// server's (`mcp/origin.rs`); case is the caller's to fold.
+pub fn split_origin(origin: &str) -> Option<(&str, &str, &str)> {
+    let (scheme, authority) = origin.split_once("://")?;
+    let default = match scheme {
+        "https" => "443",
+        "http" => "80",
+        _ => return None,
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        // `[::1]:8080`, `host:8080`, `host:*`; a bare IPv6 literal has its colons inside brackets.
+        Some((host, port)) if !port.contains(']') => (host, port),
+        _ => (authority, default),
     };
     let host_ok = !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'));
-    host_ok && port.is_none_or(|p| p == "*" || (!p.is_empty() && p.len() <= 5 && p.chars().all(|c| c.is_ascii_digit())))
+    let port_ok = port == "*" || (!port.is_empty() && port.len() <= 5 && port.chars().all(|c| c.is_ascii_digit()));
+    (host_ok && port_ok).then_some((scheme, host, port))
 }

@@ -18,7 +18,7 @@ pub use engine::{DEFAULT_COMPONENT_FOOTPRINT, DEFAULT_MEMORY_CEILING_MB, DEFAULT
 pub use ledger::Retention;
 use ledger::{RETENTION_MARGIN_HOURS, ledger_cache, ledger_location, ledger_pool};
 pub use limits::{LimitOverrides, Limits};
-pub use mcp::{McpConfig, McpToken, MissingCallId, valid_principal};
+pub use mcp::{McpConfig, McpToken, MissingCallId, split_origin, valid_principal};
 pub use oauth::{ACCEPTABLE_ALGORITHMS, IssuerConfig, OAuthConfig, ScopeRules};
 use raw::{RawConfig, parse_toml};
 

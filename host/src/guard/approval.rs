@@ -12,7 +12,7 @@
 use super::CallGuard;
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{Approval, ApprovalStatus, now_ms};
-use crate::ledger::{Charge, Durability, LedgerWrite};
+use crate::ledger::{Durability, LedgerWrite};
 use serde_json::json;
 
 /// What the guard needs to ask a person about one call.
@@ -39,9 +39,8 @@ impl CallGuard {
     /// task), `busy` (the principal's approval requests of the hour are
     /// spent: nobody asked, nothing sent), `denied` (definitive: the guard completes the call with it),
     /// or `transport`/`internal` when the request could not be recorded.
-    pub async fn consent(&mut self, ask: Ask) -> Result<(), CallError> {
+    pub async fn consent(&mut self, mut ask: Ask) -> Result<(), CallError> {
         let now = now_ms();
-        let mut ask = ask;
         match self.record.approval.clone() {
             Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest && now < a.usable_until() => return Ok(()),
             // Approved and used: a send of it is recorded, so its run goes on (re-run after a
@@ -77,21 +76,11 @@ impl CallGuard {
             note: None,
         };
         let before = self.record.approval.replace(approval.clone());
-        let mut write = LedgerWrite::new().call(self.record.clone());
         // A principal's calls may open only so many approval requests an hour
         // (a repeat of this call spends nothing more): counted in this write.
-        let quota = ask.principal.as_ref().zip(self.guard.approval_quota()).map(|(principal, max)| {
-            let scope = json!(["approval-requests", principal]).to_string();
-            let what = format!("principal `{principal}`'s approval requests ([mcp] max_approval_requests_per_principal_hour = {max})");
-            Charge { scope, max, since_ms: now.saturating_sub(super::BUDGET_WINDOW_MS), at_ms: now, call_id: self.record.call_id.clone(), what }
-        });
-        let _spending = match &quota {
-            Some(charge) => Some(self.guard.budgets.get(charge.scope.clone()).lock_owned().await),
-            None => None,
-        };
-        if let Some(charge) = quota {
-            write = write.charge(charge);
-        }
+        let quota: Vec<super::Budget> = ask.principal.as_deref().and_then(|p| self.guard.approval_budget(p)).into_iter().collect();
+        let asked = LedgerWrite::new().call(self.record.clone());
+        let (write, _spending) = self.guard.charging(asked, &quota, &self.record.call_id, now).await;
         match self.guard.ledger.commit_async(write, Durability::Synced).await {
             Ok(()) => {}
             Err(e) if e.is_refused() => {

@@ -187,9 +187,43 @@ impl Guard {
         self.approval_quota.store(max, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The cap on one principal's approval requests per hour, if any.
-    fn approval_quota(&self) -> Option<u32> {
-        Some(self.approval_quota.load(std::sync::atomic::Ordering::Relaxed)).filter(|m| *m > 0)
+    /// The budget of approval requests of `principal`'s calls, if capped.
+    fn approval_budget(&self, principal: &str) -> Option<Budget> {
+        let max = Some(self.approval_quota.load(std::sync::atomic::Ordering::Relaxed)).filter(|m| *m > 0)?;
+        Some(Budget {
+            scope: serde_json::json!(["approval-requests", principal]).to_string(),
+            max,
+            what: format!("principal `{principal}`'s approval requests ([mcp] max_approval_requests_per_principal_hour = {max})"),
+        })
+    }
+
+    /// `write`, spending one use of each of `budgets` for call `call_id` at
+    /// `at_ms` (refused whole if one is spent), and the budgets' locks,
+    /// taken in name order: held until the write is committed, they make
+    /// counting and recording a use one step, so concurrent calls never
+    /// both spend a last use.
+    async fn charging(
+        &self,
+        mut write: crate::ledger::LedgerWrite,
+        budgets: &[Budget],
+        call_id: &str,
+        at_ms: u64,
+    ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
+        let mut scopes: Vec<&Budget> = budgets.iter().collect();
+        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        let mut held = Vec::new();
+        for budget in scopes {
+            held.push(self.budgets.get(budget.scope.clone()).lock_owned().await);
+            write = write.charge(crate::ledger::Charge {
+                scope: budget.scope.clone(),
+                max: budget.max,
+                since_ms: at_ms.saturating_sub(BUDGET_WINDOW_MS),
+                at_ms,
+                call_id: call_id.to_string(),
+                what: budget.what.clone(),
+            });
+        }
+        (write, held)
     }
 
     /// This host's name in claims on a shared ledger (and in what it notes it serves).

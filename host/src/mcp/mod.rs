@@ -63,8 +63,7 @@ impl McpHost {
         let views = view::Views::new(live.runtime());
         live.follow(Arc::new(view::Following(views.clone())));
         let in_flight = principals::CallsInFlight::new(config.max_calls_per_principal);
-        let ms = std::time::Duration::from_millis;
-        let tasks = Arc::new(tasks::Tasks::new(views.clone(), (ms(config.task_poll_ms), ms(config.task_ttl_ms)), config.max_tasks_per_principal));
+        let tasks = Arc::new(tasks::Tasks::new(views.clone(), &config));
         if let Some(guard) = live.runtime().guard() {
             guard.limit_approval_requests(config.max_approval_requests_per_principal_hour);
         }

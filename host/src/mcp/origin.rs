@@ -8,23 +8,11 @@
 //! A page on another origin — another port of localhost included, or a
 //! DNS-rebinding site whose `Host` the host check then refuses — is.
 
+use crate::config::split_origin;
+
 /// The origins allowed besides the server's own, as configured.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Origins(Vec<String>);
-
-/// The scheme's port when an origin names none (RFC 6454).
-fn default_port(scheme: &str) -> &'static str {
-    if scheme == "https" { "443" } else { "80" }
-}
-
-/// `authority` split into host and port (the scheme's default when absent).
-fn host_and_port<'a>(scheme: &str, authority: &'a str) -> (&'a str, &'a str) {
-    match authority.rsplit_once(':') {
-        // `[::1]:8080`, `host:8080`, `host:*`; a bare IPv6 literal has its colons inside brackets.
-        Some((host, port)) if !port.contains(']') => (host, port),
-        _ => (authority, default_port(scheme)),
-    }
-}
 
 impl Origins {
     /// The origins of `[mcp] allowed_origins` (checked when the config was read).
@@ -38,19 +26,16 @@ impl Origins {
         if origin == "null" {
             return self.0.iter().any(|a| a == "null");
         }
-        let Some((scheme, authority)) = origin.split_once("://") else { return false };
-        if !matches!(scheme, "http" | "https") || authority.is_empty() || authority.contains(['/', '@', '?', '#']) {
-            return false;
-        }
+        let Some((scheme, o_host, o_port)) = split_origin(&origin) else { return false };
         // The server's own origin: what a page it served would send.
+        let authority = origin.split_once("://").map_or("", |(_, a)| a);
         if host.is_some_and(|h| h.eq_ignore_ascii_case(authority)) {
             return true;
         }
-        let (o_host, o_port) = host_and_port(scheme, authority);
-        self.0.iter().filter_map(|a| a.split_once("://")).any(|(a_scheme, a_authority)| {
-            let (a_host, a_port) = host_and_port(a_scheme, a_authority);
-            a_scheme == scheme && a_host == o_host && (a_port == "*" || a_port == o_port)
-        })
+        self.0
+            .iter()
+            .filter_map(|a| split_origin(a))
+            .any(|(a_scheme, a_host, a_port)| a_scheme == scheme && a_host == o_host && (a_port == "*" || a_port == o_port))
     }
 }
 

@@ -41,11 +41,11 @@ pub struct CappedSessions {
     inner: LocalSessionManager,
     max: usize,
     per_principal: usize,
-    /// The sessions this manager made and whose they are, oldest first
-    /// (some since closed or expired). Locked from the count to the insert,
-    /// so concurrent `initialize`s cannot overshoot.
-    made: tokio::sync::Mutex<VecDeque<(SessionId, Option<String>)>>,
-    /// Whose each open session is (`None`: opened without a principal).
+    /// The sessions this manager made, oldest first (some since closed or
+    /// expired). Locked from the count to the insert, so concurrent
+    /// `initialize`s cannot overshoot.
+    made: tokio::sync::Mutex<VecDeque<SessionId>>,
+    /// Whose each session in `made` is (`None`: opened without a principal).
     owners: RwLock<HashMap<SessionId, Option<String>>>,
 }
 
@@ -74,27 +74,31 @@ impl CappedSessions {
         LocalSessionManagerError::SessionNotFound(id.clone())
     }
 
-    /// Forgets the owners of sessions no longer open.
-    async fn forget_closed(&self) {
+    /// Forgets the sessions of `made` no longer open, and their owners.
+    async fn forget_closed(&self, made: &mut VecDeque<SessionId>) {
         let open = self.inner.sessions.read().await;
+        made.retain(|id| open.contains_key(id));
         self.owners.write().unwrap_or_else(PoisonError::into_inner).retain(|id, _| open.contains_key(id));
     }
 
     /// Makes room for one more of the open sessions in `made` whose owner
     /// `counts`: closes the oldest of them until fewer than `cap` are left
     /// (`why` names the setting), and forgets them.
-    async fn make_room(&self, made: &mut VecDeque<(SessionId, Option<String>)>, cap: usize, counts: impl Fn(&Option<String>) -> bool, why: &'static str) {
+    async fn make_room(&self, made: &mut VecDeque<SessionId>, cap: usize, counts: impl Fn(&Option<String>) -> bool, why: &'static str) {
         let open = self.inner.sessions.read().await;
-        let counted = || made.iter().filter(|(id, whose)| counts(whose) && open.contains_key(id)).map(|(id, _)| id);
-        let over = (counted().count() + 1).saturating_sub(cap);
-        let excess: Vec<SessionId> = counted().take(over).cloned().collect();
+        let excess: Vec<SessionId> = {
+            let owners = self.owners.read().unwrap_or_else(PoisonError::into_inner);
+            let counted = || made.iter().filter(|id| owners.get(*id).is_some_and(&counts) && open.contains_key(*id));
+            let over = (counted().count() + 1).saturating_sub(cap);
+            counted().take(over).cloned().collect()
+        };
         drop(open);
         for id in &excess {
             // Closed now, or expired meanwhile (it leaves the map first, whatever its worker says).
             let _ = self.inner.close_session(id).await;
             tracing::debug!(session = %id, cap, why, "closed an MCP session to open a new one");
         }
-        made.retain(|(id, _)| !excess.contains(id));
+        made.retain(|id| !excess.contains(id));
         let mut owners = self.owners.write().unwrap_or_else(PoisonError::into_inner);
         for id in &excess {
             owners.remove(id);
@@ -114,14 +118,11 @@ impl SessionManager for CappedSessions {
         }
         self.make_room(&mut made, self.max, |_| true, "[mcp] max_sessions").await;
         if made.len() >= 2 * self.max {
-            let open = self.inner.sessions.read().await;
-            made.retain(|(id, _)| open.contains_key(id));
-            drop(open);
-            self.forget_closed().await;
+            self.forget_closed(&mut made).await;
         }
         let (id, transport) = self.inner.create_session().await?;
-        self.owners.write().unwrap_or_else(PoisonError::into_inner).insert(id.clone(), owner.clone());
-        made.push_back((id.clone(), owner));
+        self.owners.write().unwrap_or_else(PoisonError::into_inner).insert(id.clone(), owner);
+        made.push_back(id.clone());
         Ok((id, transport))
     }
 

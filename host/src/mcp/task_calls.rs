@@ -91,8 +91,7 @@ impl McpHost {
             }
             tokio::time::sleep(RECORD_POLL).await;
         }
-        let task_id =
-            tasks::id::TaskIds::new(self.handles.task_key(|| self.runtime())).encode(&request.session, &request.call_id, request.principal.as_deref());
+        let task_id = self.task_ids().encode(&request.session, &request.call_id, request.principal.as_deref());
         let snapshot = state.borrow().clone();
         Ok(wire::created(&task_id, &snapshot, self.timing()).into())
     }
@@ -179,7 +178,7 @@ impl McpHost {
     async fn find(&self, task_id: &str, cx: &RequestContext<RoleServer>) -> Result<Watched, ErrorData> {
         let principal = self.principal(cx);
         let unknown = || ErrorData::invalid_params(format!("no task `{task_id}` of yours (a task id names one of your own tool calls)"), None);
-        let (session, call_id) = tasks::id::TaskIds::new(self.handles.task_key(|| self.runtime())).decode(task_id, principal.as_deref()).ok_or_else(unknown)?;
+        let (session, call_id) = self.task_ids().decode(task_id, principal.as_deref()).ok_or_else(unknown)?;
         if let Some(watched) = self.tasks.watch(&session, &call_id) {
             return Ok(watched);
         }
@@ -202,6 +201,11 @@ impl McpHost {
         let (s, c) = (session.to_string(), call_id.to_string());
         let read = guard.ledger().read(move |ledger| ledger.call(&s, &c)).await;
         read.map_err(|e| ErrorData::internal_error(format!("the ledger could not be read ({e}); ask again"), None))
+    }
+
+    /// The sealer of this host's task ids (`tasks::id`), under the fleet's key.
+    fn task_ids(&self) -> tasks::id::TaskIds<'_> {
+        tasks::id::TaskIds::new(self.handles.task_key(|| self.runtime()))
     }
 
     /// How clients should poll tasks, and how long they are kept.

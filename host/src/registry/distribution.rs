@@ -45,6 +45,17 @@ pub struct Client {
     token: Mutex<Option<(String, String)>>,
     /// How long one exchange may take in all ([`DEFAULT_TIMEOUT`]).
     timeout: std::time::Duration,
+    /// Why the registry is not asked any more, once an exchange found it
+    /// unreachable: a client serves one load, whose later lookups the cache
+    /// answers (`super::fetch`).
+    gone: std::sync::Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for Client {
+    /// The registry it reaches (never its credentials or token).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("base", &self.base.as_str()).field("gone", &self.gone()).finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -81,7 +92,22 @@ impl Client {
             None => builder,
         };
         let http = builder.build().map_err(|e| format!("cannot build the HTTP client of registry `{registry}`: {e}"))?;
-        Ok(Self { base, http, credentials, token: Mutex::new(None), timeout })
+        Ok(Self { base, http, credentials, token: Mutex::new(None), timeout, gone: std::sync::Mutex::default() })
+    }
+
+    /// Why the registry is not asked any more, if an exchange found it unreachable.
+    pub fn gone(&self) -> Option<String> {
+        self.gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// `result` of an exchange; an unreachable registry is noted ([`Client::gone`]).
+    pub(super) fn noting<T>(&self, result: Result<T, RegistryError>) -> Result<T, RegistryError> {
+        if let Err(e) = &result
+            && e.failure == super::Failure::Unreachable
+        {
+            self.gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert_with(|| e.message.clone());
+        }
+        result
     }
 
     fn url(&self, path: &str) -> Result<Url, RegistryError> {
@@ -97,7 +123,7 @@ impl Client {
     /// Unreachable, refused, over [`MAX_MANIFEST_BYTES`], or a digest mismatch.
     pub async fn manifest(&self, repository: &str, reference: &str) -> Result<Option<(Vec<u8>, String)>, RegistryError> {
         let url = self.url(&format!("v2/{repository}/manifests/{reference}"))?;
-        let response = self.send(repository, (false, self.timeout), |c| c.get(url.clone()).header("accept", ACCEPT)).await?;
+        let response = self.send(repository, false, self.timeout, |c| c.get(url.clone()).header("accept", ACCEPT)).await?;
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -129,7 +155,7 @@ impl Client {
     /// Unreachable, or over [`MAX_MANIFEST_BYTES`].
     pub async fn referrers(&self, repository: &str, digest: &str) -> Result<Option<Vec<u8>>, RegistryError> {
         let url = self.url(&format!("v2/{repository}/referrers/{digest}"))?;
-        let response = self.send(repository, (false, self.timeout), |c| c.get(url.clone()).header("accept", "application/vnd.oci.image.index.v1+json")).await?;
+        let response = self.send(repository, false, self.timeout, |c| c.get(url.clone()).header("accept", "application/vnd.oci.image.index.v1+json")).await?;
         if !response.status().is_success() {
             return Ok(None);
         }
@@ -159,7 +185,7 @@ impl Client {
     async fn blob_to_file_inner(&self, repository: &str, digest: &str, max: u64, dest: &Path) -> Result<(), RegistryError> {
         let url = self.url(&format!("v2/{repository}/blobs/{digest}"))?;
         let within = deadline(self.timeout, max);
-        let response = success(self.send(repository, (false, within), |c| c.get(url.clone())).await?, &format!("blob {digest}")).await?;
+        let response = success(self.send(repository, false, within, |c| c.get(url.clone())).await?, &format!("blob {digest}")).await?;
         let mut file = std::fs::File::create(dest).map_err(|e| RegistryError::local(format!("cannot write {}: {e}", dest.display())))?;
         let mut hasher = Sha256::new();
         read_bounded(response, max, &format!("blob {digest}"), |chunk| {
@@ -182,12 +208,11 @@ impl Client {
     pub async fn push_blob(&self, repository: &str, media_type: &str, bytes: &[u8]) -> Result<Descriptor, RegistryError> {
         let descriptor = super::manifest::describe(media_type, bytes);
         let head = self.url(&format!("v2/{repository}/blobs/{}", descriptor.digest))?;
-        if self.send(repository, (true, self.timeout), |c| c.head(head.clone())).await?.status().is_success() {
+        if self.send(repository, true, self.timeout, |c| c.head(head.clone())).await?.status().is_success() {
             return Ok(descriptor);
         }
         let start = self.url(&format!("v2/{repository}/blobs/uploads/"))?;
-        let started =
-            success(self.send(repository, (true, self.timeout), |c| c.post(start.clone()).header("content-length", "0")).await?, "blob upload").await?;
+        let started = success(self.send(repository, true, self.timeout, |c| c.post(start.clone()).header("content-length", "0")).await?, "blob upload").await?;
         let location = started
             .headers()
             .get("location")
@@ -197,7 +222,7 @@ impl Client {
         upload.query_pairs_mut().append_pair("digest", &descriptor.digest);
         let body = bytes.to_vec();
         let put = |c: &reqwest::Client| c.put(upload.clone()).header("content-type", "application/octet-stream").body(body.clone());
-        success(self.send(repository, (true, deadline(self.timeout, bytes.len() as u64)), put).await?, "blob upload").await?;
+        success(self.send(repository, true, deadline(self.timeout, bytes.len() as u64), put).await?, "blob upload").await?;
         Ok(descriptor)
     }
 
@@ -209,7 +234,7 @@ impl Client {
         let url = self.url(&format!("v2/{repository}/manifests/{reference}"))?;
         let body = bytes.to_vec();
         let put = |c: &reqwest::Client| c.put(url.clone()).header("content-type", media_type).body(body.clone());
-        success(self.send(repository, (true, self.timeout), put).await?, &format!("manifest {repository}:{reference}")).await?;
+        success(self.send(repository, true, self.timeout, put).await?, &format!("manifest {repository}:{reference}")).await?;
         Ok(digest_of(bytes))
     }
 
@@ -219,7 +244,8 @@ impl Client {
     async fn send(
         &self,
         repository: &str,
-        (push, within): (bool, std::time::Duration),
+        push: bool,
+        within: std::time::Duration,
         request: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, RegistryError> {
         let scope = format!("repository:{repository}:{}", if push { "pull,push" } else { "pull" });

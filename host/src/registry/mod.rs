@@ -108,23 +108,17 @@ pub struct Fetched {
 /// Fetches the component `r` names, from `cache` where it can and from the
 /// registry otherwise; a tag is resolved at the registry when it answers and
 /// from the cache when it cannot be reached. With `signatures`, also the
-/// manifest's cosign signatures and sigstore bundles. Once the registry is
-/// found unreachable — or `gone` says it already was, earlier in the same
-/// load — every later step of the fetch is answered from the cache, so a
-/// silent registry costs it one [`DEFAULT_TIMEOUT`] (its `timeout_seconds`)
-/// at most, not one per lookup.
+/// manifest's cosign signatures and sigstore bundles. Once `client` has
+/// found the registry unreachable — in this fetch, or an earlier one of the
+/// same load ([`Client::gone`]) — every later step is answered from the
+/// cache, so a silent registry costs a load one [`DEFAULT_TIMEOUT`] (its
+/// `timeout_seconds`) at most, not one per lookup.
 ///
 /// # Errors
 /// The registry cannot be reached and the cache cannot stand in; or it
 /// refused, or served something wrong (see [`Failure`]).
-pub async fn fetch(
-    client: &Client,
-    cache: &Cache,
-    r: &OciRef,
-    signatures: bool,
-    (max_component, gone): (u64, Option<String>),
-) -> Result<Fetched, RegistryError> {
-    let at = At { client, cache, r, gone: std::sync::Mutex::new(gone) };
+pub async fn fetch(client: &Client, cache: &Cache, r: &OciRef, signatures: bool, max_component: u64) -> Result<Fetched, RegistryError> {
+    let at = At { client, cache, r };
     let Resolved { bytes, digest, moved_from, .. } =
         at.resolve(r.manifest_reference()).await?.ok_or_else(|| RegistryError::refused(format!("{r}: the registry has no such manifest")))?;
     let manifest = Manifest::parse(&bytes).map_err(|e| RegistryError::invalid(format!("{r}: {e}")))?;
@@ -139,7 +133,7 @@ pub async fn fetch(
         false => (Vec::new(), Vec::new()),
     };
     let pulled_ms = cache.stored_ms(&digest).unwrap_or_else(crate::ledger::records::now_ms);
-    let offline = at.gone();
+    let offline = client.gone();
     Ok(Fetched { reference: r.clone(), manifest_digest: digest, component, signatures, bundles, pulled_ms, offline, moved_from })
 }
 
@@ -156,25 +150,18 @@ struct At<'a> {
     client: &'a Client,
     cache: &'a Cache,
     r: &'a OciRef,
-    /// Why the registry is not asked any more, once it was found unreachable.
-    gone: std::sync::Mutex<Option<String>>,
 }
 
 impl At<'_> {
-    /// Why the registry is not asked any more, if it is not.
+    /// Why the registry is not asked any more, if it is not ([`Client::gone`]).
     fn gone(&self) -> Option<String> {
-        self.gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.client.gone()
     }
 
     /// `result` of a registry exchange; an unreachable registry is noted, so
-    /// that the rest of the fetch is answered from the cache.
+    /// that the rest of the load is answered from the cache.
     fn noting<T>(&self, result: Result<T, RegistryError>) -> Result<T, RegistryError> {
-        if let Err(e) = &result
-            && e.failure == Failure::Unreachable
-        {
-            self.gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert_with(|| e.message.clone());
-        }
-        result
+        self.client.noting(result)
     }
 
     /// The manifest `reference` names, or `None` if the registry has none.

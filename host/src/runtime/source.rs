@@ -81,21 +81,22 @@ pub struct Sources {
     /// The registry cache; `None` where only embedded and file components load.
     cache: Option<Cache>,
     registries: Registries,
-    /// The registries found unreachable during this load, and why: the
-    /// plugins after the first are served from the cache without waiting on
-    /// them again, so a silent registry costs one load one timeout.
-    gone: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, String>>>,
+    /// One client per registry for this load: its connections and tokens
+    /// are shared, and once it finds its registry unreachable the plugins
+    /// after the first are served from the cache without waiting on it again
+    /// ([`Client::gone`]), so a silent registry costs one load one timeout.
+    clients: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Arc<Client>>>>,
 }
 
 impl Sources {
     /// The sources of `config`: its registries, its cache under the data directory.
     pub fn of(config: &Config) -> Self {
-        Self { cache: Some(Cache::under(&config.data_dir)), registries: config.registries.clone(), gone: Default::default() }
+        Self { cache: Some(Cache::under(&config.data_dir)), registries: config.registries.clone(), clients: Default::default() }
     }
 
     /// Sources for embedded and file components only (no registry).
     pub fn local() -> Self {
-        Self { cache: None, registries: Registries::new(), gone: Default::default() }
+        Self { cache: None, registries: Registries::new(), clients: Default::default() }
     }
 
     /// The plugin's component, once its pin and (for a registry component)
@@ -130,23 +131,25 @@ impl Sources {
             .cache
             .as_ref()
             .ok_or_else(|| pull_error("registry components load from a configuration (`Runtime::from_config`), which names the cache".into()))?;
-        let client = client_for(&settings).map_err(pull_error)?;
+        let client = self.client(&settings).map_err(pull_error)?;
         let signatures = plugin.policy.asks_signature();
-        let gone = || self.gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let known = gone().get(&r.registry).cloned();
-        let fetched = registry::fetch(&client, cache, r, signatures, (settings.max_component_bytes, known)).await;
-        let unreachable = match &fetched {
-            Ok(f) => f.offline.clone(),
-            Err(e) if e.failure == Failure::Unreachable => Some(e.message.clone()),
-            Err(_) => None,
-        };
-        if let Some(why) = unreachable {
-            gone().entry(r.registry.clone()).or_insert(why);
-        }
-        fetched.map_err(|e| match e.failure {
+        registry::fetch(&client, cache, r, signatures, settings.max_component_bytes).await.map_err(|e| match e.failure {
             Failure::Unreachable => LoadError::Unavailable { plugin: plugin.name.clone(), reason: e.message },
             _ => pull_error(e.message),
         })
+    }
+}
+
+impl Sources {
+    /// This load's client of the registry `settings` describe, made on first use.
+    fn client(&self, settings: &Registry) -> Result<std::sync::Arc<Client>, String> {
+        let mut clients = self.clients.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(client) = clients.get(&settings.host) {
+            return Ok(client.clone());
+        }
+        let client = std::sync::Arc::new(client_for(settings)?);
+        clients.insert(settings.host.clone(), client.clone());
+        Ok(client)
     }
 }
 

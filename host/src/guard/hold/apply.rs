@@ -7,9 +7,9 @@ use super::{Decision, Executor, Next, new_call};
 use crate::error::{CallError, ErrorKind};
 use crate::guard::claim::CLAIM_POLL;
 use crate::guard::start::{Origin, conflict, damaged, expired};
-use crate::guard::{BUDGET_WINDOW_MS, Budget, CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
+use crate::guard::{CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
 use crate::ledger::records::{CallRecord, EpisodeRecord, now_ms};
-use crate::ledger::{Charge, Durability, EpisodeOp, LedgerWrite, Superseding};
+use crate::ledger::{Durability, EpisodeOp, LedgerWrite, Superseding};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -78,22 +78,8 @@ impl Guard {
     /// # Errors
     /// `denied` when a budget is spent (nothing was run); `transport` when
     /// the ledger is unavailable, `internal` when it fails otherwise.
-    async fn written_charging(&self, id: &CallIdentity, rules: &CallRules, mut write: LedgerWrite) -> Result<bool, CallError> {
-        let at_ms = now_ms();
-        let mut scopes: Vec<&Budget> = rules.budgets.iter().collect();
-        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
-        let mut held = Vec::new();
-        for budget in scopes {
-            held.push(self.budgets.get(budget.scope.clone()).lock_owned().await);
-            write = write.charge(Charge {
-                scope: budget.scope.clone(),
-                max: budget.max,
-                since_ms: at_ms.saturating_sub(BUDGET_WINDOW_MS),
-                at_ms,
-                call_id: id.call_id.clone(),
-                what: budget.what.clone(),
-            });
-        }
+    async fn written_charging(&self, id: &CallIdentity, rules: &CallRules, write: LedgerWrite) -> Result<bool, CallError> {
+        let (write, _held) = self.charging(write, &rules.budgets, &id.call_id, now_ms()).await;
         let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
         if crate::guard::write_failpoint("conflict", "admission-write") {
             return Ok(false);

@@ -142,10 +142,12 @@ pub(crate) struct Tasks {
 }
 
 impl Tasks {
-    /// No tasks yet; settling retries start `poll` apart, a task is kept
-    /// `ttl`, and one principal has at most `per_principal` unsettled.
-    pub(crate) fn new(views: Arc<super::view::Views>, (poll, ttl): (Duration, Duration), per_principal: usize) -> Self {
-        Self { views, poll, ttl, per_principal: per_principal.max(1), entries: Mutex::new(HashMap::new()) }
+    /// No tasks yet; as `[mcp]` says, settling retries start `task_poll_ms`
+    /// apart, a task is kept `task_ttl_ms`, and one principal has at most
+    /// `max_tasks_per_principal` unsettled.
+    pub(crate) fn new(views: Arc<super::view::Views>, config: &crate::config::McpConfig) -> Self {
+        let (poll, ttl) = (Duration::from_millis(config.task_poll_ms), Duration::from_millis(config.task_ttl_ms));
+        Self { views, poll, ttl, per_principal: config.max_tasks_per_principal.max(1), entries: Mutex::new(HashMap::new()) }
     }
 
     /// Whether a task may be started for `request`: it has one here
