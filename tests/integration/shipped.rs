@@ -64,8 +64,8 @@ fn the_shipped_binary_reads_no_test_hook() {
 }
 
 /// The crates the shipped build compiles when the README's cold-build
-/// figure was measured (`./dev.sh demo` on a fresh clone, 2026-12-07:
-/// 15 min 29 s, README "Quick start"; docs/development.md "The cold build").
+/// figure was measured (`./dev.sh demo` on a fresh clone, empty cargo home
+/// and target, 2026-12-07: 16 min 45 s wall, 1,810 CPU-s, README "Quick start"; docs/development.md "The cold build").
 /// A test cannot time a cold build (tests never assert wall-clock times),
 /// but it can see the build grow: adding a crate to the shipped build fails
 /// this until someone measures the cold demo again and updates the README's

@@ -9,9 +9,9 @@
 //! calls made meanwhile wait behind it under the hold rule: one approval,
 //! at most one side effect.
 
-use super::CallGuard;
+use super::Guard;
 use crate::error::{CallError, ErrorKind};
-use crate::ledger::records::{Approval, ApprovalStatus, now_ms};
+use crate::ledger::records::{Approval, ApprovalStatus, CallRecord, now_ms};
 use crate::ledger::{Durability, LedgerWrite};
 use serde_json::json;
 
@@ -28,41 +28,68 @@ pub struct Ask {
     pub principal: Option<String>,
 }
 
-impl CallGuard {
-    /// Lets the call run if a person approved it under this policy and the
-    /// approval has not expired; otherwise asks (once per request, written
-    /// synced) and answers `awaiting-approval`, or answers the decision:
-    /// `denied` when denied or never decided in time.
+/// What [`Guard::consent`] decided for a call.
+pub(super) enum Consent {
+    /// Approved under this policy and usable: the call runs.
+    Run,
+    /// The call's answer now: `awaiting-approval`, `busy`, `denied`, or the
+    /// ledger's failure; `recorded` when the call's record was written with it.
+    Answer {
+        /// What the caller is told.
+        error: CallError,
+        /// Whether `record` (the approval request in it) is in the ledger now.
+        recorded: bool,
+    },
+}
+
+impl Consent {
+    fn answer(error: CallError) -> Self {
+        Self::Answer { error, recorded: false }
+    }
+}
+
+impl Guard {
+    /// Lets the call `record` run if a person approved it under this policy
+    /// and the approval has not expired; otherwise asks (once per request,
+    /// `record`'s approval written synced) and answers `awaiting-approval`,
+    /// or answers the decision: `denied` when denied or never decided in
+    /// time. Reads and writes only `record` (its approval) and the ledger.
     ///
-    /// # Errors
-    /// `awaiting-approval` (nothing sent; retry the same call or poll its
-    /// task), `busy` (the principal's approval requests of the hour are
-    /// spent: nobody asked, nothing sent), `denied` (definitive: the guard completes the call with it),
-    /// or `transport`/`internal` when the request could not be recorded.
-    pub async fn consent(&mut self, mut ask: Ask) -> Result<(), CallError> {
+    /// The answers: `awaiting-approval` (nothing sent; retry the same call
+    /// or poll its task), `busy` (the principal's approval requests of the
+    /// hour are spent: nobody asked, nothing sent), `denied` (definitive:
+    /// the guard completes the call with it), or `transport`/`internal` when
+    /// the request could not be recorded.
+    pub(super) async fn consent(&self, record: &mut CallRecord, mut ask: Ask) -> Consent {
         let now = now_ms();
-        match self.record.approval.clone() {
-            Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest && now < a.usable_until() => return Ok(()),
+        match record.approval.clone() {
+            Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest && now < a.usable_until() => return Consent::Run,
             // Approved and used: a send of it is recorded, so its run goes on (re-run after a
             // crash, say) whatever the clock or the policy says now; it is never denied after it acted.
-            Some(a) if a.status == ApprovalStatus::Approved && self.sent_anything().await? => return Ok(()),
-            Some(a) if a.status == ApprovalStatus::Denied => return Err(denied(&self.record.call_id, &a, "denied")),
+            Some(a) if a.status == ApprovalStatus::Approved => match self.sent_anything(record).await {
+                Ok(true) => return Consent::Run,
+                Ok(false) if a.policy_digest == ask.policy_digest => {
+                    // Approved in time but not used within its time: asked again (it was approved, not refused).
+                    ask.reason = format!(
+                        "{}; an approval given earlier was not used within its {} min, so a person is asked again",
+                        ask.reason,
+                        a.expires_ms.saturating_sub(a.requested_ms) / 60_000
+                    );
+                }
+                Ok(false) => {}
+                Err(e) => return Consent::answer(e),
+            },
+            Some(a) if a.status == ApprovalStatus::Denied => return Consent::answer(denied(&record.call_id, &a, "denied")),
             Some(a) if a.status == ApprovalStatus::Pending && a.policy_digest == ask.policy_digest => {
-                return Err(if a.waiting(now) { awaiting(&self.record.call_id, &a) } else { denied(&self.record.call_id, &a, "expired") });
-            }
-            // Approved in time but not used within its time: asked again (it was approved, not refused).
-            Some(a) if a.status == ApprovalStatus::Approved && a.policy_digest == ask.policy_digest => {
-                ask.reason = format!(
-                    "{}; an approval given earlier was not used within its {} min, so a person is asked again",
-                    ask.reason,
-                    a.expires_ms.saturating_sub(a.requested_ms) / 60_000
-                );
+                return Consent::answer(if a.waiting(now) { awaiting(&record.call_id, &a) } else { denied(&record.call_id, &a, "expired") });
             }
             // Never asked, or asked under another policy: ask now.
             _ => {}
         }
         let mut request = [0u8; 12];
-        getrandom::fill(&mut request).map_err(|e| CallError::new(ErrorKind::Internal, format!("no randomness for an approval request: {e}")))?;
+        if let Err(e) = getrandom::fill(&mut request) {
+            return Consent::answer(CallError::new(ErrorKind::Internal, format!("no randomness for an approval request: {e}")));
+        }
         let approval = Approval {
             request: hex::encode(request),
             status: ApprovalStatus::Pending,
@@ -75,39 +102,30 @@ impl CallGuard {
             decided_ms: None,
             note: None,
         };
-        let before = self.record.approval.replace(approval.clone());
+        let before = record.approval.replace(approval.clone());
         // A principal's calls may open only so many approval requests an hour
         // (a repeat of this call spends nothing more): counted in this write.
-        let quota: Vec<super::Budget> = ask.principal.as_deref().and_then(|p| self.guard.approval_budget(p)).into_iter().collect();
-        let asked = LedgerWrite::new().call(self.record.clone());
-        let (write, _spending) = self.guard.charging(asked, &quota, &self.record.call_id, now).await;
-        match self.guard.ledger.commit_async(write, Durability::Synced).await {
-            Ok(()) => {}
+        let quota: Vec<super::Budget> = ask.principal.as_deref().and_then(|p| self.approval_budget(p)).into_iter().collect();
+        let asked = LedgerWrite::new().call(record.clone());
+        let (write, _spending) = self.charging(asked, &quota, &record.call_id, now).await;
+        match self.ledger.commit_async(write, Durability::Synced).await {
+            Ok(()) => Consent::Answer { error: awaiting(&record.call_id, &approval), recorded: true },
             Err(e) if e.is_refused() => {
-                self.record.approval = before;
+                record.approval = before;
                 let message = format!("{}; nobody was asked and nothing was sent", e.message());
-                return Err(CallError::new(ErrorKind::Busy, message));
+                Consent::answer(CallError::new(ErrorKind::Busy, message))
             }
             Err(e) => {
-                self.record.approval = before;
-                return Err(super::internal(e));
+                record.approval = before;
+                Consent::answer(super::internal(e))
             }
         }
-        self.persisted = true;
-        Err(awaiting(&self.record.call_id, &approval))
-    }
-}
-
-impl CallGuard {
-    /// The call's record as admitted (what consent is decided on).
-    pub fn admitted(&self) -> &crate::ledger::CallRecord {
-        &self.record
     }
 
-    /// Whether the ledger holds any attempt of this call (from any run).
-    async fn sent_anything(&mut self) -> Result<bool, CallError> {
-        let (s, c) = (self.record.session.clone(), self.record.call_id.clone());
-        let attempts = self.guard.ledger.read(move |l| l.attempts_of_call(&s, &c)).await.map_err(super::internal)?;
+    /// Whether the ledger holds any attempt of call `record` (from any run).
+    async fn sent_anything(&self, record: &CallRecord) -> Result<bool, CallError> {
+        let (s, c) = (record.session.clone(), record.call_id.clone());
+        let attempts = self.ledger.read(move |l| l.attempts_of_call(&s, &c)).await.map_err(super::internal)?;
         Ok(!attempts.is_empty())
     }
 }
@@ -118,7 +136,7 @@ impl CallGuard {
 /// repeat is asked about anyway: conservative, never a way around consent.
 const MAX_LOOK_BACK: u64 = 64;
 
-impl super::Guard {
+impl Guard {
     /// For a new call of an action carried out (with an effect, its caller
     /// told a definitive outcome) less than `window_ms` ago, why a person
     /// must confirm this call is meant a second time: the repeat no host can
@@ -223,7 +241,7 @@ fn denied(call_id: &str, a: &Approval, how: &str) -> CallError {
     CallError::new(ErrorKind::Denied, message).with_detail(json!({ "approval": approval }))
 }
 
-impl super::Guard {
+impl Guard {
     /// Records a person's decision on approval `request` of tool call
     /// (`session`, `call_id`), under the call's lock (so no run of it here
     /// interleaves; on a shared ledger the write is conditional on the

@@ -31,7 +31,7 @@ impl Guard {
             let detail = info.detail();
             return Err(CallError::new(ErrorKind::OutcomeUnknown, message).with_detail(detail));
         }
-        let result = call.progress.effects.disclosed(result);
+        let result = call.disclosed(result);
         let outcome = match &result {
             Ok(value) => StoredOutcome::Result(value.clone()),
             Err(e) if matches!(e.kind, ErrorKind::ToolFailed | ErrorKind::FailedAfterEffect) || super::approval::is_decision(e) => StoredOutcome::from(e),

@@ -8,7 +8,8 @@
 //!
 //! One file per protocol step, in the order `docs/guard.md` tells them:
 //! - [`admit`]: admission — replay, conflict, and (in [`hold`]) the hold rule.
-//! - [`send`]: a send — mint the key, write the pending attempt, drive it.
+//! - [`call`]: a call in progress ([`CallGuard`], its state private there)
+//!   and its sends — mint the key, write the pending attempt, drive it.
 //! - [`drive`]: one attempt on the wire and its outcome recorded.
 //! - [`reconcile`]: an unknown outcome looked up at the provider.
 //! - [`finish`]: the call completed, and what its caller was told.
@@ -26,22 +27,20 @@ mod admit;
 mod answers;
 mod approval;
 mod attempt;
+mod call;
 mod claim;
 mod direct;
 mod drive;
 mod effects;
-mod ending;
 mod failpoints;
 mod finish;
 mod hold;
 mod landing;
-mod left_behind;
 mod message;
 mod outgoing;
 mod reconcile;
 pub mod recover;
 mod replay;
-mod send;
 mod start;
 mod task;
 pub mod tls;
@@ -54,6 +53,7 @@ mod wires;
 pub use answers::Answered;
 pub use approval::{Ask, is_decision as is_consent_decision};
 pub use attempt::{Reconciled, Reconciler};
+pub use call::CallGuard;
 pub use direct::fetch;
 #[cfg(feature = "bench")]
 pub(crate) use direct::send_unguarded;
@@ -61,7 +61,6 @@ pub(crate) use failpoints::{failpoint, write_failpoint};
 pub use hold::DEFAULT_HOLD_WAIT;
 pub use message::{Request, Response, SendError, Unsettled};
 pub use recover::{Pace, RecoveryReport, ToolRules, pause_ms};
-pub use send::CallGuard;
 pub use start::Admission;
 pub use task::Gate;
 pub use wires::Wires;

@@ -9,7 +9,7 @@
 //! cancelled so, definitive and effect-free, closes its episode at once; a
 //! follower's cancel leaves the episode to its executor.
 
-use super::{CallGuard, Guard};
+use super::Guard;
 use crate::error::{CallError, ErrorKind};
 use crate::ledger::records::{CallRecord, CallState, Reported, StoredOutcome, now_ms};
 use crate::ledger::{Claim, Durability, LedgerWrite};
@@ -38,23 +38,6 @@ impl Gate {
         }
         *passage = Passage::Passed;
         true
-    }
-}
-
-impl CallGuard {
-    /// Writes the call's record now (synced) if it is not in the ledger
-    /// yet, instead of with its first attempt: a task names a durable call.
-    ///
-    /// # Errors
-    /// The ledger could not be written; nothing was run.
-    pub async fn persist(&mut self) -> Result<(), crate::error::CallError> {
-        if self.persisted {
-            return Ok(());
-        }
-        let write = LedgerWrite::new().call(self.record.clone());
-        self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(super::internal)?;
-        self.persisted = true;
-        Ok(())
     }
 }
 

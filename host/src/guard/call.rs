@@ -1,42 +1,59 @@
-//! A send, the second step: `outbound.send` of a running tool call. The
-//! request is checked, its step found or minted a key (`crate::keys`), the
-//! attempt written durably as pending *before* anything leaves, then driven
+//! One tool call in progress, [`CallGuard`]: the guard's state for that
+//! call — its record, the steps it sent, the outcomes not yet written, the
+//! answers to its questions, its lock — private to this file, and every
+//! step that reads or writes it. The steps that need only the shared
+//! [`Guard`] take their inputs as arguments (`drive`, `consent`, `finish`).
+//!
+//! A send (`outbound.send` of a running tool call): the request is checked,
+//! its step found or minted a key (`crate::keys`), the attempt written
+//! durably as pending *before* anything leaves, then driven
 //! ([`super::drive`]). A step already recorded is never sent under a new
 //! key: a settled one replays its response, an unsettled one is re-driven
 //! with its own key.
+//!
+//! What earlier runs of a call left for this one: the sends they made that
+//! this run did not make again — a tool that decides otherwise when its
+//! call runs again (a clock, randomness, a hostile plugin) must not end
+//! with an answer that hides them (`docs/guard.md`) — and the answers to
+//! its questions they were made on ([`super::answers`]).
+//!
+//! The end of a run, as [`Guard::finish`] takes it: the call's record, its
+//! first unsettled send, the outcome writes its completion carries, and the
+//! lock it leaves the completion in.
 
 use super::attempt::{Drive, Driven};
 use super::claim::Held;
 use super::drive::{Progress, Recorded, outcomes_written};
 use super::unconfirmed::{self, Unwritten, ledger_down};
-use super::{CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
+use super::{Answered, CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
 use crate::keys;
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, PlannedSend, Resolution, now_ms};
 use crate::ledger::{Durability, LedgerWrite, Prior, QueuedWrite};
 use crate::policy::{self, Downstream, Effect};
+use serde_json::Value;
 use std::sync::Arc;
 
 /// One tool call in progress: the guard's state for the plugin's sends.
 pub struct CallGuard {
-    pub(super) guard: Arc<Guard>,
-    pub(super) record: CallRecord,
+    guard: Arc<Guard>,
+    record: CallRecord,
     /// Whether `record` is in the ledger yet (written with the first attempt, or [`CallGuard::persist`]).
-    pub(super) persisted: bool,
+    persisted: bool,
     /// Whether an earlier run of this call may have sent (its record was found, not written).
-    pub(super) ran_before: bool,
-    pub(super) rules: CallRules,
-    pub(super) next_step: u32,
+    ran_before: bool,
+    rules: CallRules,
+    next_step: u32,
     /// Sends made so far, re-sends of an unsettled step included (the budget).
     sends: u32,
     /// Sends of this run whose outcome is not settled, in the order they
     /// were made, with their request fingerprint: the same request again
     /// re-drives that step with its key.
-    pub(super) open_steps: Vec<(String, Unsettled)>,
+    open_steps: Vec<(String, Unsettled)>,
     /// The send on the wire, the outcome writes not yet waited for, the effects.
-    pub(super) progress: Progress,
+    progress: Progress,
     /// The run's answers to its questions, recorded with each new send (`super::answers`).
-    pub(super) answered: Option<super::answers::Answered>,
-    pub(super) _lock: Held,
+    answered: Option<super::answers::Answered>,
+    _lock: Held,
 }
 
 impl CallGuard {
@@ -268,6 +285,154 @@ impl CallGuard {
         }
         self.persisted = true;
         failpoint("after-attempt-write");
+        Ok(())
+    }
+}
+
+// What earlier runs left for this one.
+
+impl CallGuard {
+    /// Notes that an earlier run of the call may have sent ([`CallGuard::settle_left_behind`]).
+    pub(super) fn after_earlier_runs(mut self, ran_before: bool) -> Self {
+        self.ran_before = ran_before;
+        self
+    }
+
+    /// The sends an earlier run of this call made at steps this run did not
+    /// reach — the tool decided otherwise this time (another answer to its
+    /// question, or it is not deterministic) — settled as recovery would
+    /// (the same key re-sent, or reconciled; never a new key) and noted with
+    /// the call's effects; one still unsettled leaves the call unsettled.
+    /// Its answer must account for them (`docs/guard.md`).
+    ///
+    /// # Errors
+    /// The ledger could not be read.
+    pub(super) async fn settle_left_behind(&mut self) -> Result<(), SendError> {
+        if !self.ran_before {
+            return Ok(());
+        }
+        let (session, call_id, reached) = (self.record.session.clone(), self.record.call_id.clone(), self.next_step);
+        let mut behind = self.guard.ledger.read(move |ledger| ledger.attempts_of_call(&session, &call_id)).await.map_err(ledger_down)?;
+        behind.retain(|a| a.step >= reached);
+        behind.sort_by_key(|a| a.step);
+        for a in behind {
+            // Settled: what it came to (a send settled as never sent took no effect).
+            if a.state.is_final() {
+                self.progress.effects.note_settled_earlier(&a);
+                continue;
+            }
+            let (method, url) = (a.request.method.clone(), a.request.url.clone());
+            let outcome = if a.resolution == Some(Resolution::HostFault) {
+                Err(self.left_for_operator(&a))
+            } else {
+                match policy::authorize(&self.rules.grants, self.rules.wires.downstreams(), &method, &url) {
+                    Ok((downstream, _)) if downstream.name == a.downstream => self.redrive(a.step, &downstream).await,
+                    _ => Err(Unsettled::of(&a, "the policy no longer grants it, so it is not re-sent; an operator must settle it")
+                        .kept_open(&mut self.open_steps, &a.fingerprint)),
+                }
+            };
+            self.progress.effects.note_earlier(&method, &url, &outcome);
+        }
+        Ok(())
+    }
+
+    /// The answered rounds the call's earlier runs recorded with their sends
+    /// (those of the latest send that carries any), if it ran before.
+    ///
+    /// # Errors
+    /// The ledger could not be read.
+    pub async fn earlier_answers(&mut self) -> Result<Option<Value>, SendError> {
+        if !self.ran_before {
+            return Ok(None);
+        }
+        let (session, call_id) = (self.record.session.clone(), self.record.call_id.clone());
+        let attempts = self.guard.ledger.read(move |ledger| ledger.attempts_of_call(&session, &call_id)).await.map_err(ledger_down)?;
+        Ok(attempts.into_iter().filter(|a| a.answers.is_some()).max_by_key(|a| (a.step, a.created_ms)).and_then(|a| a.answers))
+    }
+
+    /// Records the run's answered rounds, as `answered` holds them, with each new send.
+    pub fn record_answers(&mut self, answered: Answered) {
+        self.answered = Some(answered);
+    }
+}
+
+// The end of a run.
+
+impl CallGuard {
+    /// The call's completion, with the buffered outcomes its sends hold
+    /// (one atomic write), and the keys of those attempts.
+    pub(super) fn completion(&mut self, completed: CallRecord) -> (LedgerWrite, Vec<String>) {
+        let (outcomes, keys) = self.take_held();
+        (outcomes.call(completed), keys)
+    }
+
+    /// The buffered outcomes this call's sends hold, taken, and the keys of
+    /// their attempts: for a completion that carries them.
+    pub(super) fn take_held(&mut self) -> (LedgerWrite, Vec<String>) {
+        self.progress.take_held()
+    }
+
+    /// Ends the run, leaving the call's completion in its lock for the
+    /// lock's next holder to wait for; the lock, to watch it.
+    pub(super) fn leave(mut self, landing: super::landing::Landing) -> super::claim::CallLock {
+        *self._lock = Some(landing);
+        tokio::sync::OwnedMutexGuard::mutex(&self._lock).clone()
+    }
+
+    /// The plugin's `result`, made to account for the effects this call's
+    /// sends had ([`super::effects`]).
+    pub(super) fn disclosed(&self, result: Result<Value, crate::error::CallError>) -> Result<Value, crate::error::CallError> {
+        self.progress.effects.disclosed(result)
+    }
+
+    /// The tool call this guard serves.
+    pub(super) fn record(&self) -> &CallRecord {
+        &self.record
+    }
+
+    /// The first unsettled send, or the one cut off mid-flight, if any.
+    pub(super) fn take_unsettled(&mut self) -> Option<Unsettled> {
+        let first = (!self.open_steps.is_empty()).then(|| self.open_steps.remove(0).1);
+        first.or_else(|| self.progress.in_flight.take())
+    }
+}
+
+// Consent and the task: the call's record written before it runs.
+
+impl CallGuard {
+    /// The call's record as admitted (what consent is decided on).
+    pub fn admitted(&self) -> &CallRecord {
+        &self.record
+    }
+
+    /// Lets the call run if a person approved it ([`Guard::consent`], which
+    /// may write the approval request into this call's record).
+    ///
+    /// # Errors
+    /// The call's answer now: `awaiting-approval`, `busy`, `denied`, or the
+    /// ledger's failure.
+    pub async fn consent(&mut self, ask: super::Ask) -> Result<(), crate::error::CallError> {
+        match self.guard.consent(&mut self.record, ask).await {
+            super::approval::Consent::Run => Ok(()),
+            super::approval::Consent::Answer { error, recorded } => {
+                self.persisted |= recorded;
+                Err(error)
+            }
+        }
+    }
+
+    /// Writes the call's record now (synced) if it is not in the ledger
+    /// yet, instead of with its first attempt: a task names a durable call.
+    ///
+    /// # Errors
+    /// The ledger could not be written; nothing was run.
+    pub async fn persist(&mut self) -> Result<(), crate::error::CallError> {
+        if self.persisted {
+            return Ok(());
+        }
+        let write = LedgerWrite::new().call(self.record.clone());
+        self.guard.ledger.commit_async(write, Durability::Synced).await.map_err(super::internal)?;
+        self.persisted = true;
         Ok(())
     }
 }
