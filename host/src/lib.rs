@@ -26,7 +26,6 @@
 #![warn(missing_docs)]
 
 pub mod audit;
-pub mod body;
 pub mod builtin;
 pub mod cli;
 pub mod config;
@@ -37,6 +36,7 @@ pub mod imports;
 pub mod keys;
 pub mod mcp;
 pub mod metrics;
+pub mod net;
 pub mod open_files;
 pub mod phases;
 pub mod policy;

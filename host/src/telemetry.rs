@@ -22,8 +22,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How often batched spans are sent.
 const EXPORT_EVERY: Duration = Duration::from_secs(1);
-/// The longest one export may take.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The collector's traces URL, if one is configured (standard OTel variables).
 fn traces_url() -> Option<String> {
@@ -37,7 +35,6 @@ fn traces_url() -> Option<String> {
 /// none is configured. Exports run on `runtime`.
 pub fn otlp_provider(runtime: tokio::runtime::Handle) -> Option<SdkTracerProvider> {
     let url = traces_url()?;
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = match client(&url) {
         Ok(client) => client,
         Err(e) => {
@@ -60,10 +57,9 @@ fn client(url: &str) -> Result<reqwest::Client, String> {
         client_key_file: var("OTEL_EXPORTER_OTLP_CLIENT_KEY"),
         ..crate::policy::TlsPolicy::default()
     };
-    let builder = reqwest::Client::builder().timeout(EXPORT_TIMEOUT).no_proxy();
-    let builder =
-        if url.starts_with("https:") { builder.tls_backend_preconfigured(crate::guard::tls::rustls_config(&tls, "the OTLP collector")?) } else { builder };
-    builder.build().map_err(|e| e.to_string())
+    let label = "the OTLP collector";
+    let tls = if url.starts_with("https:") { Some(crate::net::tls::rustls_config(&tls, label)?) } else { None };
+    crate::net::client(crate::net::Peer::direct(label, tls, crate::net::deadlines::OTLP_EXPORT))
 }
 
 /// A `tracing` layer sending spans to `provider`.

@@ -477,9 +477,9 @@ fn uses_of(tree: &Tree, module: &str) -> BTreeMap<String, String> {
 }
 
 #[test]
-fn the_guard_needs_only_the_ledger_the_policy_and_leaves_and_only_the_runtime_sees_the_wit() {
+fn the_guard_needs_only_the_ledger_the_policy_the_network_and_leaves_and_only_the_runtime_sees_the_wit() {
     let tree = host_tree();
-    let allowed = ["ledger", "policy", "keys", "error", "metrics", "phases", "body"];
+    let allowed = ["ledger", "policy", "net", "keys", "error", "metrics", "phases"];
     let guard = uses_of(&tree, "guard");
     let beyond: Vec<_> = guard.iter().filter(|(to, _)| !allowed.contains(&to.as_str())).collect();
     assert!(beyond.is_empty(), "the guard reaches beyond {allowed:?}: {beyond:?}");
@@ -679,6 +679,40 @@ fn a_calls_state_is_private_to_one_file_and_its_path_is_at_most_twelve_files() {
     for step in ["guard/call.rs", "keys.rs", "guard/drive.rs", "guard/reconcile.rs"] {
         assert!(files.contains(&step), "the path of one guarded call leaves out {step}");
     }
+}
+
+/// The Rust files under `src` (relative) that contain `needle`.
+fn files_containing(src: &Path, needle: &str) -> Vec<String> {
+    rust_files(src)
+        .into_iter()
+        .filter(|f| std::fs::read_to_string(f).unwrap().contains(needle))
+        .map(|f| f.strip_prefix(src).unwrap().display().to_string())
+        .collect()
+}
+
+#[test]
+fn every_http_client_and_its_deadlines_come_from_the_network_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    // One builder: TLS, proxy, redirects and every deadline set in one place.
+    for (needle, home) in
+        [("Client::builder", "net/http.rs"), ("tls_backend_preconfigured", "net/http.rs"), ("default_provider().install_default()", "net/tls.rs")]
+    {
+        assert_eq!(files_containing(&src, needle), [home], "`{needle}` belongs in {home} alone (the network layer)");
+    }
+    // Every deadline net/deadlines.rs names is in docs/network.md's table, and no other.
+    let deadlines = std::fs::read_to_string(src.join("net/deadlines.rs")).unwrap();
+    let named: BTreeSet<String> =
+        deadlines.lines().filter_map(|l| l.strip_prefix("pub const ")).map(|l| l.split(':').next().unwrap().trim().to_string()).collect();
+    assert!(named.len() >= 5, "{named:?}");
+    let doc = std::fs::read_to_string(src.join("../../docs/network.md")).unwrap();
+    let tabled: BTreeSet<String> = doc
+        .lines()
+        .filter(|l| l.starts_with("| "))
+        .filter_map(|l| l.split('`').nth(1))
+        .filter(|n| n.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .map(String::from)
+        .collect();
+    assert_eq!(named, tabled, "docs/network.md's table and net/deadlines.rs name different deadlines");
 }
 
 /// The layers of the picture in `docs/architecture.md`, top to bottom: the

@@ -33,7 +33,7 @@ fn push_signed_keylessly(dir: &Path, registry: &TestRegistry, repository: &str, 
     let annotations: BTreeMap<String, String> = serde_json::from_str(&out).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let client = toolguard::registry::Client::new(&registry.host, None, None, toolguard::registry::DEFAULT_TIMEOUT).unwrap();
+        let client = toolguard::registry::Client::new(&registry.host, None, None, toolguard::net::deadlines::REGISTRY).unwrap();
         toolguard::registry::attach(&client, &r, &digest, &signed, annotations).await.unwrap();
     });
     reference
@@ -177,7 +177,7 @@ fn a_sigstore_bundle_stored_as_a_referrer_admits_the_component() {
         let r = OciRef::parse(&reference).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let client = toolguard::registry::Client::new(&registry.host, None, None, toolguard::registry::DEFAULT_TIMEOUT).unwrap();
+            let client = toolguard::registry::Client::new(&registry.host, None, None, toolguard::net::deadlines::REGISTRY).unwrap();
             toolguard::registry::attach_bundle(&client, &r, &digest, bundle.as_bytes()).await.unwrap();
         });
         config(d, &registry, &reference, (ISSUER, SUBJECT));

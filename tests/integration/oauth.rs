@@ -76,7 +76,7 @@ impl AuthServer {
             let client = match &self.ca_file {
                 Some(ca) => {
                     let tls = toolguard::policy::TlsPolicy { ca_file: Some(ca.clone()), platform_roots: false, ..Default::default() };
-                    reqwest::Client::builder().tls_backend_preconfigured(toolguard::guard::tls::rustls_config(&tls, "test").unwrap()).build().unwrap()
+                    reqwest::Client::builder().tls_backend_preconfigured(toolguard::net::tls::rustls_config(&tls, "test").unwrap()).build().unwrap()
                 }
                 None => reqwest::Client::new(),
             };

@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use toolguard::guard::wire;
+use toolguard::guard::prepare;
 use toolguard::keys;
 use toolguard::policy::{Downstream, Downstreams, Grant, KeyTransport, RawDownstream, Refusal, authorize};
 
@@ -335,11 +335,11 @@ fn a_checked_request_always_builds_into_valid_http_with_exactly_the_hosts_key() 
     let body = prop_oneof![".{0,40}", "[a-z]{1,4}=[a-z0-9%]{0,6}(&[a-z\\[\\]]{1,8}=[a-z0-9]{0,6}){0,4}"];
     let method = prop::sample::select(vec!["POST", "post", "GET", "TRACE", "", "P OST", "DELETE"]);
     check("headers and key injection", (method, prop::collection::vec(header(), 0..8), body), |(method, headers, body)| {
-        let request = wire::stored(method, "http://127.0.0.1:1/x", headers, body.as_bytes());
-        if wire::check(&request, &d).is_err() {
+        let request = prepare::stored(method, "http://127.0.0.1:1/x", headers, body.as_bytes());
+        if prepare::check(&request, &d).is_err() {
             return Ok(());
         }
-        let built = wire::build(&request, url::Url::parse(&request.url).unwrap(), &d, Some("tg1_key"));
+        let built = prepare::build(&request, url::Url::parse(&request.url).unwrap(), &d, Some("tg1_key"));
         for (name, value) in &built.headers {
             prop_assert!(http::HeaderName::from_bytes(name.as_bytes()).is_ok(), "{:?}", name);
             prop_assert!(http::HeaderValue::from_str(value).is_ok(), "{:?}", value);

@@ -89,7 +89,7 @@ impl Pki {
 
     /// The SPKI pin of the server's certificate, as `tls.spki_sha256` takes it.
     pub fn server_pin(&self) -> String {
-        toolguard::guard::tls::spki_pin(&self.server_chain[0]).unwrap()
+        toolguard::net::tls::spki_pin(&self.server_chain[0]).unwrap()
     }
 }
 

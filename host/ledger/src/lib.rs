@@ -34,7 +34,7 @@ pub use checks::sent_nothing;
 pub use claim::Claim;
 pub use commit::{Decision, QueuedWrite};
 pub use error::LedgerError;
-pub use postgres::DEFAULT_POOL_SIZE;
+pub use postgres::{CONNECT_TIMEOUT as POSTGRES_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE};
 pub use records::{
     Approval, ApprovalStatus, AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, EpisodeRecord, GrantRecord, Reported, Resolution, ServedPlugin,
     ServingRecord, StoredOutcome,

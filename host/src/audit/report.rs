@@ -54,12 +54,11 @@ pub struct LimitsReport {
 
 impl LimitsReport {
     pub(super) fn current() -> Self {
-        use crate::guard::wire;
         Self {
-            max_request_headers: wire::MAX_HEADERS,
-            max_header_name_bytes: wire::MAX_HEADER_NAME_BYTES,
-            max_header_value_bytes: wire::MAX_HEADER_VALUE_BYTES,
-            max_header_bytes: wire::MAX_HEADER_BYTES,
+            max_request_headers: crate::net::http::MAX_HEADERS,
+            max_header_name_bytes: crate::net::http::MAX_HEADER_NAME_BYTES,
+            max_header_value_bytes: crate::net::http::MAX_HEADER_VALUE_BYTES,
+            max_header_bytes: crate::net::http::MAX_HEADER_BYTES,
             max_exact_number: crate::keys::MAX_EXACT_NUMBER,
             max_id_bytes: crate::runtime::MAX_ID_BYTES,
         }

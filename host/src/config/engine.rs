@@ -9,7 +9,7 @@ pub const DEFAULT_MEMORY_CEILING_MB: u64 = 256;
 pub const DEFAULT_POOL_INSTANCES: u32 = 256;
 
 /// Engine-wide settings (`[engine]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {
     /// Use the pooling allocator (falls back to on-demand, logged, if it cannot be set up).
@@ -81,5 +81,12 @@ impl EngineConfig {
     /// The pool's room per component.
     pub fn component_room(&self) -> Footprint {
         Footprint { core_instances: self.component_core_instances, memories: self.component_memories, tables: self.component_tables }
+    }
+}
+
+/// The engine is one per host, built at start: only a restart applies any of it.
+impl super::RestartOnly for EngineConfig {
+    fn restart_only_changes(&self, new: &Self) -> Vec<String> {
+        super::restart::differs("[engine]", self, new).into_iter().collect()
     }
 }

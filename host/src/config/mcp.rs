@@ -171,3 +171,64 @@ pub fn split_origin(origin: &str) -> Option<(&str, &str, &str)> {
     let port_ok = port == "*" || (!port.is_empty() && port.len() <= 5 && port.chars().all(|c| c.is_ascii_digit()));
     (host_ok && port_ok).then_some((scheme, host, port))
 }
+
+/// How MCP listens only a restart changes; who may come in (the tokens, and
+/// `[mcp.oauth]`'s issuers, claims and scopes) a reload applies. Whether
+/// OAuth is on at all, and its resource (the metadata's paths), need a restart.
+impl super::RestartOnly for McpConfig {
+    fn restart_only_changes(&self, new: &Self) -> Vec<String> {
+        use super::restart::differs;
+        // Every field, named: a reload applies those bound to `_`.
+        let McpConfig {
+            default_session,
+            missing_call_id,
+            token_env: _,
+            token_principal: _,
+            tokens: _,
+            allowed_hosts,
+            allowed_origins,
+            max_request_bytes,
+            max_sessions,
+            max_sessions_per_principal,
+            max_calls_per_principal,
+            max_requests_per_principal,
+            max_tasks_per_principal,
+            max_approval_requests_per_principal_hour,
+            max_connections,
+            operator_token_env,
+            task_after_ms,
+            tasks_required,
+            task_poll_ms,
+            task_ttl_ms,
+            oauth,
+        } = self;
+        let resource = |o: &Option<super::OAuthConfig>| o.as_ref().map(|o| o.resource.clone());
+        [
+            differs("`[mcp] default_session`", default_session, &new.default_session),
+            differs("`[mcp] missing_call_id`", missing_call_id, &new.missing_call_id),
+            differs("`[mcp] allowed_hosts`", allowed_hosts, &new.allowed_hosts),
+            differs("`[mcp] allowed_origins`", allowed_origins, &new.allowed_origins),
+            differs("`[mcp] max_request_bytes`", max_request_bytes, &new.max_request_bytes),
+            differs("`[mcp] max_sessions`", max_sessions, &new.max_sessions),
+            differs("`[mcp] max_sessions_per_principal`", max_sessions_per_principal, &new.max_sessions_per_principal),
+            differs("`[mcp] max_calls_per_principal`", max_calls_per_principal, &new.max_calls_per_principal),
+            differs("`[mcp] max_requests_per_principal`", max_requests_per_principal, &new.max_requests_per_principal),
+            differs("`[mcp] max_tasks_per_principal`", max_tasks_per_principal, &new.max_tasks_per_principal),
+            differs(
+                "`[mcp] max_approval_requests_per_principal_hour`",
+                max_approval_requests_per_principal_hour,
+                &new.max_approval_requests_per_principal_hour,
+            ),
+            differs("`[mcp] max_connections`", max_connections, &new.max_connections),
+            differs("`[mcp] operator_token_env`", operator_token_env, &new.operator_token_env),
+            differs("`[mcp] task_after_ms`", task_after_ms, &new.task_after_ms),
+            differs("`[mcp] tasks_required`", tasks_required, &new.tasks_required),
+            differs("`[mcp] task_poll_ms`", task_poll_ms, &new.task_poll_ms),
+            differs("`[mcp] task_ttl_ms`", task_ttl_ms, &new.task_ttl_ms),
+            differs("`[mcp.oauth]` (on or off, or its `resource`)", &resource(oauth), &resource(&new.oauth)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}

@@ -13,6 +13,7 @@ pub mod limits;
 mod mcp;
 mod oauth;
 mod raw;
+mod restart;
 
 pub use engine::{DEFAULT_COMPONENT_FOOTPRINT, DEFAULT_MEMORY_CEILING_MB, DEFAULT_POOL_INSTANCES, EngineConfig, Footprint};
 pub use ledger::Retention;
@@ -21,6 +22,7 @@ pub use limits::{LimitOverrides, Limits};
 pub use mcp::{McpConfig, McpToken, MissingCallId, split_origin, valid_principal};
 pub use oauth::{ACCEPTABLE_ALGORITHMS, IssuerConfig, OAuthConfig, ScopeRules};
 use raw::{RawConfig, parse_toml};
+pub use restart::RestartOnly;
 
 use crate::ledger::LedgerLocation;
 use crate::policy::{Downstreams, PluginPolicy, Policy, RawPolicy};

@@ -203,3 +203,24 @@ fn allowed_origins_are_origins() {
         assert_eq!(e.field, "mcp.allowed_origins", "{bad}");
     }
 }
+
+#[test]
+fn each_section_names_what_only_a_restart_applies_and_leaves_the_rest_to_a_reload() {
+    let changes = |old: &str, new: &str| parse(old).unwrap().restart_only_changes(&parse(new).unwrap());
+    let oauth = |resource: &str, issuer: &str| {
+        format!("[mcp.oauth]\nresource = \"https://{resource}/mcp\"\n[[mcp.oauth.issuers]]\nissuer = \"https://{issuer}\"\njwks_file = \"k.json\"\n")
+    };
+    // Who may come in is reloaded: the tokens, an issuer.
+    assert_eq!(changes("", "[mcp]\ntokens = [{ token_env = \"T\", principal = \"p\" }]\n"), Vec::<String>::new());
+    assert_eq!(changes(&oauth("tools.example", "a.example"), &oauth("tools.example", "b.example")), Vec::<String>::new());
+    // Each restart-only setting is named by its own section.
+    assert_eq!(changes("", "[mcp]\nmax_sessions = 7\n"), ["`[mcp] max_sessions` changed"]);
+    assert_eq!(changes("", "[mcp]\nmax_sessions = 7\ntask_ttl_ms = 5\n"), ["`[mcp] max_sessions` changed", "`[mcp] task_ttl_ms` changed"]);
+    assert_eq!(changes(&oauth("tools.example", "a.example"), &oauth("other.example", "a.example")), ["`[mcp.oauth]` (on or off, or its `resource`) changed"]);
+    assert_eq!(changes("", &oauth("tools.example", "a.example")), ["`[mcp.oauth]` (on or off, or its `resource`) changed"]);
+    assert_eq!(changes("", "[engine]\npooling = false\n"), ["[engine] changed"]);
+    assert_eq!(changes("", "ledger_cache_mib = 64\n"), ["`ledger_cache_mib` changed"]);
+    assert_eq!(changes("", "[retention]\nhours = 48\n"), ["[retention] changed"]);
+    // Policy is what a reload is for.
+    assert_eq!(changes("", "[policy.downstreams.d]\nurl = \"https://d.example\"\n"), Vec::<String>::new());
+}

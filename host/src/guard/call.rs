@@ -25,7 +25,7 @@ use super::attempt::{Drive, Driven};
 use super::claim::Held;
 use super::drive::{Progress, Recorded, outcomes_written};
 use super::unconfirmed::{self, Unwritten, ledger_down};
-use super::{Answered, CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, wire};
+use super::{Answered, CallRules, Guard, Request, Response, SendError, Unsettled, failpoint, prepare};
 use crate::keys;
 use crate::ledger::records::{AttemptRecord, AttemptState, CallRecord, PlannedSend, Resolution, now_ms};
 use crate::ledger::{Durability, LedgerWrite, Prior, QueuedWrite};
@@ -129,8 +129,8 @@ impl CallGuard {
                 downstream.max_request_bytes
             )));
         }
-        let request = wire::stored(&req.method, url.as_str(), req.headers, &req.body);
-        wire::check(&request, &downstream).map_err(SendError::Invalid)?;
+        let request = prepare::stored(&req.method, url.as_str(), req.headers, &req.body);
+        prepare::check(&request, &downstream).map_err(SendError::Invalid)?;
         let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, &req.body);
         self.sends += 1;
         // The plugin sends again what an earlier send of this run sent without

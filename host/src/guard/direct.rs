@@ -4,7 +4,7 @@
 //! sends the same way.
 
 use super::transport::Outcome;
-use super::{Request, Response, SendError, Wires, wire};
+use super::{Request, Response, SendError, Wires, prepare};
 use crate::policy::{self, Grant};
 
 /// A read-only request inside `grants`.
@@ -33,12 +33,12 @@ pub(crate) async fn send_unguarded(wires: &Wires, grants: &[Grant], req: Request
 /// Authorises `req` under `grants` and sends it once, keyless and unrecorded.
 async fn direct(wires: &Wires, grants: &[Grant], req: Request) -> Result<Response, SendError> {
     let (downstream, url) = policy::authorize(grants, wires.downstreams(), &req.method, &req.url).map_err(SendError::from)?;
-    let request = wire::stored(&req.method, url.as_str(), req.headers, &req.body);
-    wire::check_headers(&request, &downstream).map_err(SendError::Invalid)?;
-    let wire = wire::build(&request, url, &downstream, None);
+    let request = prepare::stored(&req.method, url.as_str(), req.headers, &req.body);
+    prepare::check_headers(&request, &downstream).map_err(SendError::Invalid)?;
+    let prepared = prepare::build(&request, url, &downstream, None);
     let mut tries = 0;
     let _http = crate::phases::time(crate::phases::Phase::Http);
-    match super::transport::perform(wires.client(&downstream), &downstream, &wire, &mut tries).await {
+    match super::transport::perform(wires.client(&downstream), &downstream, &prepared, &mut tries).await {
         Outcome::Answered { response, .. } | Outcome::Unsettled { response: Some(response), .. } => Ok(response.into()),
         Outcome::Unsettled { reason, .. } | Outcome::NotSent { reason } => Err(SendError::Transport(reason)),
     }

@@ -4,7 +4,7 @@
 
 use super::attempt::{Drive, Driven, settle, settled_durability};
 use super::transport::Outcome;
-use super::{Guard, Unsettled, failpoint, wire};
+use super::{Guard, Unsettled, failpoint, prepare};
 use crate::ledger::records::{AttemptRecord, AttemptState, StoredResponse, now_ms};
 use crate::ledger::{Durability, LedgerWrite, Prior};
 use std::time::Duration;
@@ -114,9 +114,9 @@ impl Guard {
                 let on_the_wire = AttemptRecord { tries: d.attempt.tries + 1, ..d.attempt.clone() };
                 progress.in_flight = Some(Unsettled::of(&on_the_wire, "the invocation was cut off while the request was on its way"));
             }
-            let wire = wire::build(&d.attempt.request, url, downstream, Some(&d.attempt.key));
+            let prepared = prepare::build(&d.attempt.request, url, downstream, Some(&d.attempt.key));
             let http = crate::phases::time(crate::phases::Phase::Http);
-            let outcome = super::transport::perform(d.client, downstream, &wire, &mut d.attempt.tries).await;
+            let outcome = super::transport::perform(d.client, downstream, &prepared, &mut d.attempt.tries).await;
             drop(http);
             failpoint("after-answer");
             outcome

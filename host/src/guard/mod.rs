@@ -19,9 +19,10 @@
 //! shared ledger), [`claim`] (the lock and, on a shared ledger, the claim every
 //! step that acts on a call takes), [`landing`] (a completion kept in its
 //! call's lock until it lands), [`message`] (the guard's request,
-//! response and error types), [`wire`] (refusals and key injection),
-//! [`transport`] (retries and classification of one send), [`direct`]
-//! (`fetch`, unrecorded), [`tls`] (each downstream's HTTP client).
+//! response and error types), [`prepare`] (a request's refusals and its
+//! key attached), [`transport`] (retries and classification of one send),
+//! [`direct`] (`fetch`, unrecorded), `wires` (each downstream with its
+//! credential and its HTTP client, built by [`crate::net`]).
 
 mod admit;
 mod answers;
@@ -38,16 +39,15 @@ mod hold;
 mod landing;
 mod message;
 mod outgoing;
+pub mod prepare;
 mod reconcile;
 pub mod recover;
 mod replay;
 mod start;
 mod task;
-pub mod tls;
 pub mod transport;
 mod unconfirmed;
 mod upgrade;
-pub mod wire;
 mod wires;
 
 pub use answers::Answered;
@@ -165,7 +165,7 @@ impl Guard {
     /// A guard over `ledger`; what its calls may reach comes with each
     /// call's rules ([`Wires`]).
     pub fn new(ledger: Ledger) -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::net::tls::install_crypto();
         Self {
             ledger,
             in_flight: claim::Locks::default(),

@@ -18,7 +18,7 @@
 //! with a 5xx, a later try that could not connect (or was rate limited)
 //! leaves the send unsettled, not unsent.
 
-use super::wire::Wire;
+use super::prepare::Prepared;
 use crate::ledger::records::{AttemptState, StoredBody, StoredResponse};
 use crate::policy::{Downstream, MAX_BACKOFF};
 use std::time::Duration;
@@ -59,15 +59,15 @@ enum Try {
     Retry { reason: String, after: Option<Duration>, exhausted: Outcome },
 }
 
-/// Sends `wire` to `downstream`, retrying as the module docs describe.
+/// Sends `prepared` to `downstream`, retrying as the module docs describe.
 /// `tries` counts every time the request is put on the wire.
-pub async fn perform(client: &reqwest::Client, downstream: &Downstream, wire: &Wire, tries: &mut u32) -> Outcome {
+pub async fn perform(client: &reqwest::Client, downstream: &Downstream, prepared: &Prepared, tries: &mut u32) -> Outcome {
     let mut attempt = 0u32;
     // The last answer saying a request with this key may be in progress.
     let mut reached: Option<Outcome> = None;
     loop {
         *tries += 1;
-        let result = one_try(client, downstream, wire).await;
+        let result = one_try(client, downstream, prepared).await;
         match result {
             Try::Done(outcome) => return after_earlier_tries(outcome, reached),
             Try::Retry { reason, after, exhausted } => {
@@ -97,10 +97,10 @@ fn after_earlier_tries(outcome: Outcome, reached: Option<Outcome>) -> Outcome {
     }
 }
 
-async fn one_try(client: &reqwest::Client, d: &Downstream, wire: &Wire) -> Try {
-    let method = reqwest::Method::from_bytes(wire.method.as_bytes()).unwrap_or(reqwest::Method::POST);
-    let mut request = client.request(method, wire.url.clone()).timeout(d.timeout).body(wire.body.clone());
-    for (name, value) in &wire.headers {
+async fn one_try(client: &reqwest::Client, d: &Downstream, prepared: &Prepared) -> Try {
+    let method = reqwest::Method::from_bytes(prepared.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+    let mut request = client.request(method, prepared.url.clone()).timeout(d.timeout).body(prepared.body.clone());
+    for (name, value) in &prepared.headers {
         request = request.header(name.as_str(), value.as_str());
     }
     let response = match request.send().await {
@@ -203,10 +203,10 @@ fn retry_after(headers: &[(String, String)]) -> Option<Duration> {
 
 /// The body of a downstream's answer, at most [`MAX_RESPONSE_BYTES`].
 async fn read_capped(response: reqwest::Response) -> Result<Vec<u8>, String> {
-    crate::body::collect_within(response, MAX_RESPONSE_BYTES as u64).await.map_err(|e| match e {
-        crate::body::BodyError::TooLarge => format!("it exceeds {MAX_RESPONSE_BYTES} bytes"),
-        crate::body::BodyError::Transport(e) => error_chain(&e),
-        crate::body::BodyError::Sink(e) => e.to_string(),
+    crate::net::body::collect_within(response, MAX_RESPONSE_BYTES as u64).await.map_err(|e| match e {
+        crate::net::body::BodyError::TooLarge => format!("it exceeds {MAX_RESPONSE_BYTES} bytes"),
+        crate::net::body::BodyError::Transport(e) => error_chain(&e),
+        crate::net::body::BodyError::Sink(e) => e.to_string(),
     })
 }
 

@@ -27,7 +27,6 @@ impl Wires {
     /// A credential cannot be read or sent, or an HTTP client cannot be
     /// built (no TLS roots, for instance).
     pub fn new(downstreams: &Downstreams) -> Result<Self, String> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut resolved = Downstreams::new();
         for (name, d) in downstreams {
             let mut d = (**d).clone();
@@ -44,7 +43,7 @@ impl Wires {
             }
             resolved.insert(name.clone(), Arc::new(d));
         }
-        let clients = resolved.iter().map(|(name, d)| Ok((name.clone(), super::tls::client(d)?))).collect::<Result<_, String>>()?;
+        let clients = resolved.iter().map(|(name, d)| Ok((name.clone(), client(d)?))).collect::<Result<_, String>>()?;
         Ok(Self { downstreams: resolved, clients })
     }
 
@@ -65,4 +64,18 @@ impl Wires {
     pub fn hold_wait(&self, grants: &[Grant]) -> std::time::Duration {
         grants.iter().filter_map(|g| self.downstreams.get(&g.downstream)).map(|d| d.reconcile_window).max().unwrap_or(super::DEFAULT_HOLD_WAIT)
     }
+}
+
+/// The HTTP client of downstream `d`: its TLS and proxy as the reviewer
+/// set them, no redirect followed (the plugin sees the 3xx: a redirect
+/// could lead outside the grants), each try within `timeout_ms`.
+///
+/// # Errors
+/// A CA file, client certificate or key cannot be read or used, or the
+/// proxy URL cannot be used: the host refuses to start.
+fn client(d: &Downstream) -> Result<reqwest::Client, String> {
+    let label = format!("downstream `{}`", d.name);
+    let tls = if d.origin.scheme() == "https" { Some(crate::net::tls::rustls_config(&d.tls, &label)?) } else { None };
+    let peer = crate::net::Peer { proxy: d.proxy.as_ref(), ..crate::net::Peer::direct(&label, tls, crate::net::Deadlines::within(d.timeout)) };
+    crate::net::client(peer)
 }

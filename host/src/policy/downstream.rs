@@ -3,7 +3,8 @@
 //! reconcile window, and the credential the host injects (read once, never
 //! shown to a plugin).
 
-use super::network::{self, TlsPolicy};
+use super::network;
+use crate::net::TlsPolicy;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use std::time::Duration;
 use url::Url;
 
 /// Default per-try timeout of a downstream.
-pub const DEFAULT_TIMEOUT_MS: u64 = 8_000;
+pub const DEFAULT_TIMEOUT_MS: u64 = crate::net::deadlines::DOWNSTREAM_TRY_MS;
 /// Default retries after the first try (same key each time).
 pub const DEFAULT_MAX_RETRIES: u32 = 3;
 /// Default first backoff; doubled per retry, capped at [`MAX_BACKOFF`].

@@ -16,6 +16,7 @@ mod network;
 mod plugin;
 mod registry;
 
+pub use crate::net::TlsPolicy;
 pub use approval::{ApprovalRule, DEFAULT_APPROVAL_MINUTES, RawApproval};
 pub use ask::QuestionKind;
 pub use authorize::{Refusal, authorize};
@@ -25,7 +26,7 @@ pub use downstream::{
 };
 pub use effect::Effect;
 pub use effective::{Budgets, EffectiveGrant, EffectivePolicy, InjectedCredential, TlsView, ToolClass};
-pub use network::{TlsPolicy, is_loopback};
+pub use network::is_loopback;
 pub use plugin::{DEFAULT_MAX_SENDS_PER_CALL, GRANTABLE_METHODS, Grant, PluginPolicy};
 pub use registry::{RawRegistry, RawSignedBy, RawSigner, Registries, Registry, RegistryCredentials};
 

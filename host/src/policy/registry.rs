@@ -59,7 +59,7 @@ pub struct Registry {
     pub credentials: RegistryCredentials,
     /// The largest component pulled from it.
     pub max_component_bytes: u64,
-    /// How long one exchange with it may take in all ([`crate::registry::DEFAULT_TIMEOUT`]).
+    /// How long one exchange with it may take in all ([`crate::net::deadlines::REGISTRY`]).
     pub timeout: std::time::Duration,
 }
 
@@ -76,7 +76,7 @@ impl Registry {
             tls: TlsPolicy::default(),
             credentials: RegistryCredentials::Anonymous,
             max_component_bytes: crate::registry::DEFAULT_MAX_COMPONENT_BYTES,
-            timeout: crate::registry::DEFAULT_TIMEOUT,
+            timeout: crate::net::deadlines::REGISTRY,
         }
     }
 
@@ -107,7 +107,7 @@ impl Registry {
             Some(mb) => mb << 20,
         };
         let timeout = match raw.timeout_seconds {
-            None => crate::registry::DEFAULT_TIMEOUT,
+            None => crate::net::deadlines::REGISTRY,
             Some(0) => return Err(("timeout_seconds".into(), "must be at least 1".into())),
             Some(s) => std::time::Duration::from_secs(s.min(3_600)),
         };

@@ -19,22 +19,7 @@ pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 /// The largest token response read.
 const MAX_TOKEN_BYTES: u64 = 64 << 10;
 
-/// How long one exchange with a registry may take in all — connecting,
-/// the answer, its whole body — unless `[policy.registries."HOST"]
-/// timeout_seconds` says otherwise. A silent registry costs a start at most
-/// this (the cache then stands in: `super::fetch`).
-pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The slowest a blob may arrive: its deadline is the timeout plus one
-/// second per this many bytes of its size, so a registry trickling a blob
-/// cannot stall a start for ever.
-pub const MIN_BYTES_PER_SECOND: u64 = 256 << 10;
-
-/// How long moving `bytes` may take: `timeout`, plus one second per
-/// [`MIN_BYTES_PER_SECOND`].
-pub fn deadline(timeout: std::time::Duration, bytes: u64) -> std::time::Duration {
-    timeout + std::time::Duration::from_secs(bytes / MIN_BYTES_PER_SECOND)
-}
+use crate::net::deadlines::blob as deadline;
 
 /// A client of one registry.
 pub struct Client {
@@ -43,7 +28,7 @@ pub struct Client {
     credentials: Option<Credentials>,
     /// The bearer token last issued, with the scope it was asked for.
     token: Mutex<Option<(String, String)>>,
-    /// How long one exchange may take in all ([`DEFAULT_TIMEOUT`]).
+    /// How long one exchange may take in all ([`crate::net::deadlines::REGISTRY`]).
     timeout: std::time::Duration,
     /// Why the registry is not asked any more, once an exchange found it
     /// unreachable: a client serves one load, whose later lookups the cache
@@ -61,37 +46,29 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// A client of `registry` (`host[:port]`) over HTTPS with `tls`, or over
     /// plain HTTP where `tls` is `None` (the caller allows that only on
-    /// loopback), each exchange given `timeout` in all (a blob more: [`deadline`]).
+    /// loopback), each exchange given `timeout` in all (a blob more:
+    /// [`crate::net::deadlines::blob`]).
     ///
     /// # Errors
     /// The HTTP client cannot be built.
     pub fn new(registry: &str, tls: Option<rustls::ClientConfig>, credentials: Option<Credentials>, timeout: std::time::Duration) -> Result<Self, String> {
-        // reqwest needs a process-wide provider even for plain HTTP; the host uses ring throughout.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let base = Url::parse(&format!("{scheme}://{registry}/")).map_err(|e| format!("registry `{registry}`: {e}"))?;
-        let builder = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(timeout)
-            .read_timeout(timeout)
-            // Blobs are often served from a storage service the registry redirects to;
-            // reqwest drops the Authorization header when a redirect changes host.
-            // Never from HTTPS down to plain HTTP, and plain HTTP only on loopback.
-            .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                let (safe, url) = (safe_to_reach(attempt.url()), attempt.url().to_string());
-                if attempt.previous().len() >= 5 {
-                    attempt.error("more than 5 redirects")
-                } else if safe {
-                    attempt.follow()
-                } else {
-                    attempt.error(format!("a redirect to {url}, which is neither https nor loopback"))
-                }
-            }));
-        let builder = match tls {
-            Some(config) => builder.tls_backend_preconfigured(config),
-            None => builder,
-        };
-        let http = builder.build().map_err(|e| format!("cannot build the HTTP client of registry `{registry}`: {e}"))?;
+        // Blobs are often served from a storage service the registry redirects to;
+        // reqwest drops the Authorization header when a redirect changes host.
+        // Never from HTTPS down to plain HTTP, and plain HTTP only on loopback.
+        let redirect = reqwest::redirect::Policy::custom(|attempt| {
+            let (safe, url) = (safe_to_reach(attempt.url()), attempt.url().to_string());
+            if attempt.previous().len() >= 5 {
+                attempt.error("more than 5 redirects")
+            } else if safe {
+                attempt.follow()
+            } else {
+                attempt.error(format!("a redirect to {url}, which is neither https nor loopback"))
+            }
+        });
+        let label = format!("registry `{registry}`");
+        let http = crate::net::client(crate::net::Peer { redirect, ..crate::net::Peer::direct(&label, tls, crate::net::Deadlines::within(timeout)) })?;
         Ok(Self { base, http, credentials, token: Mutex::new(None), timeout, gone: std::sync::Mutex::default() })
     }
 
@@ -368,13 +345,13 @@ async fn success(response: reqwest::Response, what: &str) -> Result<reqwest::Res
 
 /// Reads a body chunk by chunk into `sink`, failing once it passes `max` bytes.
 async fn read_bounded(response: reqwest::Response, max: u64, what: &str, sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> Result<u64, RegistryError> {
-    crate::body::read_within(response, max, sink).await.map_err(|e| match e {
-        crate::body::BodyError::TooLarge => RegistryError::invalid(format!("{what} is larger than the {max} bytes toolguard reads")),
-        crate::body::BodyError::Transport(e) => {
+    crate::net::body::read_within(response, max, sink).await.map_err(|e| match e {
+        crate::net::body::BodyError::TooLarge => RegistryError::invalid(format!("{what} is larger than the {max} bytes toolguard reads")),
+        crate::net::body::BodyError::Transport(e) => {
             let cut = RegistryError::transport(e);
             RegistryError::unreachable(format!("{what}: {} (the whole answer must arrive within its deadline)", cut.message))
         }
-        crate::body::BodyError::Sink(e) => RegistryError::local(format!("{what}: {e}")),
+        crate::net::body::BodyError::Sink(e) => RegistryError::local(format!("{what}: {e}")),
     })
 }
 

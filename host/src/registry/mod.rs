@@ -20,7 +20,7 @@ pub mod trusted_root;
 
 pub use cache::Cache;
 pub use credentials::Credentials;
-pub use distribution::{Client, DEFAULT_TIMEOUT, MAX_MANIFEST_BYTES, MIN_BYTES_PER_SECOND};
+pub use distribution::{Client, MAX_MANIFEST_BYTES};
 pub use reference::OciRef;
 pub use referrers::attach_bundle;
 use std::collections::BTreeMap;
@@ -111,7 +111,7 @@ pub struct Fetched {
 /// manifest's cosign signatures and sigstore bundles. Once `client` has
 /// found the registry unreachable — in this fetch, or an earlier one of the
 /// same load ([`Client::gone`]) — every later step is answered from the
-/// cache, so a silent registry costs a load one [`DEFAULT_TIMEOUT`] (its
+/// cache, so a silent registry costs a load one [`crate::net::deadlines::REGISTRY`] (its
 /// `timeout_seconds`) at most, not one per lookup.
 ///
 /// # Errors
@@ -208,7 +208,7 @@ impl At<'_> {
     }
 
     /// Blob `digest`, at most `size` bytes: from the cache, else downloaded
-    /// into it within its deadline ([`distribution::deadline`]).
+    /// into it within its deadline ([`crate::net::deadlines::blob`]).
     async fn blob(&self, digest: &str, size: u64) -> Result<Vec<u8>, RegistryError> {
         let Self { client, cache, r, .. } = self;
         let repository = &r.repository;

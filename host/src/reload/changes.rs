@@ -1,46 +1,15 @@
-//! What a reload may not change: settings only a restart can change, and —
-//! while an action is unresolved — what makes two calls the same action or
-//! carries its key to the provider (`docs/operations.md`).
+//! What a reload may not change while an action is unresolved — what makes
+//! two calls the same action or carries its key to the provider — and what
+//! it leaves behind (`docs/operations.md`). Settings only a restart applies
+//! are each config section's own word ([`crate::config::RestartOnly`]).
 
-use crate::config::{Config, McpConfig};
+use crate::config::Config;
 use crate::ledger::AttemptState;
 use crate::policy::Effect;
 use crate::runtime::Runtime;
-use std::fmt::Debug;
 
 /// At most this many calls are named in one refusal or warning.
 const NAMED: usize = 10;
-
-/// The settings `new` changes that only a restart applies: where the ledger
-/// and caches live, the engine, retention, how MCP listens.
-pub(super) fn needing_restart(old: &Config, new: &Config) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut compare = |what: &str, a: &dyn Debug, b: &dyn Debug| {
-        if format!("{a:?}") != format!("{b:?}") {
-            found.push(format!("{what} changed"));
-        }
-    };
-    compare("`data_dir`", &old.data_dir, &new.data_dir);
-    compare("the ledger (`ledger`, `ledger_url_env`)", &old.ledger, &new.ledger);
-    compare("`ledger_cache_mib`", &old.ledger_cache_mib, &new.ledger_cache_mib);
-    compare("`ledger_pool`", &old.ledger_pool, &new.ledger_pool);
-    compare("`compile_cache`", &old.compile_cache, &new.compile_cache);
-    compare("[engine]", &old.engine, &new.engine);
-    compare("[retention]", &old.retention, &new.retention);
-    compare("[mcp] (beyond its tokens and [mcp.oauth] issuers and scopes)", &listening(&old.mcp), &listening(&new.mcp));
-    found
-}
-
-/// The MCP settings only a restart applies: all but who may come in. Whether
-/// OAuth is on, and its resource (the metadata's paths), are among them.
-fn listening(mcp: &McpConfig) -> (McpConfig, Option<String>) {
-    let mut kept = mcp.clone();
-    kept.tokens.clear();
-    kept.token_env = None;
-    kept.token_principal.clear();
-    let resource = kept.oauth.take().map(|o| o.resource);
-    (kept, resource)
-}
 
 /// A change to the identity of an action, and what it touches.
 struct IdentityChange {

@@ -2,7 +2,7 @@
 //! SIGHUP or `toolguard reload`, the configuration is read again and checked
 //! whole — parse, pins and signatures, imports, footprints, compilation,
 //! credentials, what MCP clients may present — and a change that fails any
-//! check, needs a restart ([`changes::needing_restart`]), or would change
+//! check, needs a restart ([`crate::config::RestartOnly`], each section's own), or would change
 //! the identity of an action still unresolved ([`changes::identity`]) is
 //! refused whole: the running generation keeps serving. A valid change is
 //! swapped in at once. A call holds the generation that admitted it until
@@ -12,7 +12,7 @@
 
 mod changes;
 
-use crate::config::Config;
+use crate::config::{Config, RestartOnly};
 use crate::runtime::Runtime;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -152,7 +152,7 @@ impl Live {
             return Err(Refused("this host serves a fixed set of tools, not a config file; restart it to change them".into()));
         };
         let config = tokio::task::spawn_blocking(move || Config::load(&path)).await.map_err(|e| Refused(e.to_string()))?.map_err(|e| Refused(e.to_string()))?;
-        let restart = changes::needing_restart(&old_config, &config);
+        let restart = old_config.restart_only_changes(&config);
         if !restart.is_empty() {
             return Err(Refused(format!("{}; restart `toolguard serve` for these", restart.join("; "))));
         }

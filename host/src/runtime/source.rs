@@ -175,7 +175,7 @@ pub fn read_local(plugin: &PluginConfig) -> Result<Vec<u8>, LoadError> {
 /// Its TLS settings or credentials cannot be used.
 pub fn client_for(settings: &Registry) -> Result<Client, String> {
     let label = format!("registry `{}`", settings.host);
-    let tls = if settings.plain_http { None } else { Some(crate::guard::tls::rustls_config(&settings.tls, &label)?) };
+    let tls = if settings.plain_http { None } else { Some(crate::net::tls::rustls_config(&settings.tls, &label)?) };
     let credentials = match &settings.credentials {
         RegistryCredentials::Anonymous => None,
         RegistryCredentials::DockerConfig(path) => registry::credentials::from_docker_config(path, &settings.host)?,

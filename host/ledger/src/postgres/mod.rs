@@ -55,6 +55,13 @@ use std::time::Duration;
 /// says otherwise (`ledger_pool`).
 pub const DEFAULT_POOL_SIZE: u32 = 16;
 
+/// Connecting to the server (TCP, TLS, authentication) unless the URL's
+/// `connect_timeout` says otherwise, and waiting for a pooled connection:
+/// a server that does not answer fails the start or the operation with a
+/// message instead of holding it (the host names it among its deadlines,
+/// `toolguard::net::deadlines::POSTGRES_CONNECT`).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A PostgreSQL ledger: a pool of connections to one database.
 pub(crate) struct Postgres {
     /// Always `Some` until dropped.
@@ -87,9 +94,12 @@ pub fn redacted(url: &str) -> String {
 impl Postgres {
     /// Connects to `url` and creates or migrates the schema.
     pub(crate) fn connect(url: &str, pool_size: u32) -> Result<Self, BackendError> {
-        let (config, tls) = tls::config(url)?;
+        let (mut config, tls) = tls::config(url)?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
         let manager = Manager::new(PostgresConnectionManager::new(config, tls));
-        let pool = Pool::builder().max_size(pool_size.max(1)).min_idle(Some(1)).connection_timeout(Duration::from_secs(10)).build(manager).map_err(|e| {
+        let pool = Pool::builder().max_size(pool_size.max(1)).min_idle(Some(1)).connection_timeout(CONNECT_TIMEOUT).build(manager).map_err(|e| {
             let tls = if url.contains("sslmode=verify") {
                 ", and that `sslrootcert` is the CA that signed the server's certificate (for verify-full, one naming this host)"
             } else {

@@ -61,18 +61,13 @@ impl IssuerKeys {
     /// Its TLS settings cannot be used.
     pub fn new(issuer: &IssuerConfig, oauth: &OAuthConfig) -> Result<Self, String> {
         let label = format!("authorization server `{}`", issuer.issuer);
-        let builder = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(10));
-        let tls = issuer.tls.clone().unwrap_or_default();
-        let builder = builder.tls_backend_preconfigured(crate::guard::tls::rustls_config(&tls, &label)?);
+        let tls = crate::net::tls::rustls_config(&issuer.tls.clone().unwrap_or_default(), &label)?;
+        let http = crate::net::client(crate::net::Peer::direct(&label, Some(tls), crate::net::deadlines::AUTHORIZATION_SERVER))?;
         Ok(Self {
             issuer: issuer.issuer.clone(),
             principal_prefix: issuer.principal_prefix.clone(),
             config: issuer.clone(),
-            http: builder.build().map_err(|e| format!("{label}: {e}"))?,
+            http,
             max_age: Duration::from_secs(oauth.keys_max_age_seconds),
             refetch: Duration::from_secs(oauth.refetch_min_seconds),
             state: Mutex::new(State::default()),
@@ -167,10 +162,10 @@ impl IssuerKeys {
         if !response.status().is_success() {
             return Err(format!("{url} answered {}", response.status()));
         }
-        crate::body::collect_within(response, MAX_DOCUMENT_BYTES as u64).await.map_err(|e| match e {
-            crate::body::BodyError::TooLarge => format!("{url}: larger than {MAX_DOCUMENT_BYTES} bytes"),
-            crate::body::BodyError::Transport(e) => format!("{url}: {e}"),
-            crate::body::BodyError::Sink(e) => format!("{url}: {e}"),
+        crate::net::body::collect_within(response, MAX_DOCUMENT_BYTES as u64).await.map_err(|e| match e {
+            crate::net::body::BodyError::TooLarge => format!("{url}: larger than {MAX_DOCUMENT_BYTES} bytes"),
+            crate::net::body::BodyError::Transport(e) => format!("{url}: {e}"),
+            crate::net::body::BodyError::Sink(e) => format!("{url}: {e}"),
         })
     }
 }

@@ -11,7 +11,7 @@ const FORBIDDEN_HEADERS: &[&str] = &["authorization", "proxy-authorization", "id
 /// A request ready to send: the plugin's, with the key (and any credential)
 /// attached. Deliberately not `Debug`: it may carry a secret.
 #[derive(Clone)]
-pub struct Wire {
+pub struct Prepared {
     /// The HTTP method.
     pub method: String,
     /// The absolute URL, already checked against the grants.
@@ -22,14 +22,7 @@ pub struct Wire {
     pub body: Vec<u8>,
 }
 
-/// The most headers a plugin's request may carry.
-pub const MAX_HEADERS: usize = 64;
-/// The longest header name, in bytes.
-pub const MAX_HEADER_NAME_BYTES: usize = 256;
-/// The longest header value, in bytes.
-pub const MAX_HEADER_VALUE_BYTES: usize = 8 << 10;
-/// All header names and values of one request together, in bytes.
-pub const MAX_HEADER_BYTES: usize = 64 << 10;
+use crate::net::http::{MAX_HEADER_BYTES, MAX_HEADER_NAME_BYTES, MAX_HEADER_VALUE_BYTES, MAX_HEADERS};
 
 /// Refuses a request whose headers the HTTP stack could not carry (too
 /// many, too large, or not valid names and values — a CR, LF or NUL in a
@@ -123,7 +116,7 @@ pub fn check_method(method: &str) -> Result<(), String> {
 /// The wire form of a checked request, with `key` attached by every
 /// transport the downstream configures (`None`: an unkeyed fetch) and the
 /// downstream's credential, if it has one.
-pub fn build(request: &StoredRequest, mut url: url::Url, downstream: &Downstream, key: Option<&str>) -> Wire {
+pub fn build(request: &StoredRequest, mut url: url::Url, downstream: &Downstream, key: Option<&str>) -> Prepared {
     let mut headers = request.headers.clone();
     if let (Some(spec), Some(secret)) = (&downstream.credential, &downstream.secret) {
         headers.push((spec.header.clone(), secret.expose().to_string()));
@@ -154,7 +147,7 @@ pub fn build(request: &StoredRequest, mut url: url::Url, downstream: &Downstream
             }
         }
     }
-    Wire { method: request.method.to_ascii_uppercase(), url, headers, body }
+    Prepared { method: request.method.to_ascii_uppercase(), url, headers, body }
 }
 
 /// The value at `name` of a JSON body: a top-level field, or with a leading
