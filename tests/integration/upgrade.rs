@@ -70,7 +70,7 @@ async fn a_host_whose_ledger_a_newer_toolguard_migrated_admits_no_recorded_call_
     let out = f.hosts[0].call(&status).await.expect("read-only calls still run");
     assert!(out.value.to_string().contains("re_"), "it lists the one refund: {}", out.value);
     // The ledger is this build's schema again (the upgrade was rolled back).
-    set_schema(&f.ledger, "3");
+    set_schema(&f.ledger, toolguard::ledger::Ledger::schema());
     f.hosts[0].takeover_pass().await.unwrap();
     let out = f.refund(0, "c2", 300).await.expect("the host serves again");
     assert!(!out.replayed);

@@ -4,7 +4,7 @@
 //! may go on.
 
 use super::records::{AttemptRecord, AttemptState, CallRecord, CallState, EpisodeId, GrantRecord};
-use super::{BackendError, Charge, Superseding};
+use super::{BackendError, Charge, Spend, Superseding};
 
 /// Whether `attempts` prove their call sent nothing that could have taken
 /// effect: none, or each settled as never sent (by the transport or an operator).
@@ -27,6 +27,17 @@ pub(super) fn within_budget(c: &Charge, used: u64) -> Result<(), BackendError> {
         return Ok(());
     }
     Err(BackendError::Refused(format!("{} is spent ({} in the last hour)", c.what, c.max)))
+}
+
+/// A spend from a limit, given what its scope already holds in its window.
+pub(super) fn within_limit(s: &Spend, used: u64) -> Result<(), BackendError> {
+    if used.saturating_add(s.amount) <= s.max {
+        return Ok(());
+    }
+    Err(BackendError::Refused(format!(
+        "{}: {used} of {} is used in this window, and this call would add {}; room returns when the window ends ({} ms, Unix time) or a use is released",
+        s.what, s.max, s.amount, s.until_ms
+    )))
 }
 
 /// The refusal of a write of tool call `call_id` over a record of the same

@@ -42,7 +42,7 @@ pub use records::{
 pub use rocks::DEFAULT_BLOCK_CACHE_MIB;
 #[cfg(any(test, feature = "bench"))]
 pub use rocks::simulate_slow_fsync;
-pub use write::{Charge, EpisodeOp, LedgerWrite, Prior, Superseding};
+pub use write::{Charge, EpisodeOp, LedgerWrite, Prior, Release, Spend, Superseding};
 
 use backend::{Backend, Pending};
 use error::BackendError;
@@ -62,12 +62,12 @@ pub struct FirstLook {
 }
 
 /// The schema version this code reads and writes: 2 added episodes, 3
-/// retention (`docs/ledger.md`, "Schema versions"); older ones are migrated
-/// on open.
-pub(crate) const SCHEMA: &str = "3";
+/// retention, 4 spending limits (`docs/ledger.md`, "Schema versions");
+/// older ones are migrated on open.
+pub(crate) const SCHEMA: &str = "4";
 
 /// The older schema versions this code migrates from ([`SCHEMA`]'s history).
-pub(crate) const MIGRATES_FROM: &[&str] = &["1", "2"];
+pub(crate) const MIGRATES_FROM: &[&str] = &["1", "2", "3"];
 
 /// Whether a write waits for the WAL to reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,8 +197,13 @@ impl Ledger {
             "1" => {
                 migrate::to_2(&ledger)?;
                 migrate::to_3(&ledger)?;
+                migrate::to_4(&ledger)?;
             }
-            "2" => migrate::to_3(&ledger)?,
+            "2" => {
+                migrate::to_3(&ledger)?;
+                migrate::to_4(&ledger)?;
+            }
+            "3" => migrate::to_4(&ledger)?,
             other => return Err(failed(format!("schema {other} is not {SCHEMA}; use a matching toolguard"))),
         }
         Ok(ledger)

@@ -75,3 +75,12 @@ pub(super) fn to_3(ledger: &Ledger) -> Result<(), LedgerError> {
     tracing::info!(ledger = %ledger.location(), retiring = entries.len(), "ledger migrated from schema 2 to 3");
     Ok(())
 }
+
+/// 3 → 4: spending limits. The table or family of limits' uses is created
+/// empty where the ledger opens (nothing to fill: no use was ever spent
+/// before), so this only records the version.
+pub(super) fn to_4(ledger: &Ledger) -> Result<(), LedgerError> {
+    ledger.backend.set_schema("4").map_err(|e| ledger.backend_err(e))?;
+    tracing::info!(ledger = %ledger.location(), "ledger migrated from schema 3 to 4");
+    Ok(())
+}

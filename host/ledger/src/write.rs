@@ -16,6 +16,10 @@ pub struct LedgerWrite {
     pub(super) reports: Vec<Report>,
     pub(super) superseding: Option<Superseding>,
     pub(super) charges: Vec<Charge>,
+    /// Uses of spending limits, each refused whole if it would pass its limit.
+    pub(super) spends: Vec<Spend>,
+    /// Uses of spending limits given back: their call never took effect.
+    pub(super) releases: Vec<Release>,
     /// Retire-index entries to add beside those the records imply (migrations).
     pub(super) retire: Vec<RetireEntry>,
 }
@@ -50,6 +54,47 @@ pub struct Charge {
     pub call_id: String,
     /// What the budget is, for the refusal's message.
     pub what: String,
+}
+
+/// One use of a spending limit (an amount: cents of a refund, or 1 for a
+/// count), recorded with the write that admits its call; the write is
+/// refused whole ([`LedgerError::is_refused`]) if the uses `scope` already
+/// holds at or after `since_ms` (the window's start), plus `amount`, would
+/// pass `max`. A use counts until it is released ([`LedgerWrite::release`]:
+/// its call settled as never having happened) — a call whose outcome is
+/// unknown keeps counting — and is forgotten by retention once its window
+/// has ended (`until_ms`). Scopes are opaque strings the guard builds (the
+/// limit, its principal or tenant, its currency); one write at a time
+/// spends from a scope, on a fleet too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spend {
+    /// What the limit counts, and for whom.
+    pub scope: String,
+    /// The most the window may hold.
+    pub max: u64,
+    /// The window's start (Unix ms, the ledger's clock).
+    pub since_ms: u64,
+    /// The window's end: past it this use no longer counts for anything.
+    pub until_ms: u64,
+    /// This use's time (Unix ms, the ledger's clock).
+    pub at_ms: u64,
+    /// The call spending it.
+    pub call_id: String,
+    /// How much it spends (at least 1).
+    pub amount: u64,
+    /// The limit, in words, for the refusal's message.
+    pub what: String,
+}
+
+/// A use of a spending limit given back ([`Spend`] by its scope, time and call).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// The use's scope.
+    pub scope: String,
+    /// The use's time.
+    pub at_ms: u64,
+    /// The call it was spent for.
+    pub call_id: String,
 }
 
 /// A change to an episode record.
@@ -173,18 +218,33 @@ impl LedgerWrite {
     /// together, atomically. Only for writes without conditions (a
     /// supersession or a budget charge is refused whole, so it stays alone).
     pub fn and(mut self, other: LedgerWrite) -> Self {
-        debug_assert!(other.superseding.is_none() && other.charges.is_empty(), "a conditional write is not merged");
+        debug_assert!(other.superseding.is_none() && other.charges.is_empty() && other.spends.is_empty(), "a conditional write is not merged");
         self.calls.extend(other.calls);
         self.attempts.extend(other.attempts);
         self.episodes.extend(other.episodes);
         self.reports.extend(other.reports);
         self.retire.extend(other.retire);
+        self.releases.extend(other.releases);
         self
     }
 
     /// Spends one use of a budget with this write (see [`Charge`]).
     pub fn charge(mut self, charge: Charge) -> Self {
         self.charges.push(charge);
+        self
+    }
+
+    /// Spends from a limit with this write (see [`Spend`]); an amount of 0 spends nothing.
+    pub fn spend(mut self, spend: Spend) -> Self {
+        if spend.amount > 0 {
+            self.spends.push(spend);
+        }
+        self
+    }
+
+    /// Gives a limit's use back with this write (see [`Release`]).
+    pub fn release(mut self, release: Release) -> Self {
+        self.releases.push(release);
         self
     }
 }

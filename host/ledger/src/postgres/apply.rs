@@ -12,7 +12,14 @@ use r2d2_postgres::postgres::GenericClient;
 pub(super) fn most_statements(write: &LedgerWrite) -> usize {
     let superseding = if write.superseding.is_some() { 2 } else { 0 };
     // A call or a closed episode may add an entry to the retire index.
-    superseding + 3 * write.charges.len() + 2 * write.calls.len() + write.retire.len() + write.attempts.len() + write.reports.len() + 2 * write.episodes.len()
+    superseding
+        + 3 * (write.charges.len() + write.spends.len())
+        + write.releases.len()
+        + 2 * write.calls.len()
+        + write.retire.len()
+        + write.attempts.len()
+        + write.reports.len()
+        + 2 * write.episodes.len()
 }
 
 /// Runs `write`'s statements on `tx`: a transaction, or a connection when
@@ -39,6 +46,22 @@ pub(super) fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWri
         checks::within_budget(c, u64::try_from(used).unwrap_or(0))?;
         let sql = "INSERT INTO toolguard_budget (scope, at_ms, call_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
         tx.execute(sql, &[&c.scope, &big(c.at_ms)?, &c.call_id]).map_err(db)?;
+    }
+    for s in &write.spends {
+        // The limit's scope row, locked until the commit as a budget's is:
+        // two hosts spending from one limit queue here, so they cannot
+        // both pass its edge.
+        let sql = "INSERT INTO toolguard_budget_scopes (scope) VALUES ($1) ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope";
+        tx.execute(sql, &[&s.scope]).map_err(db)?;
+        let sql = "SELECT coalesce(sum(amount), 0)::BIGINT FROM toolguard_spend WHERE scope = $1 AND at_ms >= $2";
+        let used: i64 = tx.query_one(sql, &[&s.scope, &big(s.since_ms)?]).map_err(db)?.get(0);
+        checks::within_limit(s, u64::try_from(used).unwrap_or(0))?;
+        let sql = "INSERT INTO toolguard_spend (scope, at_ms, call_id, amount, until_ms) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING";
+        tx.execute(sql, &[&s.scope, &big(s.at_ms)?, &s.call_id, &big(s.amount)?, &big(s.until_ms)?]).map_err(db)?;
+    }
+    for r in &write.releases {
+        let sql = "DELETE FROM toolguard_spend WHERE scope = $1 AND at_ms = $2 AND call_id = $3";
+        tx.execute(sql, &[&r.scope, &big(r.at_ms)?, &r.call_id]).map_err(db)?;
     }
     for call in &write.calls {
         // Only over a row of the same action: two hosts that both found a

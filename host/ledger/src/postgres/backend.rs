@@ -200,7 +200,10 @@ impl Backend for Postgres {
     fn forget_budget_before(&self, before_ms: u64) -> Result<u64, BackendError> {
         off_async(|| {
             let sql = "DELETE FROM toolguard_budget WHERE at_ms < $1";
-            self.execute(sql, &[&big(before_ms)?])
+            let budget = self.execute(sql, &[&big(before_ms)?])?;
+            // A limit's use, once its window has ended.
+            let sql = "DELETE FROM toolguard_spend WHERE until_ms < $1";
+            Ok(budget + self.execute(sql, &[&big(before_ms)?])?)
         })
     }
 

@@ -25,8 +25,15 @@ const REPORT_AND_CLOSE: &str = "WITH reported AS (\
 /// A report with the close of an episode, when that is all `write` holds.
 pub(super) fn report_and_close(write: &LedgerWrite) -> Option<(&Report, &EpisodeId, u64)> {
     // Every field named: a new kind of record must be considered here.
-    let LedgerWrite { calls, attempts, episodes, reports, superseding, charges, retire } = write;
-    if !calls.is_empty() || !attempts.is_empty() || superseding.is_some() || !charges.is_empty() || !retire.is_empty() {
+    let LedgerWrite { calls, attempts, episodes, reports, superseding, charges, spends, releases, retire } = write;
+    if !calls.is_empty()
+        || !attempts.is_empty()
+        || superseding.is_some()
+        || !charges.is_empty()
+        || !spends.is_empty()
+        || !releases.is_empty()
+        || !retire.is_empty()
+    {
         return None;
     }
     match (reports.as_slice(), episodes.as_slice()) {

@@ -48,7 +48,7 @@ use prepared::{Manager, Param, Params, Prepared, Uncommitted};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{Row, Transaction};
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
-use schema::{MIGRATION_1, MIGRATION_2, MIGRATION_3};
+use schema::{MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4};
 use std::time::Duration;
 
 /// Connections one host keeps to a PostgreSQL ledger unless its config
@@ -154,7 +154,7 @@ impl Postgres {
         }
         let mut last = String::new();
         for _ in 0..5 {
-            match self.client()?.client.batch_execute(&format!("{MIGRATION_1}{MIGRATION_2}{MIGRATION_3}")) {
+            match self.client()?.client.batch_execute(&format!("{MIGRATION_1}{MIGRATION_2}{MIGRATION_3}{MIGRATION_4}")) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = e.to_string(),
             }

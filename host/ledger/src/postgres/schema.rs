@@ -79,3 +79,18 @@ CREATE TABLE IF NOT EXISTS toolguard_expired (
     pruned_ms BIGINT NOT NULL
 );
 ";
+
+/// Version 4: spending limits' uses (`LedgerWrite::spend`), summed per
+/// scope from a window's start; their scopes are locked through
+/// `toolguard_budget_scopes`, as budgets' are.
+pub(super) const MIGRATION_4: &str = "
+CREATE TABLE IF NOT EXISTS toolguard_spend (
+    scope TEXT NOT NULL,
+    at_ms BIGINT NOT NULL,
+    call_id TEXT NOT NULL,
+    amount BIGINT NOT NULL,
+    until_ms BIGINT NOT NULL,
+    PRIMARY KEY (scope, at_ms, call_id)
+);
+CREATE INDEX IF NOT EXISTS toolguard_spend_by_end ON toolguard_spend (until_ms);
+";

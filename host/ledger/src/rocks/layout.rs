@@ -19,7 +19,8 @@ pub(super) const CF_EPISODE_CALLS: &str = "episode_calls";
 pub(super) const CF_RETIRE: &str = "retire";
 pub(super) const CF_EXPIRED: &str = "expired";
 pub(super) const CF_LATEST: &str = "latest_episode";
-pub(super) const ALL_CFS: [&str; 13] = [
+pub(super) const CF_SPEND: &str = "spend";
+pub(super) const ALL_CFS: [&str; 14] = [
     CF_META,
     CF_CALLS,
     CF_ATTEMPTS,
@@ -33,6 +34,7 @@ pub(super) const ALL_CFS: [&str; 13] = [
     CF_RETIRE,
     CF_EXPIRED,
     CF_LATEST,
+    CF_SPEND,
 ];
 
 pub(super) fn session_prefix(session: &str) -> Vec<u8> {

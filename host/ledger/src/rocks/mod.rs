@@ -202,6 +202,25 @@ impl Rocks {
         Ok(n)
     }
 
+    /// The sum of the limit uses under `prefix` from key `from` on, read
+    /// only until it passes `enough` (then the caller refuses anyway).
+    fn sum_from(&self, prefix: &[u8], from: &[u8], enough: u64) -> Result<u64, BackendError> {
+        let Some(family) = self.db.cf_handle(CF_SPEND) else { return Ok(0) };
+        let mut opts = read_options();
+        if let Some(upper) = prefix_successor(prefix) {
+            opts.set_iterate_upper_bound(upper);
+        }
+        let mut sum = 0u64;
+        for item in self.db.iterator_cf_opt(family, opts, IteratorMode::From(from, rocksdb::Direction::Forward)) {
+            let (_, value) = item.map_err(|e| db_error(&e))?;
+            sum = sum.saturating_add(value.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes));
+            if sum > enough {
+                break;
+            }
+        }
+        Ok(sum)
+    }
+
     fn attempts_by_key(&self, keys: &[String]) -> Result<Vec<AttemptRecord>, BackendError> {
         keys.iter().filter_map(|k| self.attempt(k).transpose()).collect()
     }
@@ -228,6 +247,17 @@ impl Rocks {
             checks::within_budget(c, self.count_from(CF_BUDGET, &prefix, &from, c.max as usize)? as u64)?;
             let key = [prefix.as_slice(), &c.at_ms.to_be_bytes(), c.call_id.as_bytes()].concat();
             batch.put_cf(self.cf(CF_BUDGET), key, []);
+        }
+        for s in &write.spends {
+            let prefix = length_prefixed(&s.scope);
+            let from = [prefix.as_slice(), &s.since_ms.to_be_bytes()].concat();
+            checks::within_limit(s, self.sum_from(&prefix, &from, s.max.saturating_sub(s.amount))?)?;
+            let key = [prefix.as_slice(), &s.at_ms.to_be_bytes(), s.call_id.as_bytes()].concat();
+            batch.put_cf(self.cf(CF_SPEND), key, [s.amount.to_be_bytes(), s.until_ms.to_be_bytes()].concat());
+        }
+        for r in &write.releases {
+            let key = [length_prefixed(&r.scope).as_slice(), &r.at_ms.to_be_bytes(), r.call_id.as_bytes()].concat();
+            batch.delete_cf(self.cf(CF_SPEND), key);
         }
         for call in &write.calls {
             let value = serde_json::to_vec(call).map_err(failed)?;

@@ -1,7 +1,7 @@
 //! Retention on RocksDB: pruning through the retire index, tombstones,
 //! and the figures of `ledger stats` (see [`crate::retention`]).
 
-use super::layout::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE};
+use super::layout::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE, CF_SPEND};
 use super::layout::{call_key, episode_call_key, episode_key, retire_key};
 use super::{Rocks, db_error, read_options, write_options};
 use crate::error::{damaged_record, failed};
@@ -91,12 +91,20 @@ impl Rocks {
             let at = u64::from_be_bytes(k.get(4 + len..12 + len)?.try_into().ok()?);
             (at < before_ms).then(|| k.to_vec())
         })?;
+        // A limit's use, once its window has ended.
+        let ended = self.scan(CF_SPEND, &[], |k, v| {
+            let until = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+            (until < before_ms).then(|| k.to_vec())
+        })?;
         let mut batch = WriteBatch::default();
         for k in &old {
             batch.delete_cf(self.cf(CF_BUDGET), k);
         }
+        for k in &ended {
+            batch.delete_cf(self.cf(CF_SPEND), k);
+        }
         self.db.write_opt(batch, &write_options(Durability::Buffered)).map_err(failed)?;
-        Ok(old.len() as u64)
+        Ok((old.len() + ended.len()) as u64)
     }
 
     /// Writes the episode-calls index of every call (schema 2 → 3).

@@ -285,3 +285,37 @@ fn a_record_that_is_not_json_is_refused_by_what_it_holds_and_left_as_it_is() {
     let kept: String = client.query_one("SELECT record FROM toolguard_calls WHERE call_id = 'c1'", &[]).unwrap().get(0);
     assert_eq!(kept, "written by another program", "left as it is");
 }
+
+/// Two hosts spending from one limit at once, 32 calls each, at its edge:
+/// the sum admitted never passes it, exactly — the scope's row serialises
+/// them across hosts.
+#[test]
+fn two_hosts_racing_to_a_limits_edge_never_pass_it() {
+    let store = PostgresStore::new();
+    let hosts: Vec<Ledger> = (0..2).map(|_| store.open()).collect();
+    let barrier = std::sync::Barrier::new(64);
+    let admitted: Vec<u64> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..64u64)
+            .map(|i| {
+                let (ledger, barrier) = (&hosts[(i % 2) as usize], &barrier);
+                scope.spawn(move || {
+                    // 700 + i: 64 of them sum to 46,816, far past 10,000.
+                    let amount = 700 + i;
+                    let s = super::spend_of("refunds/t1", 10_000, 1_000, &format!("c{i}"), amount);
+                    barrier.wait();
+                    match ledger.commit(LedgerWrite::new().call(call("s", &format!("c{i}"))).spend(s), Durability::Synced) {
+                        Ok(()) => amount,
+                        Err(e) if e.is_refused() => 0,
+                        Err(e) => panic!("{e}"),
+                    }
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let sum: u64 = admitted.iter().sum();
+    let n = admitted.iter().filter(|a| **a > 0).count();
+    assert!(sum <= 10_000, "admitted {sum} across two hosts, past the limit of 10,000");
+    assert!(n >= 13, "the limit was filled, not refused wholesale: {n} calls, {sum}");
+    assert_eq!(hosts[0].calls(Some("s")).unwrap().len(), n, "each admitted call's record landed with its use, and no refused one");
+}

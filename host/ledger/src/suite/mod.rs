@@ -7,7 +7,9 @@ mod retention;
 
 use super::records::{PlannedSend, StoredBody, StoredRequest};
 use super::*;
-use retention::{a_pruning_pass_removes_old_final_units_and_leaves_tombstones, old_budget_uses_are_forgotten};
+use retention::{
+    a_pruning_pass_removes_old_final_units_and_leaves_tombstones, limit_uses_are_forgotten_once_their_window_has_ended, old_budget_uses_are_forgotten,
+};
 
 /// Opens (and reopens) one ledger.
 trait Store {
@@ -229,6 +231,42 @@ fn budgets_count_uses_in_their_window_and_refuse_the_one_too_many(store: &dyn St
     spend(charge("a-longer", 1_130, "c7")).unwrap();
 }
 
+/// A spend of `amount` from limit `scope` (at most `max` from `since_ms`, when it is spent), by call `call_id`.
+pub(super) fn spend_of(scope: &str, max: u64, since_ms: u64, call_id: &str, amount: u64) -> Spend {
+    Spend { scope: scope.into(), max, since_ms, until_ms: since_ms + 1_000, at_ms: since_ms, call_id: call_id.into(), amount, what: format!("limit {scope}") }
+}
+
+fn limits_sum_uses_in_their_window_refuse_the_one_that_passes_and_take_back_a_release(store: &dyn Store) {
+    let ledger = store.open();
+    let spend = |s: Spend| ledger.commit(LedgerWrite::new().call(call("s", &s.call_id)).spend(s), Durability::Buffered);
+    // 5,000 a window from 1_000: 3,000 + 1,500 fit; 600 more would pass it.
+    spend(spend_of("refunds/t1", 5_000, 1_000, "c1", 3_000)).unwrap();
+    spend(spend_of("refunds/t1", 5_000, 1_000, "c2", 1_500)).unwrap();
+    let refused = spend(spend_of("refunds/t1", 5_000, 1_000, "c3", 600)).unwrap_err();
+    assert!(refused.is_refused(), "{refused}");
+    let message = refused.message();
+    assert!(
+        message.contains("limit refunds/t1") && message.contains("4500 of 5000") && message.contains("would add 600"),
+        "names the limit, the use, the addition: {message}"
+    );
+    assert_eq!(ledger.call("s", "c3").unwrap(), None, "nothing of a refused write applies");
+    // Exactly to the edge is allowed; one more is not.
+    spend(spend_of("refunds/t1", 5_000, 1_000, "c4", 500)).expect("to the edge exactly");
+    assert!(spend(spend_of("refunds/t1", 5_000, 1_000, "c5", 1)).unwrap_err().is_refused());
+    // Another tenant's scope, and a scope that is a prefix of another, are other limits.
+    spend(spend_of("refunds/t2", 5_000, 1_000, "c6", 5_000)).expect("another tenant");
+    spend(spend_of("refunds/t", 5_000, 1_000, "c7", 5_000)).expect("a prefix is another scope");
+    // The next window starts empty: uses before its start do not count.
+    spend(spend_of("refunds/t1", 5_000, 2_000, "c8", 5_000)).expect("a new window");
+    // A release gives its amount back (its call never took effect).
+    let back = Release { scope: "refunds/t1".into(), at_ms: 2_000, call_id: "c8".into() };
+    assert!(spend(spend_of("refunds/t1", 5_000, 2_000, "c9", 1)).unwrap_err().is_refused());
+    ledger.commit(LedgerWrite::new().release(back), Durability::Buffered).unwrap();
+    spend(spend_of("refunds/t1", 5_000, 2_000, "c9", 5_000)).expect("the released use no longer counts");
+    // Spending nothing spends nothing.
+    spend(spend_of("refunds/t1", 5_000, 2_000, "c10", 0)).expect("an amount of 0 is no use");
+}
+
 fn only_a_call_that_sent_nothing_can_be_superseded(store: &dyn Store) {
     let ledger = store.open();
     let supersede = |executor: &str| {
@@ -346,10 +384,12 @@ on_both_backends!(
     a_report_and_its_episodes_close_land_together,
     only_a_call_that_sent_nothing_can_be_superseded,
     budgets_count_uses_in_their_window_and_refuse_the_one_too_many,
+    limits_sum_uses_in_their_window_refuse_the_one_that_passes_and_take_back_a_release,
     the_secret_and_records_survive_a_reopen,
     grant_history_keeps_changes_only,
     claims_tell_new_completed_and_conflicting_calls_apart,
     writes_from_many_tasks_at_once_all_land,
     a_pruning_pass_removes_old_final_units_and_leaves_tombstones,
     old_budget_uses_are_forgotten,
+    limit_uses_are_forgotten_once_their_window_has_ended,
 );
