@@ -32,6 +32,7 @@ mod hold_cli;
 mod hostile;
 mod keyless;
 mod ledger_outage;
+mod limits;
 mod loading;
 mod lock;
 mod mcp;

@@ -143,7 +143,7 @@ impl World {
 
 /// The torture's downstream: patient, and a budget for thousands of refunds
 /// in one session within the hour.
-fn torture_downstream() -> Downstream {
+pub fn torture_downstream() -> Downstream {
     Downstream { timeout_ms: 5_000, refunds_per_session_hour: 1_000_000, ..Downstream::default() }
 }
 

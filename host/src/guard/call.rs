@@ -385,6 +385,20 @@ impl CallGuard {
         self.progress.effects.disclosed(result)
     }
 
+    /// A completion's `completed` record, the uses of the spending limits
+    /// it made given back if none of its sends took effect (a 4xx, nothing
+    /// sent, denied): only an effect counts against a limit. A call whose
+    /// outcome is unknown never completes here, so it keeps counting.
+    pub(super) fn unspent(&self, completed: &CallRecord) -> LedgerWrite {
+        let mut write = LedgerWrite::new();
+        if self.progress.effects.none() {
+            for s in &self.rules.spending {
+                write = write.release(s.release(completed));
+            }
+        }
+        write
+    }
+
     /// The tool call this guard serves.
     pub(super) fn record(&self) -> &CallRecord {
         &self.record

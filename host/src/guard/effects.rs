@@ -55,6 +55,11 @@ impl Effects {
         }
     }
 
+    /// Whether no send of the call took effect (none answered 2xx, now or in an earlier run).
+    pub fn none(&self) -> bool {
+        self.0.is_empty()
+    }
+
     fn push(&mut self, method: &str, url: &str, sent: &Result<Response, SendError>, earlier_run: bool) {
         if let Ok(r) = sent
             && (200..300).contains(&r.status)

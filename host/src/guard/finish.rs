@@ -59,12 +59,15 @@ impl Guard {
         // the caller was told, one write instead of two (`super::landing`).
         self.remember(&record);
         let leaving = record.episode.is_some().then(|| ((record.session.clone(), record.tool.clone(), record.args_digest.clone()), record.call_id.clone()));
+        let unspent = call.unspent(&record);
         if leaving.is_some() && self.ledger.lands_in_order() {
             let (held, outcomes) = call.take_held();
+            let held = held.and(unspent);
             let lock = call.leave(Landing::deferred(self.ledger.clone(), held, outcomes, record));
             self.deferrals.watch(lock);
         } else {
             let (write, outcomes) = call.completion(record.clone());
+            let write = write.and(unspent);
             let mut landing = Landing::new(self.ledger.queue(write, Durability::Buffered), outcomes, record);
             // Applied on this thread already when nothing was queued ahead of it.
             landing.landed();

@@ -130,6 +130,10 @@ pub struct CallRules {
     /// For an irreversible tool: the budgets a call spends when it is
     /// admitted to run (never a replay, never a follower).
     pub budgets: Vec<Budget>,
+    /// For an irreversible tool: what a call spends from each of its
+    /// spending limits when it is admitted to run (never a replay, never a
+    /// follower), given back if it completes without an effect.
+    pub spending: Vec<Spending>,
     /// On a shared ledger, how long this host's claim on the call lasts: the
     /// longest a run can take. Past it, another host may take the call over.
     pub lease_ms: u64,
@@ -156,6 +160,43 @@ pub struct Budget {
     pub max: u32,
     /// What it is, in words, naming its policy setting.
     pub what: String,
+}
+
+/// What one call spends from one spending limit (`crate::policy::limits`).
+#[derive(Debug, Clone)]
+pub struct Spending {
+    /// Whose calls count together, and in what currency (opaque; stored with each use).
+    pub scope: String,
+    /// The most its window holds.
+    pub max: u64,
+    /// What this call spends.
+    pub amount: u64,
+    /// The window, calendar-aligned in UTC on the ledger's clock.
+    pub window: crate::policy::limits::Window,
+    /// The limit in words, naming its tool and setting.
+    pub what: String,
+}
+
+impl Spending {
+    /// The use call `call` (admitted at its `created_ms`) makes of it, if its window records uses.
+    pub(crate) fn spend(&self, call: &crate::ledger::CallRecord) -> Option<crate::ledger::Spend> {
+        let (since_ms, until_ms) = self.window.bounds(call.created_ms)?;
+        Some(crate::ledger::Spend {
+            scope: self.scope.clone(),
+            max: self.max,
+            since_ms,
+            until_ms,
+            at_ms: call.created_ms,
+            call_id: call.call_id.clone(),
+            amount: self.amount,
+            what: self.what.clone(),
+        })
+    }
+
+    /// The use of it `call` made, given back: the call never took effect.
+    pub(crate) fn release(&self, call: &crate::ledger::CallRecord) -> crate::ledger::Release {
+        crate::ledger::Release { scope: self.scope.clone(), at_ms: call.created_ms, call_id: call.call_id.clone() }
+    }
 }
 
 /// The window of every budget.
@@ -221,6 +262,27 @@ impl Guard {
                 call_id: call_id.to_string(),
                 what: budget.what.clone(),
             });
+        }
+        (write, held)
+    }
+
+    /// `write`, spending `call`'s amount from each of `spending`'s limits,
+    /// and the limits' locks, taken in name order (with the budgets' own:
+    /// one lock per scope), held until the write is committed.
+    async fn spending(
+        &self,
+        mut write: crate::ledger::LedgerWrite,
+        spending: &[Spending],
+        call: &crate::ledger::CallRecord,
+    ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
+        let mut scopes: Vec<&Spending> = spending.iter().collect();
+        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        let mut held = Vec::new();
+        for s in scopes {
+            if let Some(spend) = s.spend(call) {
+                held.push(self.budgets.get(s.scope.clone()).lock_owned().await);
+                write = write.spend(spend);
+            }
         }
         (write, held)
     }

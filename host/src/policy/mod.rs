@@ -11,6 +11,7 @@ mod authorize;
 mod downstream;
 mod effect;
 mod effective;
+pub mod limits;
 pub mod lock;
 mod network;
 mod plugin;
@@ -100,6 +101,9 @@ pub struct RawToolPolicy {
     /// out less than this many minutes ago runs only once a person confirms
     /// it (`docs/tasks.md`, "The repeat nobody can link").
     pub confirm_repeat_within_minutes: Option<u64>,
+    /// For an irreversible tool: how much its calls may move (`docs/policy.md`, "Limits").
+    #[serde(default)]
+    pub limits: Vec<limits::RawLimit>,
 }
 
 /// The checked policy.
@@ -167,6 +171,7 @@ impl Policy {
             let mut actions = BTreeMap::new();
             let mut approvals = BTreeMap::new();
             let mut confirm_repeats = BTreeMap::new();
+            let mut tool_limits = BTreeMap::new();
             // A setting only an irreversible tool may have: its field, or the error naming it.
             let only_irreversible = |tool: &str, tp: &RawToolPolicy, setting: &str, what: &str| {
                 let field = at(&format!("tools.{tool}.{setting}"));
@@ -183,6 +188,11 @@ impl Policy {
                 if let Some(raw) = tp.approval.clone() {
                     let field = only_irreversible(tool, tp, "approval", "asks a person to approve an irreversible action")?;
                     approvals.insert(tool.clone(), ApprovalRule::new(raw).map_err(|m| (field, m))?);
+                }
+                if !tp.limits.is_empty() {
+                    let field = only_irreversible(tool, tp, "limits", "limits how much an irreversible tool's calls may move")?;
+                    let checked = tp.limits.iter().cloned().enumerate().map(|(i, raw)| limits::Limit::new(raw).map_err(|m| (format!("{field}[{i}]"), m)));
+                    tool_limits.insert(tool.clone(), checked.collect::<Result<Vec<_>, _>>()?);
                 }
                 if let Some(pointers) = tp.action.clone() {
                     let field = only_irreversible(tool, tp, "action", "names what identifies an irreversible tool's action")?;
@@ -203,6 +213,7 @@ impl Policy {
                 actions,
                 approvals,
                 confirm_repeats,
+                limits: tool_limits,
                 grants: p.grants,
                 max_sends_per_call: p.max_sends_per_call.unwrap_or(DEFAULT_MAX_SENDS_PER_CALL),
                 max_irreversible_calls_per_session_hour: p.max_irreversible_calls_per_session_hour,

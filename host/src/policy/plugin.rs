@@ -64,6 +64,8 @@ pub struct PluginPolicy {
     /// Minutes within which a new call identical to an action carried out
     /// needs a person's confirmation, by irreversible tool.
     pub confirm_repeats: BTreeMap<String, u64>,
+    /// How much each irreversible tool's calls may move, by tool.
+    pub limits: BTreeMap<String, Vec<super::limits::Limit>>,
     /// What it may reach through `outbound` (nothing by default).
     pub grants: Vec<Grant>,
     /// Sends one tool call may make.
@@ -112,6 +114,7 @@ impl Default for PluginPolicy {
             actions: BTreeMap::new(),
             approvals: BTreeMap::new(),
             confirm_repeats: BTreeMap::new(),
+            limits: BTreeMap::new(),
             grants: Vec::new(),
             max_sends_per_call: DEFAULT_MAX_SENDS_PER_CALL,
             max_irreversible_calls_per_session_hour: None,

@@ -50,6 +50,7 @@ impl Runtime {
                     reconciler: PluginReconciler::for_plugin(&self.core, plugin).map(|r| Arc::new(r) as Arc<dyn Reconciler>),
                     max_sends: plugin.policy.budgets.max_sends_per_call,
                     budgets: budgets(plugin, req),
+                    spending: spending(tool, req, &args)?,
                     // The wall clock cuts a run off, so nothing is sent after it.
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
                     hold_wait: plugin.ctx.wires.hold_wait(&plugin.ctx.grants),
@@ -187,6 +188,36 @@ fn budgets(plugin: &super::plugin::LoadedPlugin, req: &CallRequest) -> Vec<crate
         what: format!("principal `{principal}`'s budget of irreversible calls of `{name}` (max_irreversible_calls_per_principal_hour = {max})"),
     });
     per_session.into_iter().chain(per_principal).collect()
+}
+
+/// What a call of `tool` with `args` spends from each of its limits, each
+/// limit's scope naming whose calls count together (`docs/policy.md`,
+/// "Limits"). A limit of each call alone is checked here: over it, the call
+/// is refused before anything is recorded.
+///
+/// # Errors
+/// `denied` over a per-call limit; `invalid-args` when a summed argument is
+/// not a non-negative integer.
+fn spending(tool: &super::ToolInfo, req: &CallRequest, args: &Value) -> Result<Vec<crate::guard::Spending>, CallError> {
+    let mut uses = Vec::new();
+    for (i, limit) in tool.limits.iter().enumerate() {
+        let (amount, currency) = limit.amount(args).map_err(|m| CallError::new(ErrorKind::InvalidArgs, format!("{m}; the tool's limit counts it")))?;
+        let what = format!("`{}`'s limit ({})", tool.name, limit.describe());
+        if limit.window == crate::policy::limits::Window::Call {
+            if amount > limit.max {
+                return Err(CallError::new(ErrorKind::Denied, format!("{what}: this call would move {amount}; nothing was run")));
+            }
+            continue;
+        }
+        let whose = match (limit.per, &req.principal) {
+            (crate::policy::limits::Per::Principal, Some(principal)) => json!(["principal", principal]),
+            (crate::policy::limits::Per::Principal | crate::policy::limits::Per::Session, _) => json!(["session", req.session]),
+            (crate::policy::limits::Per::Everyone, _) => json!(["everyone"]),
+        };
+        let scope = json!(["limit", tool.plugin, tool.name, i, whose, currency]).to_string();
+        uses.push(crate::guard::Spending { scope, max: limit.max, amount, window: limit.window, what });
+    }
+    Ok(uses)
 }
 
 fn unknown_tool(rt: &Runtime, name: &str) -> CallError {

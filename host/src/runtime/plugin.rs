@@ -53,6 +53,8 @@ pub struct ToolInfo {
     /// How recently an identical action may have been carried out before a
     /// new call of it needs a person's confirmation (ms), if the reviewer asks.
     pub confirm_repeat_ms: Option<u64>,
+    /// For an irreversible tool: how much its calls may move (`docs/policy.md`, "Limits").
+    pub limits: Vec<crate::policy::limits::Limit>,
     /// Schema the result must satisfy, if the plugin promised one.
     pub output_schema: Option<Schema>,
 }
@@ -129,7 +131,12 @@ pub(crate) fn check_specs(plugin: &str, prefix: &str, specs: Vec<types::ToolSpec
         if let Some(undeclared) = approval.iter().flat_map(|a| a.pointers()).find(|p| !input_schema.declares(p)) {
             return Err(bad(&name, format!("the policy's `approval` reads `{undeclared}`, which its input schema does not declare")));
         }
+        let limits = policy.limits.get(&plugin_tool).cloned().unwrap_or_default();
+        if let Some(e) = limits.iter().find_map(|l| l.fits(input_schema.json()).err()) {
+            return Err(bad(&name, e));
+        }
         tools.push(ToolInfo {
+            limits,
             action,
             approval,
             confirm_repeat_ms: policy.confirm_repeats.get(&plugin_tool).map(|m| m * 60_000),

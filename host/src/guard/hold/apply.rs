@@ -25,7 +25,7 @@ impl Guard {
             Decision::Open(n) => {
                 let call = new_call(id, n, false);
                 let write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Open(EpisodeRecord::open(&call, n)));
-                if self.written_charging(id, rules, write).await? {
+                if self.written_charging(&call, rules, write).await? {
                     failpoint("after-admission");
                     return Ok(Next::Run(call, Origin::Written));
                 }
@@ -44,9 +44,13 @@ impl Guard {
                         });
                         if let Some(old) = old {
                             let condition = Superseding { session: id.session.clone(), call_id: old.call_id.clone(), now_ms: now_ms() };
+                            // It sent nothing: what it spent from the limits is given back.
+                            for s in &rules.spending {
+                                write = write.release(s.release(&old));
+                            }
                             write = write.call(CallRecord { superseded_by: Some(id.call_id.clone()), ..old }).superseding(condition);
                         }
-                        if self.written_charging(id, rules, write).await? {
+                        if self.written_charging(&call, rules, write).await? {
                             tracing::info!(call_id = %id.call_id, superseded = %episode.executor, "supersedes an identical call that sent nothing");
                             return Ok(Next::Run(call, Origin::Written));
                         }
@@ -70,16 +74,19 @@ impl Guard {
         }
     }
 
-    /// Commits `write`, which admits this call to run, spending one use of
-    /// each of its budgets in the same write; false if a condition of it lost
-    /// a race. Budgets are locked in name order while they are counted and
+    /// Commits `write`, which admits `call` to run, spending one use of
+    /// each of its budgets and its amount from each of its spending limits
+    /// in the same write; false if a condition of it lost a race. Budgets
+    /// and limits are locked in name order while they are counted and
     /// written, so concurrent calls never both spend a last use.
     ///
     /// # Errors
-    /// `denied` when a budget is spent (nothing was run); `transport` when
-    /// the ledger is unavailable, `internal` when it fails otherwise.
-    async fn written_charging(&self, id: &CallIdentity, rules: &CallRules, write: LedgerWrite) -> Result<bool, CallError> {
-        let (write, _held) = self.charging(write, &rules.budgets, &id.call_id, now_ms()).await;
+    /// `denied` when a budget is spent or a limit would be passed (nothing
+    /// was run); `transport` when the ledger is unavailable, `internal` when
+    /// it fails otherwise.
+    async fn written_charging(&self, call: &CallRecord, rules: &CallRules, write: LedgerWrite) -> Result<bool, CallError> {
+        let (write, _held) = self.charging(write, &rules.budgets, &call.call_id, now_ms()).await;
+        let (write, _spending) = self.spending(write, &rules.spending, call).await;
         let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
         if crate::guard::write_failpoint("conflict", "admission-write") {
             return Ok(false);
@@ -90,6 +97,9 @@ impl Guard {
             // It may have landed or not: the next look finds out (this call's
             // own record and episode, or none), and decides again.
             Err(e) if e.is_lost() => Ok(false),
+            Err(e) if e.is_refused() && rules.spending.iter().any(|s| e.message().starts_with(&s.what)) => {
+                Err(CallError::new(ErrorKind::Denied, format!("over a spending limit: {}; nothing was run", e.message())))
+            }
             Err(e) if e.is_refused() => Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message()))),
             Err(e) => Err(internal(e)),
         }

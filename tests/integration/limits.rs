@@ -1,0 +1,78 @@
+//! Spending limits through the real binary (`docs/policy.md`, "Limits"),
+//! counted at the sandbox: a refund that would pass its limit sends
+//! nothing; only an effect counts (a replay spends nothing more, a refund
+//! the provider refuses gives its amount back); a limit on each call alone;
+//! a limit on an argument the schema does not guarantee is refused at load.
+
+use crate::payments::Downstream;
+use crate::world::PI;
+use crate::world::{World, torture_downstream};
+use serde_json::json;
+
+/// A world whose refunds may move at most `limit` (inline TOML) together.
+fn limited(limit: &'static str) -> World {
+    World::with(Downstream { refund_policy: Some(limit), ..torture_downstream() })
+}
+
+const DAILY_2000: &str = r#"limits = [{ sum = "/amount_cents", max = 2000, per = "session", window = "day" }]"#;
+
+#[test]
+fn a_refund_that_would_pass_the_daily_limit_sends_nothing_and_only_effects_count() {
+    let w = limited(DAILY_2000);
+    let (ok, out) = w.refund("c1", 1_500);
+    assert!(ok, "{out}");
+    let (ok, out) = w.refund("c2", 600);
+    assert!(!ok, "1,500 + 600 passes 2,000: {out}");
+    let message = out["message"].as_str().unwrap_or_default().to_string();
+    assert_eq!(out["kind"], "denied", "{out}");
+    assert!(
+        message.contains("over a spending limit") && message.contains("1500 of 2000") && message.contains("would add 600"),
+        "names the use and the addition: {message}"
+    );
+    assert!(w.posts_of(600).is_empty(), "nothing was sent for the refused refund");
+    // To the edge exactly.
+    let (ok, out) = w.refund("c3", 500);
+    assert!(ok, "1,500 + 500 is the limit exactly: {out}");
+    // A replay spends nothing more; the limit is still full.
+    let (ok, out) = w.refund("c1", 1_500);
+    assert!(ok, "{out}");
+    assert!(!w.refund("c4", 1).0, "one cent more passes it");
+    assert_eq!((w.refunds_of(1_500), w.refunds_of(500), w.refunds_of(600), w.refunds_of(1)), (1, 1, 0, 0), "the provider made exactly the admitted refunds");
+}
+
+#[test]
+fn a_refund_the_provider_refuses_gives_its_amount_back() {
+    let w = limited(DAILY_2000);
+    // The provider refuses a refund of an unknown payment (a 4xx): no effect, so no use.
+    let args = json!({ "payment_intent": "pi_nobody_knows", "amount_cents": 2_000, "reason": "duplicate" });
+    let (ok, out, _) = w.call("c1", "refund", &args);
+    assert!(!ok, "the provider refused it: {out}");
+    assert_ne!(out["kind"], "denied", "refused by the provider, not by the limit: {out}");
+    let (ok, out) = w.refund("c2", 2_000);
+    assert!(ok, "the refused refund's 2,000 were given back: {out}");
+    assert_eq!(w.refunds_of(2_000), 1);
+    assert_eq!(w.sandbox.refunds().iter().filter(|r| r.payment_intent == PI).count(), 1);
+}
+
+#[test]
+fn a_limit_on_each_call_refuses_a_larger_one_before_anything_is_recorded() {
+    let w = limited(r#"limits = [{ sum = "/amount_cents", max = 1000, window = "call" }]"#);
+    let (ok, out) = w.refund("c1", 1_500);
+    assert!(!ok && out["kind"] == "denied", "{out}");
+    assert!(out["message"].as_str().unwrap().contains("would move 1500"), "{out}");
+    assert!(w.ledger().call(crate::world::SESSION, "c1").unwrap().is_none(), "nothing recorded");
+    assert!(w.refund("c2", 1_000).0, "up to the limit runs");
+    assert_eq!((w.refunds_of(1_500), w.refunds_of(1_000)), (0, 1));
+}
+
+#[test]
+fn a_limit_must_sum_an_integer_the_input_schema_declares() {
+    let said = |out: &std::process::Output| format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let w = limited(r#"limits = [{ sum = "/reason", max = 1000 }]"#);
+    let out = w.toolguard(&["tools"]);
+    assert!(!out.status.success(), "the plugin is refused at load: {}", said(&out));
+    assert!(said(&out).contains("`/reason`, which the input schema must declare as integer (it says string)"), "{}", said(&out));
+    let w = limited(r#"limits = [{ sum = "/amount_cents", max = 1000, window = "fortnight" }]"#);
+    let out = w.toolguard(&["tools"]);
+    assert!(!out.status.success() && said(&out).contains("fortnight"), "{}", said(&out));
+}
