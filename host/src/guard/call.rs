@@ -385,10 +385,8 @@ impl CallGuard {
         self.progress.effects.disclosed(result)
     }
 
-    /// A completion's `completed` record, the uses of the spending limits
-    /// it made given back if none of its sends took effect (a 4xx, nothing
-    /// sent, denied): only an effect counts against a limit. A call whose
-    /// outcome is unknown never completes here, so it keeps counting.
+    /// Gives back the spending limits' uses of `completed` if none of its
+    /// sends took effect (a 4xx, nothing sent, denied): only effects count.
     pub(super) fn unspent(&self, completed: &CallRecord) -> LedgerWrite {
         let mut write = LedgerWrite::new();
         if self.progress.effects.none() {
@@ -410,8 +408,6 @@ impl CallGuard {
         first.or_else(|| self.progress.in_flight.take())
     }
 }
-
-// Consent and the task: the call's record written before it runs.
 
 impl CallGuard {
     /// The call's record as admitted (what consent is decided on).

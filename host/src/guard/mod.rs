@@ -43,6 +43,7 @@ pub mod prepare;
 mod reconcile;
 pub mod recover;
 mod replay;
+mod spending;
 mod start;
 mod task;
 pub mod transport;
@@ -61,6 +62,7 @@ pub(crate) use failpoints::{failpoint, write_failpoint};
 pub use hold::DEFAULT_HOLD_WAIT;
 pub use message::{Request, Response, SendError, Unsettled};
 pub use recover::{Pace, RecoveryReport, ToolRules, pause_ms};
+pub use spending::{BUDGET_WINDOW_MS, Budget, Spending};
 pub use start::Admission;
 pub use task::Gate;
 pub use wires::Wires;
@@ -149,59 +151,6 @@ pub struct CallRules {
     pub arrived_ms: Option<u64>,
 }
 
-/// A budget of calls of a plugin's irreversible tools per hour: per session
-/// (`max_irreversible_calls_per_session_hour`) or per authenticated
-/// principal (`max_irreversible_calls_per_principal_hour`).
-#[derive(Debug, Clone)]
-pub struct Budget {
-    /// Whose uses count together (opaque; stored with each use).
-    pub scope: String,
-    /// Uses allowed in any hour.
-    pub max: u32,
-    /// What it is, in words, naming its policy setting.
-    pub what: String,
-}
-
-/// What one call spends from one spending limit (`crate::policy::limits`).
-#[derive(Debug, Clone)]
-pub struct Spending {
-    /// Whose calls count together, and in what currency (opaque; stored with each use).
-    pub scope: String,
-    /// The most its window holds.
-    pub max: u64,
-    /// What this call spends.
-    pub amount: u64,
-    /// The window, calendar-aligned in UTC on the ledger's clock.
-    pub window: crate::policy::limits::Window,
-    /// The limit in words, naming its tool and setting.
-    pub what: String,
-}
-
-impl Spending {
-    /// The use call `call` (admitted at its `created_ms`) makes of it, if its window records uses.
-    pub(crate) fn spend(&self, call: &crate::ledger::CallRecord) -> Option<crate::ledger::Spend> {
-        let (since_ms, until_ms) = self.window.bounds(call.created_ms)?;
-        Some(crate::ledger::Spend {
-            scope: self.scope.clone(),
-            max: self.max,
-            since_ms,
-            until_ms,
-            at_ms: call.created_ms,
-            call_id: call.call_id.clone(),
-            amount: self.amount,
-            what: self.what.clone(),
-        })
-    }
-
-    /// The use of it `call` made, given back: the call never took effect.
-    pub(crate) fn release(&self, call: &crate::ledger::CallRecord) -> crate::ledger::Release {
-        crate::ledger::Release { scope: self.scope.clone(), at_ms: call.created_ms, call_id: call.call_id.clone() }
-    }
-}
-
-/// The window of every budget.
-pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
-
 impl Guard {
     /// A guard over `ledger`; what its calls may reach comes with each
     /// call's rules ([`Wires`]).
@@ -225,66 +174,6 @@ impl Guard {
     /// at `max` (0: no cap), as `serve` configures from `[mcp]`.
     pub fn limit_approval_requests(&self, max: u32) {
         self.approval_quota.store(max, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The budget of approval requests of `principal`'s calls, if capped.
-    fn approval_budget(&self, principal: &str) -> Option<Budget> {
-        let max = Some(self.approval_quota.load(std::sync::atomic::Ordering::Relaxed)).filter(|m| *m > 0)?;
-        Some(Budget {
-            scope: serde_json::json!(["approval-requests", principal]).to_string(),
-            max,
-            what: format!("principal `{principal}`'s approval requests ([mcp] max_approval_requests_per_principal_hour = {max})"),
-        })
-    }
-
-    /// `write`, spending one use of each of `budgets` for call `call_id` at
-    /// `at_ms` (refused whole if one is spent), and the budgets' locks,
-    /// taken in name order: held until the write is committed, they make
-    /// counting and recording a use one step, so concurrent calls never
-    /// both spend a last use.
-    async fn charging(
-        &self,
-        mut write: crate::ledger::LedgerWrite,
-        budgets: &[Budget],
-        call_id: &str,
-        at_ms: u64,
-    ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
-        let mut scopes: Vec<&Budget> = budgets.iter().collect();
-        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
-        let mut held = Vec::new();
-        for budget in scopes {
-            held.push(self.budgets.get(budget.scope.clone()).lock_owned().await);
-            write = write.charge(crate::ledger::Charge {
-                scope: budget.scope.clone(),
-                max: budget.max,
-                since_ms: at_ms.saturating_sub(BUDGET_WINDOW_MS),
-                at_ms,
-                call_id: call_id.to_string(),
-                what: budget.what.clone(),
-            });
-        }
-        (write, held)
-    }
-
-    /// `write`, spending `call`'s amount from each of `spending`'s limits,
-    /// and the limits' locks, taken in name order (with the budgets' own:
-    /// one lock per scope), held until the write is committed.
-    async fn spending(
-        &self,
-        mut write: crate::ledger::LedgerWrite,
-        spending: &[Spending],
-        call: &crate::ledger::CallRecord,
-    ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
-        let mut scopes: Vec<&Spending> = spending.iter().collect();
-        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
-        let mut held = Vec::new();
-        for s in scopes {
-            if let Some(spend) = s.spend(call) {
-                held.push(self.budgets.get(s.scope.clone()).lock_owned().await);
-                write = write.spend(spend);
-            }
-        }
-        (write, held)
     }
 
     /// This host's name in claims on a shared ledger (and in what it notes it serves).

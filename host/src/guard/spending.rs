@@ -1,0 +1,123 @@
+//! What a call spends when it is admitted to run, charged in the ledger
+//! write that admits it: budgets (uses per hour: irreversible calls per
+//! session or principal, approval requests per principal) and spending
+//! limits (amounts per window, `crate::policy::limits`). Each budget's and
+//! limit's scope is locked in name order while it is counted and written,
+//! so concurrent calls never both spend a last use.
+
+use super::Guard;
+
+/// A budget of calls of a plugin's irreversible tools per hour: per session
+/// (`max_irreversible_calls_per_session_hour`) or per authenticated
+/// principal (`max_irreversible_calls_per_principal_hour`).
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// Whose uses count together (opaque; stored with each use).
+    pub scope: String,
+    /// Uses allowed in any hour.
+    pub max: u32,
+    /// What it is, in words, naming its policy setting.
+    pub what: String,
+}
+
+/// What one call spends from one spending limit (`crate::policy::limits`).
+#[derive(Debug, Clone)]
+pub struct Spending {
+    /// Whose calls count together, and in what currency (opaque; stored with each use).
+    pub scope: String,
+    /// The most its window holds.
+    pub max: u64,
+    /// What this call spends.
+    pub amount: u64,
+    /// The window, calendar-aligned in UTC on the ledger's clock.
+    pub window: crate::policy::limits::Window,
+    /// The limit in words, naming its tool and setting.
+    pub what: String,
+}
+
+impl Spending {
+    /// The use call `call` (admitted at its `created_ms`) makes of it, if its window records uses.
+    pub(crate) fn spend(&self, call: &crate::ledger::CallRecord) -> Option<crate::ledger::Spend> {
+        let (since_ms, until_ms) = self.window.bounds(call.created_ms)?;
+        Some(crate::ledger::Spend {
+            scope: self.scope.clone(),
+            max: self.max,
+            since_ms,
+            until_ms,
+            at_ms: call.created_ms,
+            call_id: call.call_id.clone(),
+            amount: self.amount,
+            what: self.what.clone(),
+        })
+    }
+
+    /// The use of it `call` made, given back: the call never took effect.
+    pub(crate) fn release(&self, call: &crate::ledger::CallRecord) -> crate::ledger::Release {
+        crate::ledger::Release { scope: self.scope.clone(), at_ms: call.created_ms, call_id: call.call_id.clone() }
+    }
+}
+
+/// The window of every budget.
+pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
+
+impl Guard {
+    /// The budget of approval requests of `principal`'s calls, if capped.
+    pub(super) fn approval_budget(&self, principal: &str) -> Option<Budget> {
+        let max = Some(self.approval_quota.load(std::sync::atomic::Ordering::Relaxed)).filter(|m| *m > 0)?;
+        Some(Budget {
+            scope: serde_json::json!(["approval-requests", principal]).to_string(),
+            max,
+            what: format!("principal `{principal}`'s approval requests ([mcp] max_approval_requests_per_principal_hour = {max})"),
+        })
+    }
+
+    /// `write`, spending one use of each of `budgets` for call `call_id` at
+    /// `at_ms` (refused whole if one is spent), and the budgets' locks,
+    /// taken in name order: held until the write is committed, they make
+    /// counting and recording a use one step, so concurrent calls never
+    /// both spend a last use.
+    pub(super) async fn charging(
+        &self,
+        mut write: crate::ledger::LedgerWrite,
+        budgets: &[Budget],
+        call_id: &str,
+        at_ms: u64,
+    ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
+        let mut scopes: Vec<&Budget> = budgets.iter().collect();
+        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        let mut held = Vec::new();
+        for budget in scopes {
+            held.push(self.budgets.get(budget.scope.clone()).lock_owned().await);
+            write = write.charge(crate::ledger::Charge {
+                scope: budget.scope.clone(),
+                max: budget.max,
+                since_ms: at_ms.saturating_sub(BUDGET_WINDOW_MS),
+                at_ms,
+                call_id: call_id.to_string(),
+                what: budget.what.clone(),
+            });
+        }
+        (write, held)
+    }
+
+    /// `write`, spending `call`'s amount from each of `spending`'s limits,
+    /// and the limits' locks, taken in name order (with the budgets' own:
+    /// one lock per scope), held until the write is committed.
+    pub(super) async fn spending(
+        &self,
+        mut write: crate::ledger::LedgerWrite,
+        spending: &[Spending],
+        call: &crate::ledger::CallRecord,
+    ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
+        let mut scopes: Vec<&Spending> = spending.iter().collect();
+        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        let mut held = Vec::new();
+        for s in scopes {
+            if let Some(spend) = s.spend(call) {
+                held.push(self.budgets.get(s.scope.clone()).lock_owned().await);
+                write = write.spend(spend);
+            }
+        }
+        (write, held)
+    }
+}
