@@ -76,3 +76,32 @@ fn a_limit_must_sum_an_integer_the_input_schema_declares() {
     let out = w.toolguard(&["tools"]);
     assert!(!out.status.success() && said(&out).contains("fortnight"), "{}", said(&out));
 }
+
+#[test]
+fn the_audit_shows_each_limit_and_a_review_calls_a_raised_or_removed_one_a_widening() {
+    let w = limited(DAILY_2000);
+    let out = w.toolguard(&["audit", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    crate::audit::assert_schema(&report);
+    let refund = report["components"].as_array().unwrap().iter().flat_map(|c| c["tools"].as_array().unwrap()).find(|t| t["name"] == "refund").unwrap();
+    assert_eq!(refund["spending_limits"], json!([{ "sum": "/amount_cents", "max": 2000, "per": "session", "window": "day", "currency": null }]));
+    let text = String::from_utf8_lossy(&w.toolguard(&["audit"]).stdout).into_owned();
+    assert!(text.contains("limit: sum of /amount_cents ≤ 2000 per session per day"), "{text}");
+    // The same config with the limit raised, then removed: each a widening; lowered: a narrowing.
+    let config = std::fs::read_to_string(&w.config).unwrap();
+    let review = |edited: String| {
+        let path = w.dir.path().join("new.toml");
+        std::fs::write(&path, edited).unwrap();
+        let out = std::process::Command::new(crate::common::BIN)
+            .args(["audit", "--config", path.to_str().unwrap(), "--against", w.config.to_str().unwrap(), "--json"])
+            .env("TOOLGUARD_LOG", "error")
+            .output()
+            .unwrap();
+        let findings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        findings.to_string()
+    };
+    assert!(review(config.replace("max = 2000", "max = 5000")).contains("spending-limit-widened"));
+    assert!(review(config.replace(DAILY_2000, "")).contains("spending-limit-widened"));
+    let lowered = review(config.replace("max = 2000", "max = 1000"));
+    assert!(lowered.contains("spending-limit-narrowed") && !lowered.contains("spending-limit-widened"), "{lowered}");
+}

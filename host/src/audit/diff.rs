@@ -8,6 +8,7 @@ use super::report::{ComponentReport, Report, ToolReport};
 use super::rules::direction_of;
 pub use super::rules::{Direction, RULES, Rule};
 use crate::imports::ImportClass;
+use crate::policy::limits::Limit;
 use crate::policy::lock::unversioned;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -253,10 +254,35 @@ fn tool(f: &mut Findings, (p, name): (&str, &str), b: &ToolReport, a: &ToolRepor
     } else if (aa && !ab) || (ca && !cb) {
         f.add("consent-added", at, format!("a person is asked before `{name}` acts"), (json!(b.approval), json!(a.approval)));
     }
+    spending_limits(f, (p, name), &b.spending_limits, &a.spending_limits);
     if a.scopes != b.scopes {
         f.add("scopes-changed", at, format!("the scopes a call of `{name}` needs changed"), (json!(b.scopes), json!(a.scopes)));
     }
     told(f, (p, name), (&b.description, &b.input_schema, &b.output_schema), (&a.description, &a.input_schema, &a.output_schema));
+}
+
+/// A tool's spending limits, before and after: one removed or raised is a
+/// widening (its calls may move more), one added or lowered a narrowing.
+fn spending_limits(f: &mut Findings, (p, name): (&str, &str), before: &[Limit], after: &[Limit]) {
+    let same = |x: &Limit, y: &Limit| (&x.sum, x.per, x.window, &x.currency) == (&y.sum, y.per, y.window, &y.currency);
+    let widened = before.iter().any(|b| after.iter().find(|a| same(a, b)).is_none_or(|a| a.max > b.max));
+    let narrowed = after.iter().any(|a| before.iter().find(|b| same(a, b)).is_none_or(|b| a.max < b.max));
+    let words = |ls: &[Limit]| json!(ls.iter().map(Limit::describe).collect::<Vec<_>>());
+    if widened {
+        f.add(
+            "spending-limit-widened",
+            (p, Some(name)),
+            format!("`{name}`'s calls may move more (a spending limit raised or removed)"),
+            (words(before), words(after)),
+        );
+    } else if narrowed {
+        f.add(
+            "spending-limit-narrowed",
+            (p, Some(name)),
+            format!("`{name}`'s calls may move less (a spending limit added or lowered)"),
+            (words(before), words(after)),
+        );
+    }
 }
 
 /// What a tool tells the model: its description, input and output schema.
@@ -317,6 +343,7 @@ mod tests {
             action: None,
             approval: None,
             confirm_repeat_within_minutes: None,
+            spending_limits: Vec::new(),
             scopes: Vec::new(),
             description: description.into(),
             input_schema: input,

@@ -244,6 +244,7 @@ fn tool_report(t: &ToolInfo, no_grants: bool) -> ToolReport {
         action: t.action.as_ref().map(|a| a.pointers().to_vec()),
         approval: t.approval.as_ref().map(approval_words),
         confirm_repeat_within_minutes: t.confirm_repeat_ms.map(|ms| ms / 60_000),
+        spending_limits: t.limits.clone(),
         scopes: Vec::new(),
         description: t.description.clone(),
         input_schema: t.input_schema.json().clone(),

@@ -60,7 +60,7 @@ pub fn render(report: &Report) -> String {
             let reviewed = if t.reviewed { "reviewed" } else { "unreviewed" };
             let _ = writeln!(
                 out,
-                "  {label:<12} {:<16} claimed {:<13} granted {:<13} {reviewed}{}{}{}{}{}",
+                "  {label:<12} {:<16} claimed {:<13} granted {:<13} {reviewed}{}{}{}{}{}{}",
                 t.name,
                 t.claimed.as_str(),
                 t.granted.as_str(),
@@ -68,6 +68,7 @@ pub fn render(report: &Report) -> String {
                 t.action.as_ref().map(|a| format!("; its action: {}", a.join(", "))).unwrap_or_default(),
                 t.approval.as_ref().map(|a| format!("; approval: {a}")).unwrap_or_default(),
                 t.confirm_repeat_within_minutes.map(|m| format!("; a repeat within {m} min needs confirming")).unwrap_or_default(),
+                t.spending_limits.iter().map(|l| format!("; limit: {}", l.describe())).collect::<String>(),
                 if t.scopes.is_empty() { String::new() } else { format!("; needs scope {}", t.scopes.join(" ")) }
             );
         }

@@ -153,6 +153,9 @@ pub struct ToolReport {
     /// Minutes within which a repeat of an action carried out needs a person's confirmation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirm_repeat_within_minutes: Option<u64>,
+    /// How much its calls may move (policy `limits`; `docs/policy.md#limits`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub spending_limits: Vec<crate::policy::limits::Limit>,
     /// The OAuth scopes a call of it needs (`[mcp.oauth.scopes]`), if any.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,

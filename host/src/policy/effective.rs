@@ -26,6 +26,9 @@ pub struct EffectivePolicy {
     /// Minutes within which a repeat of an irreversible tool's action needs confirmation, by tool.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub confirm_repeats: std::collections::BTreeMap<String, u64>,
+    /// How much each irreversible tool's calls may move, by tool (`policy/limits.rs`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub limits: std::collections::BTreeMap<String, Vec<super::limits::Limit>>,
     /// The kinds of question it may put to the MCP client mid-call (`ask_client`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ask_client: Vec<super::QuestionKind>,
@@ -130,6 +133,7 @@ impl EffectivePolicy {
             budgets,
             approvals: policy.approvals.clone(),
             confirm_repeats: policy.confirm_repeats.clone(),
+            limits: policy.limits.clone(),
             ask_client: policy.ask_client.clone(),
             rules: policy.grants.clone().into(),
         }
