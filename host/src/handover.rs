@@ -304,7 +304,7 @@ mod tests {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
     fn request() -> CallRequest {
-        CallRequest { session: "s".into(), call_id: "c1".into(), tool: "refund".into(), args_json: "{}".into(), principal: None }
+        CallRequest { session: "s".into(), call_id: "c1".into(), tool: "refund".into(), args_json: "{}".into(), principal: None, tenant: None }
     }
 
     /// A holder that reads the caller's hello, writes `lines`, and closes.

@@ -60,7 +60,7 @@ pub async fn runtime(plugins: &[PluginConfig]) -> Runtime {
 
 /// Calls `tool` with `args` under a fixed session and call id.
 pub async fn call(rt: &Runtime, tool: &str, args: &str) -> Result<serde_json::Value, CallError> {
-    rt.call(&CallRequest { session: "s-test".into(), call_id: "c-test".into(), tool: tool.into(), args_json: args.into(), principal: None })
+    rt.call(&CallRequest { session: "s-test".into(), call_id: "c-test".into(), tool: tool.into(), args_json: args.into(), principal: None, tenant: None })
         .await
         .map(|out| out.value)
 }

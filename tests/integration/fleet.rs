@@ -44,7 +44,8 @@ impl Fleet {
 }
 
 async fn refund_on(host: &Runtime, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
-    let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount), principal: None };
+    let req =
+        CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount), principal: None, tenant: None };
     host.call(&req).await
 }
 

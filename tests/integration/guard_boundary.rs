@@ -159,6 +159,7 @@ async fn an_unreachable_downstream_is_a_transport_error_and_nothing_stays_pendin
         tool: "send_all".into(),
         args_json: rogue_args(json!([refund_request(&url, json!({}))]), false),
         principal: None,
+        tenant: None,
     };
     let err = rt.call(&req).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Transport, "{err}");
@@ -188,6 +189,7 @@ async fn the_per_session_hourly_budget_of_irreversible_calls_is_enforced() {
         tool: "refund".into(),
         args_json: crate::payments::refund_args(300),
         principal: None,
+        tenant: None,
     };
     h.rt.call(&other).await.unwrap();
     assert_eq!(h.refunds(), 3);

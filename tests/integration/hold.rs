@@ -205,8 +205,14 @@ async fn the_hold_rule_is_per_session_tool_and_arguments() {
     let h = harness(Downstream::default()).await;
     h.call_unheard("k1", "refund", &refund_args(500)).await.unwrap();
     h.refund("k2", 501).await.expect("other arguments");
-    let other_session =
-        toolguard::CallRequest { session: "s2".into(), call_id: "k3".into(), tool: "refund".into(), args_json: refund_args(500), principal: None };
+    let other_session = toolguard::CallRequest {
+        session: "s2".into(),
+        call_id: "k3".into(),
+        tool: "refund".into(),
+        args_json: refund_args(500),
+        principal: None,
+        tenant: None,
+    };
     h.rt.call(&other_session).await.expect("another session");
     assert_eq!(h.refunds(), 3);
 }

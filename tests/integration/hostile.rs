@@ -80,7 +80,7 @@ path_prefix = "/v1/refunds"
 
 impl Hostile {
     async fn call(&self, call_id: &str, tool: &str, args: &str) -> Result<serde_json::Value, toolguard::CallError> {
-        let req = CallRequest { session: "hostile".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into(), principal: None };
+        let req = CallRequest { session: "hostile".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into(), principal: None, tenant: None };
         self.rt.call(&req).await.map(|o| o.value)
     }
 

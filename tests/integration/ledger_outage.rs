@@ -70,7 +70,8 @@ async fn a_ledger_out_of_reach_answers_transport_and_the_same_call_runs_once_it_
     let text = format!("ledger = {:?}\n{}", ledger.as_str(), config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default()));
     let host = Runtime::from_config(&Config::parse(&text, "fleet.toml", dir.path()).unwrap()).await.unwrap();
     let refund = |call_id: &str, amount: u64| {
-        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount), principal: None };
+        let req =
+            CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount), principal: None, tenant: None };
         let host = &host;
         async move { host.call(&req).await }
     };

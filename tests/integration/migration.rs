@@ -126,6 +126,7 @@ async fn on_a_migrated_ledger_an_unresolved_call_still_holds_its_repeat_and_comp
         tool: "refund".into(),
         args_json: refund_args(amount),
         principal: None,
+        tenant: None,
     };
     // c-unknown (700) never completed: a blind repeat of it is held, and nothing is sent.
     let held = rt.call(&call("c-repeat", 700)).await.unwrap_err();

@@ -131,6 +131,15 @@ impl Resource {
 
     /// [`Resource::start`] with `issuer` lines (TLS, say) in the issuer's table.
     fn with_issuer(auth: &AuthServer, oauth: &str, issuer: &str) -> Self {
+        Self::serving(auth, oauth, issuer, Downstream::default())
+    }
+
+    /// [`Resource::start`] with the refund's policy `refund_policy` (inline-table entries).
+    fn with_refund_policy(auth: &AuthServer, oauth: &str, refund_policy: &'static str) -> Self {
+        Self::serving(auth, oauth, "", Downstream { refund_policy: Some(refund_policy), ..Downstream::default() })
+    }
+
+    fn serving(auth: &AuthServer, oauth: &str, issuer: &str, downstream: Downstream) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
         sandbox.add_payment_intent("pi_mcp", 100_000);
@@ -139,7 +148,7 @@ impl Resource {
         let url = format!("http://127.0.0.1:{port}/mcp");
         let text = format!(
             "{}\n[mcp.oauth]\nresource = \"{url}\"\n{oauth}\n[[mcp.oauth.issuers]]\nissuer = \"{}\"\n{issuer}\n",
-            config_text(&sandbox.url(), &dir.path().join("data"), &Downstream::default()),
+            config_text(&sandbox.url(), &dir.path().join("data"), &downstream),
             auth.issuer
         );
         let config = dir.path().join("host.toml");
@@ -431,4 +440,27 @@ fn keys_come_only_over_the_tls_the_reviewer_set() {
         assert_eq!(status, 503, "{tls}: {body}");
         assert!(body.contains("not available"), "{body}");
     }
+}
+
+#[test]
+fn a_tenants_spending_limit_counts_all_its_principals_and_never_another_tenants() {
+    let auth = AuthServer::start(&[], 300);
+    let limit = r#"limits = [{ sum = "/amount_cents", max = 1000, per = "tenant", window = "day" }]"#;
+    let server = Resource::with_refund_policy(&auth, "tenant_claim = \"tid\"", limit);
+    let token = |tid: &str, sub: &str| auth.mint(&server.url, serde_json::json!({ "sub": sub, "tid": tid }), false);
+    let (a1, a2, b1) = (token("acme", "agent-1"), token("acme", "agent-2"), token("globex", "agent-1"));
+    let refund = |token: &str, call_id: &str| {
+        let session = server.session(token);
+        let (status, _, body) = server.refund(Some(token), &session, call_id);
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    // Two principals of one tenant share its 1,000 a day: 500 + 500, then no more.
+    assert!(!refund(&a1, "c1").contains("over a spending limit"));
+    assert!(!refund(&a2, "c1").contains("over a spending limit"));
+    let refused = refund(&a2, "c2");
+    assert!(refused.contains("over a spending limit") && refused.contains("1000 of 1000"), "{refused}");
+    // Another tenant's principal — the same subject — has its own.
+    assert!(!refund(&b1, "c1").contains("over a spending limit"));
+    assert_eq!(server.sandbox.refunds().len(), 3, "acme's third refund was never sent");
 }

@@ -128,7 +128,7 @@ pub async fn harness(d: Downstream) -> Harness {
 impl Harness {
     /// Calls `tool` in session `s1` under `call_id`; the caller hears the answer.
     pub async fn call(&self, call_id: &str, tool: &str, args: &str) -> Result<CallOutput, CallError> {
-        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into(), principal: None };
+        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into(), principal: None, tenant: None };
         let answer = self.rt.call(&req).await;
         self.rt.report(&req, &answer).await;
         answer
@@ -136,7 +136,7 @@ impl Harness {
 
     /// Like [`Harness::call`], but the answer never reaches the caller (a lost response).
     pub async fn call_unheard(&self, call_id: &str, tool: &str, args: &str) -> Result<CallOutput, CallError> {
-        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into(), principal: None };
+        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: tool.into(), args_json: args.into(), principal: None, tenant: None };
         self.rt.call(&req).await
     }
 

@@ -372,6 +372,7 @@ async fn two_hosts_on_one_ledger_spend_one_session_budget_together() {
                     tool: "refund".into(),
                     args_json: crate::payments::refund_args(100 + i),
                     principal: None,
+                    tenant: None,
                 };
                 host.call(&req).await
             })

@@ -103,7 +103,8 @@ pub struct Tls {
 
 impl Tls {
     pub async fn call(&self, call_id: &str, amount: u64) -> Result<CallOutput, CallError> {
-        let req = CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount), principal: None };
+        let req =
+            CallRequest { session: "s1".into(), call_id: call_id.into(), tool: "refund".into(), args_json: refund_args(amount), principal: None, tenant: None };
         let answer = self.rt.call(&req).await;
         self.rt.report(&req, &answer).await;
         answer
@@ -284,6 +285,7 @@ async fn an_egress_proxy_carries_a_tunnel_and_never_sees_the_credential() {
         tool: "send_all".into(),
         principal: None,
         args_json: crate::payments::rogue_args(serde_json::json!([{ "method": "POST", "url": format!("{}/v1/charges", h.sandbox.url()) }]), false),
+        tenant: None,
     };
     assert_eq!(h.rt.call(&req).await.unwrap_err().kind, ErrorKind::Denied);
     assert_eq!(proxy.targets.lock().unwrap().len(), before);

@@ -66,6 +66,7 @@ async fn a_host_whose_ledger_a_newer_toolguard_migrated_admits_no_recorded_call_
         tool: "refund_status".into(),
         args_json: format!(r#"{{"payment_intent":"{PI}"}}"#),
         principal: None,
+        tenant: None,
     };
     let out = f.hosts[0].call(&status).await.expect("read-only calls still run");
     assert!(out.value.to_string().contains("re_"), "it lists the one refund: {}", out.value);

@@ -56,6 +56,7 @@ pub(crate) fn refund(call_id: String, amount: usize) -> CallRequest {
         tool: "refund".into(),
         args_json: format!(r#"{{"payment_intent":"pi_bench","amount_cents":{},"reason":"duplicate"}}"#, amount % 1_000_000 + 1),
         principal: None,
+        tenant: None,
     }
 }
 

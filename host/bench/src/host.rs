@@ -41,6 +41,7 @@ pub async fn fresh_sandbox(dir: &Path, bound: &Bound, scale: Scale) -> anyhow::R
                 tool: super::described::D_TOOL.into(),
                 args_json: r#"{"name":"bench"}"#.into(),
                 principal: None,
+                tenant: None,
             };
             rt.call(&req).await.map(|_| ()).map_err(|e| e.to_string())
         }
@@ -147,6 +148,7 @@ pub async fn memory(dir: &Path, scale: Scale) -> anyhow::Result<Vec<Figure>> {
                     tool: format!("p{}_text_stats", i % 10),
                     args_json: r#"{"text":"the quick brown fox jumps over the lazy dog"}"#.into(),
                     principal: None,
+                    tenant: None,
                 };
                 rt.call(&req).await.map(|_| ()).map_err(|e| e.to_string())
             }

@@ -75,6 +75,7 @@ pub async fn per_language(dir: &Path, scale: Scale, foreign: Option<&Path>) -> a
                     tool: tool.into(),
                     args_json: r#"{"text":"one two three\nfour five"}"#.into(),
                     principal: None,
+                    tenant: None,
                 };
                 rt.call(&req).await.map(|_| ()).map_err(|e| e.to_string())
             }

@@ -39,7 +39,7 @@ pub async fn run(config: &Path, session: String, call_id: String, tool: String, 
         Ok(c) => c,
         Err(e) => return super::config_error(e.to_string()),
     };
-    let request = CallRequest { session, call_id, tool, args_json, principal: None };
+    let request = CallRequest { session, call_id, tool, args_json, principal: None, tenant: None };
     // Received: said before anything is loaded, so a repeat of this call can be linked to it.
     let receipts = config.ledger_dir().map(crate::receipts::Receipts::beside);
     if let Some(receipts) = &receipts

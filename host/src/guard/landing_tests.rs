@@ -72,6 +72,7 @@ fn refund(call_id: &str) -> crate::CallRequest {
         tool: "refund".into(),
         args_json: r#"{"payment_intent":"pi_bench","amount_cents":1,"reason":"duplicate"}"#.into(),
         principal: None,
+        tenant: None,
     }
 }
 

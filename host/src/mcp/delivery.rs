@@ -257,7 +257,8 @@ mod tests {
     use super::*;
 
     fn answer(call_id: &str) -> Answer {
-        let request = CallRequest { session: "s".into(), call_id: call_id.into(), tool: "refund".into(), args_json: "{}".into(), principal: None };
+        let request =
+            CallRequest { session: "s".into(), call_id: call_id.into(), tool: "refund".into(), args_json: "{}".into(), principal: None, tenant: None };
         Answer { request, answer: Ok(CallOutput { value: serde_json::Value::Null, replayed: false }), runtime: runtime() }
     }
 

@@ -115,6 +115,12 @@ impl McpHost {
         let parts = cx.extensions.get::<axum::http::request::Parts>()?;
         parts.extensions.get::<http::Principal>().map(|p| p.0.clone())
     }
+
+    /// The tenant of the request's token, if `[mcp.oauth]` names one.
+    fn tenant(&self, cx: &RequestContext<RoleServer>) -> Option<String> {
+        let parts = cx.extensions.get::<axum::http::request::Parts>()?;
+        parts.extensions.get::<oauth::Authenticated>().and_then(|a| a.tenant.clone())
+    }
 }
 
 impl ServerHandler for McpHost {
@@ -190,7 +196,7 @@ impl ServerHandler for McpHost {
             Some(Err(cap)) => return Ok(busy(&request.name, &call_id, cap).into()),
             counted => counted,
         };
-        let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json, principal };
+        let call = CallRequest { session, call_id, tool: request.name.to_string(), args_json, principal, tenant: self.tenant(&cx) };
         let opted_in = cx.client_capabilities().is_some_and(|c| c.supports_tasks());
         if !opted_in && self.config.tasks_required.contains(&call.tool) {
             return Err(tasks_required());

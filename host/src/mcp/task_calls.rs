@@ -190,7 +190,7 @@ impl McpHost {
         let args_json = record.args.to_string();
         let inputs = Inputs { askable: super::questions::askable(cx), ..Inputs::default() };
         let created = Some(record.created_ms);
-        let mut watched = self.tasks.drive(CallRequest { session, call_id, tool: record.tool, args_json, principal }, inputs, created);
+        let mut watched = self.tasks.drive(CallRequest { session, call_id, tool: record.tool, args_json, principal, tenant: None }, inputs, created);
         let _ = tokio::time::timeout(RESUME_GRACE, watched.state.wait_for(|s| s.settled().is_some())).await;
         Ok(watched)
     }

@@ -1,6 +1,6 @@
 //! Spending limits of an irreversible tool (`docs/policy.md`, "Limits"):
 //! how much its calls may move — a sum over one integer argument (cents),
-//! or a count of calls — per principal, per session or across everyone,
+//! or a count of calls — per tenant, principal or session, or across everyone,
 //! per call or per calendar window in UTC (Stripe Issuing's intervals: a
 //! day from midnight, a week from Sunday, a month from the 1st, a year from
 //! January 1st, or all time), several per tool, a currency argument
@@ -33,6 +33,9 @@ pub struct RawLimit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Per {
+    /// The caller's tenant (`[mcp.oauth] tenant_claim`: all its principals);
+    /// a call without one counts under its principal, or its session.
+    Tenant,
     /// The caller's authenticated principal (all its sessions); a call
     /// without one counts under the session.
     #[default]
@@ -140,6 +143,7 @@ impl Per {
     /// The name as written.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Tenant => "tenant",
             Self::Principal => "principal",
             Self::Session => "session",
             Self::Everyone => "everyone",

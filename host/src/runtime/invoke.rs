@@ -209,10 +209,12 @@ fn spending(tool: &super::ToolInfo, req: &CallRequest, args: &Value) -> Result<V
             }
             continue;
         }
-        let whose = match (limit.per, &req.principal) {
-            (crate::policy::limits::Per::Principal, Some(principal)) => json!(["principal", principal]),
-            (crate::policy::limits::Per::Principal | crate::policy::limits::Per::Session, _) => json!(["session", req.session]),
-            (crate::policy::limits::Per::Everyone, _) => json!(["everyone"]),
+        use crate::policy::limits::Per;
+        let whose = match (limit.per, &req.tenant, &req.principal) {
+            (Per::Tenant, Some(tenant), _) => json!(["tenant", tenant]),
+            (Per::Tenant | Per::Principal, _, Some(principal)) => json!(["principal", principal]),
+            (Per::Tenant | Per::Principal | Per::Session, _, _) => json!(["session", req.session]),
+            (Per::Everyone, _, _) => json!(["everyone"]),
         };
         let scope = json!(["limit", tool.plugin, tool.name, i, whose, currency]).to_string();
         uses.push(crate::guard::Spending { scope, max: limit.max, amount, window: limit.window, what });

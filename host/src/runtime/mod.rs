@@ -62,6 +62,11 @@ pub struct CallRequest {
     /// principal); the budgets per principal count by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
+    /// The principal's tenant, when its token names one (`[mcp.oauth]
+    /// tenant_claim`, qualified by the issuer's prefix); spending limits
+    /// `per = "tenant"` count by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// The longest tool-call id a caller may send, and the longest session

@@ -308,6 +308,7 @@ async fn cold_replays(runtime: &Arc<Runtime>, filled: usize, scale: Scale, sampl
             tool: "refund".into(),
             args_json: args_of(i).to_string(),
             principal: None,
+            tenant: None,
         };
         replay(rt.clone(), request)
     })

@@ -141,7 +141,7 @@ async fn demo() -> anyhow::Result<bool> {
 /// Makes a tool call, shows its answer to "the model", and then records
 /// that the model was told it, as `toolguard call` and `serve` do.
 async fn call(runtime: &Runtime, call_id: &str, args: &str) {
-    let req = CallRequest { session: "demo".into(), call_id: call_id.into(), tool: "refund".into(), args_json: args.into(), principal: None };
+    let req = CallRequest { session: "demo".into(), call_id: call_id.into(), tool: "refund".into(), args_json: args.into(), principal: None, tenant: None };
     let answer = runtime.call(&req).await;
     show(&answer);
     runtime.report(&req, &answer).await;

@@ -25,6 +25,9 @@ pub struct Authenticated {
     pub principal: String,
     /// The scopes the token grants.
     pub scopes: BTreeSet<String>,
+    /// The tenant its token names (`tenant_claim`), qualified by the
+    /// issuer's principal prefix so two issuers' tenants never meet.
+    pub tenant: Option<String>,
 }
 
 /// Why a request is refused.
@@ -117,7 +120,8 @@ impl Authenticator {
             None => None,
         };
         let principal = principal_name(issuer.principal_prefix.as_deref(), tenant, &subject);
-        Ok(Authenticated { principal, scopes: scopes_of(&claims) })
+        let tenant = tenant.map(|t| serde_json::json!([issuer.issuer, t]).to_string());
+        Ok(Authenticated { principal, scopes: scopes_of(&claims), tenant })
     }
 }
 
