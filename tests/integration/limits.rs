@@ -105,3 +105,37 @@ fn the_audit_shows_each_limit_and_a_review_calls_a_raised_or_removed_one_a_widen
     let lowered = review(config.replace("max = 2000", "max = 1000"));
     assert!(lowered.contains("spending-limit-narrowed") && !lowered.contains("spending-limit-widened"), "{lowered}");
 }
+
+/// `toolguard call` refunding `amount` under `call_id` on a clock moved by `skew_ms` (the tests' build only).
+fn refund_at(w: &World, call_id: &str, amount: u64, skew_ms: i64) -> (bool, serde_json::Value) {
+    let out = std::process::Command::new(crate::common::BIN)
+        .args(["call", "--config", w.config.to_str().unwrap(), "--session", crate::world::SESSION, "--call-id", call_id, "refund"])
+        .arg(format!(r#"{{"payment_intent":"{PI}","amount_cents":{amount},"reason":"duplicate"}}"#))
+        .env("TOOLGUARD_LOG", "warn")
+        .env("TOOLGUARD_CLOCK_SKEW_MS", skew_ms.to_string())
+        .output()
+        .unwrap();
+    (out.status.success(), crate::common::stdout_json(&out))
+}
+
+#[test]
+fn a_day_window_rolls_over_at_midnight_utc_and_the_operator_sees_the_use() {
+    const DAY: i64 = 86_400_000;
+    let w = limited(DAILY_2000);
+    // Yesterday (the ledger's clock a day back): 1,500 of 2,000.
+    assert!(refund_at(&w, "c1", 1_500, -DAY).0);
+    assert!(!refund_at(&w, "c2", 600, -DAY).0, "yesterday's window is full past 500 more");
+    // Today a new window: yesterday's use does not count.
+    let (ok, out) = refund_at(&w, "c3", 2_000, 0);
+    assert!(ok, "today's window starts empty: {out}");
+    assert!(!refund_at(&w, "c4", 1, 0).0, "and is full now");
+    assert_eq!((w.refunds_of(1_500), w.refunds_of(600), w.refunds_of(2_000), w.refunds_of(1)), (1, 0, 1, 0));
+    // The operator's view: today's window holds 2,000 in one call (yesterday's has ended).
+    let out = w.toolguard(&["ledger", "limits", "--json"]);
+    let uses = crate::common::stdout_json(&out);
+    let uses = uses.as_array().unwrap_or_else(|| panic!("{uses}"));
+    assert_eq!(uses.len(), 1, "{uses:?}");
+    assert_eq!((uses[0]["used"].as_u64(), uses[0]["calls"].as_u64()), (Some(2_000), Some(1)), "{uses:?}");
+    assert_eq!(uses[0]["limit"][2], "refund", "names its tool: {uses:?}");
+    assert!(uses[0]["window_ends"].as_str().unwrap().ends_with("T00:00:00+00:00"), "at midnight UTC: {uses:?}");
+}

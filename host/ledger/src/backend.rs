@@ -128,6 +128,8 @@ pub(crate) trait Backend: Send + Sync {
     fn forget_budget_before(&self, before_ms: u64) -> Result<u64, BackendError>;
     /// What the ledger holds ([`LedgerStats`]).
     fn stats(&self) -> Result<LedgerStats, BackendError>;
+    /// The spending limits' uses whose window has not ended at `now_ms`.
+    fn spent(&self, now_ms: u64) -> Result<Vec<crate::records::SpentUse>, BackendError>;
     /// Every episode (for migrations).
     fn episodes(&self) -> Result<Vec<EpisodeRecord>, BackendError>;
     /// Indexes the calls of each episode (schema 2 → 3).

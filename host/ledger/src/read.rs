@@ -107,4 +107,13 @@ impl Ledger {
         let ledger = self.clone();
         tokio::task::spawn_blocking(move || read(&ledger)).await.expect("a ledger read panicked")
     }
+
+    /// The spending limits' uses whose window has not ended at `now_ms`
+    /// (`toolguard ledger limits`).
+    ///
+    /// # Errors
+    /// The ledger cannot be read.
+    pub fn spent(&self, now_ms: u64) -> Result<Vec<crate::records::SpentUse>, LedgerError> {
+        self.backend.spent(now_ms).map_err(|e| self.backend_err(e))
+    }
 }

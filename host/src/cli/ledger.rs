@@ -62,6 +62,14 @@ pub enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
+    /// What each spending limit holds in its window now: per limit and
+    /// scope (tool, whose calls, currency), the amount used, the calls that
+    /// used it, and when the window ends (`docs/operations.md`).
+    Limits {
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove what `[retention]` lets go, now (a serving host does this by
     /// itself every `retention.every_minutes`). Needs the ledger unlocked
     /// on RocksDB (stop the host first).
@@ -206,6 +214,22 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
             }
             Ok(0)
         }
+        LedgerCommand::Limits { json } => {
+            let uses = limits_in_use(&ledger.spent(crate::ledger::records::now_ms())?);
+            if json {
+                super::print_json(&Value::Array(uses));
+            } else if uses.is_empty() {
+                outln!("no spending limit holds a use in its current window");
+            } else {
+                for u in &uses {
+                    outln!(
+                        "{}",
+                        super::json_for_terminal(&format!("{}  used {} in {} call(s); window ends {}", u["limit"], u["used"], u["calls"], u["window_ends"]))
+                    );
+                }
+            }
+            Ok(0)
+        }
         LedgerCommand::Export => {
             for call in ledger.calls(None)? {
                 outln!("{}", super::json_for_terminal(&json!({ "type": "call", "record": call }).to_string()));
@@ -216,6 +240,25 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
             Ok(0)
         }
     }
+}
+
+/// The uses of each limit and scope, summed: `limit` (the scope as the
+/// guard built it: tool, limit index, whose calls, currency), `used`,
+/// `calls`, `window_ends` (RFC 3339).
+fn limits_in_use(uses: &[crate::ledger::records::SpentUse]) -> Vec<Value> {
+    let mut by_scope: std::collections::BTreeMap<&str, (u64, u64, u64)> = std::collections::BTreeMap::new();
+    for u in uses {
+        let entry = by_scope.entry(&u.scope).or_default();
+        *entry = (entry.0 + u.amount, entry.1 + 1, entry.2.max(u.until_ms));
+    }
+    by_scope
+        .into_iter()
+        .map(|(scope, (used, calls, until))| {
+            let limit: Value = serde_json::from_str(scope).unwrap_or_else(|_| Value::String(scope.to_string()));
+            let ends = i64::try_from(until).ok().and_then(chrono::DateTime::from_timestamp_millis).map_or_else(|| "never".to_string(), |t| t.to_rfc3339());
+            json!({ "limit": limit, "used": used, "calls": calls, "window_ends": ends })
+        })
+        .collect()
 }
 
 fn print_stats(s: &crate::ledger::retention::LedgerStats) {

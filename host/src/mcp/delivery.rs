@@ -257,8 +257,7 @@ mod tests {
     use super::*;
 
     fn answer(call_id: &str) -> Answer {
-        let request =
-            CallRequest { session: "s".into(), call_id: call_id.into(), tool: "refund".into(), args_json: "{}".into(), principal: None, tenant: None };
+        let request = CallRequest { session: "s".into(), call_id: call_id.into(), tool: "refund".into(), args_json: "{}".into(), ..Default::default() };
         Answer { request, answer: Ok(CallOutput { value: serde_json::Value::Null, replayed: false }), runtime: runtime() }
     }
 

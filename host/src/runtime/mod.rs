@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use wasmtime::component::Linker;
 
 /// One tool call as a caller makes it.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct CallRequest {
     /// The agent session (conversation) the call belongs to.
     pub session: String,

@@ -211,6 +211,24 @@ impl Backend for Postgres {
         off_async(|| self.figures())
     }
 
+    fn spent(&self, now_ms: u64) -> Result<Vec<crate::records::SpentUse>, BackendError> {
+        off_async(|| {
+            let sql = "SELECT scope, at_ms, call_id, amount, until_ms FROM toolguard_spend WHERE until_ms > $1 ORDER BY scope, at_ms";
+            let rows = self.query(sql, &[&big(now_ms)?])?;
+            let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+            Ok(rows
+                .iter()
+                .map(|r| crate::records::SpentUse {
+                    scope: r.get(0),
+                    at_ms: unsigned(r.get(1)),
+                    call_id: r.get(2),
+                    amount: unsigned(r.get(3)),
+                    until_ms: unsigned(r.get(4)),
+                })
+                .collect())
+        })
+    }
+
     fn episodes(&self) -> Result<Vec<EpisodeRecord>, BackendError> {
         off_async(|| Self::records(&self.query("SELECT record FROM toolguard_episodes", &[])?))
     }

@@ -213,3 +213,18 @@ pub struct ServedPlugin {
     /// Digest of its effective policy.
     pub policy_digest: String,
 }
+
+/// A use of a spending limit as the ledger holds it (`toolguard ledger limits`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SpentUse {
+    /// The limit's scope.
+    pub scope: String,
+    /// When it was spent.
+    pub at_ms: u64,
+    /// The call that spent it.
+    pub call_id: String,
+    /// How much.
+    pub amount: u64,
+    /// When its window ends.
+    pub until_ms: u64,
+}

@@ -195,6 +195,18 @@ impl Backend for Rocks {
         self.figures()
     }
 
+    fn spent(&self, now_ms: u64) -> Result<Vec<crate::records::SpentUse>, BackendError> {
+        self.scan(CF_SPEND, &[], |k, v| {
+            let len = u32::from_be_bytes(k.get(..4)?.try_into().ok()?) as usize;
+            let scope = String::from_utf8_lossy(k.get(4..4 + len)?).into_owned();
+            let at_ms = u64::from_be_bytes(k.get(4 + len..12 + len)?.try_into().ok()?);
+            let call_id = String::from_utf8_lossy(k.get(12 + len..)?).into_owned();
+            let amount = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
+            let until_ms = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+            (until_ms > now_ms).then_some(crate::records::SpentUse { scope, at_ms, call_id, amount, until_ms })
+        })
+    }
+
     fn episodes(&self) -> Result<Vec<EpisodeRecord>, BackendError> {
         self.all_episodes()
     }

@@ -265,6 +265,9 @@ fn limits_sum_uses_in_their_window_refuse_the_one_that_passes_and_take_back_a_re
     spend(spend_of("refunds/t1", 5_000, 2_000, "c9", 5_000)).expect("the released use no longer counts");
     // Spending nothing spends nothing.
     spend(spend_of("refunds/t1", 5_000, 2_000, "c10", 0)).expect("an amount of 0 is no use");
+    // What the operator sees at 2_500: the current window's one use of t1 (the first window has ended).
+    let t1: Vec<(String, u64)> = ledger.spent(2_500).unwrap().into_iter().filter(|u| u.scope == "refunds/t1").map(|u| (u.call_id, u.amount)).collect();
+    assert_eq!(t1, [("c9".to_string(), 5_000)]);
 }
 
 fn only_a_call_that_sent_nothing_can_be_superseded(store: &dyn Store) {
