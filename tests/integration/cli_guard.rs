@@ -35,12 +35,14 @@ fn the_demo_runs_its_scenario_and_its_counts_hold() {
         "\"completed\", {\"amount_cents\":700",
         "✓ refunds at the provider: 4 (one refund, its real outcome delivered through the task)",
         "tool call call_4 (refund, completed; the model was told: definitive)",
+        "denied: over a spending limit: `refund`'s limit (sum of /amount_cents ≤ 4500 per everyone per day): 4200 of 4500 is used in this window, and this call would add 500",
+        "✓ refunds at the provider: 4 (over the daily limit, nothing sent)",
         "Every count as expected.",
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
     assert!(!text.contains("UNEXPECTED"));
-    assert_eq!(text.matches("requests sent to the provider for it: 0").count(), 3, "{text}");
+    assert_eq!(text.matches("requests sent to the provider for it: 0").count(), 4, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

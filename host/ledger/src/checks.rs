@@ -34,10 +34,12 @@ pub(super) fn within_limit(s: &Spend, used: u64) -> Result<(), BackendError> {
     if used.saturating_add(s.amount) <= s.max {
         return Ok(());
     }
-    Err(BackendError::Refused(format!(
-        "{}: {used} of {} is used in this window, and this call would add {}; room returns when the window ends ({} ms, Unix time) or a use is released",
-        s.what, s.max, s.amount, s.until_ms
-    )))
+    let ends = i64::try_from(s.until_ms).ok().and_then(chrono::DateTime::from_timestamp_millis);
+    let room = match ends {
+        Some(at) => format!("room returns at {} (the window's end), or when a use is released", at.to_rfc3339()),
+        None => "room returns only when a use is released (the window never ends)".into(),
+    };
+    Err(BackendError::Refused(format!("{}: {used} of {} is used in this window, and this call would add {}; {room}", s.what, s.max, s.amount)))
 }
 
 /// The refusal of a write of tool call `call_id` over a record of the same

@@ -19,6 +19,8 @@ const LATE_ANSWER_MS: u64 = 2_500;
 /// listing lags behind its writes in step 1 (longer: reconciliation cannot tell).
 const RECONCILE_MS: u64 = 1_000;
 const LIST_LAG_MS: u64 = 10_000;
+/// The refund tool's spending limit: cents a UTC day, over every caller.
+const DAILY_LIMIT: u64 = 4_500;
 
 /// Runs the demo; returns the exit status.
 pub async fn run() -> u8 {
@@ -33,7 +35,13 @@ pub async fn run() -> u8 {
 }
 
 fn config_text(url: &str) -> String {
-    let payments = PaymentsConfig { timeout_ms: Some(DEADLINE_MS), reconcile_ms: Some(RECONCILE_MS), ..PaymentsConfig::new(url, "builtin:payments") };
+    let limit = format!(r#"limits = [{{ sum = "/amount_cents", max = {DAILY_LIMIT}, per = "everyone", window = "day" }}]"#);
+    let payments = PaymentsConfig {
+        timeout_ms: Some(DEADLINE_MS),
+        reconcile_ms: Some(RECONCILE_MS),
+        refund_policy: Some(limit),
+        ..PaymentsConfig::new(url, "builtin:payments")
+    };
     payments.toml()
 }
 
@@ -115,6 +123,14 @@ async fn demo() -> anyhow::Result<bool> {
     sandbox.inject(Fault::DropAfterCommit);
     tasks::run(runtime.clone(), &args(700)).await?;
     expect("one refund, its real outcome delivered through the task", 4);
+
+    outln!("\n10. The policy limits refunds to {DAILY_LIMIT} cents a UTC day across every caller; 4200 are used");
+    outln!("    (1500 + 1500 + 500 + 700: call_1b was held, and the conflict admitted nothing). call_5 asks for 500");
+    outln!("    more, which the payment could still cover: refused before anything is sent.");
+    let posts = count_posts(&sandbox);
+    call(&runtime, "call_5", &args(500)).await;
+    outln!("    requests sent to the provider for it: {}", count_posts(&sandbox) - posts);
+    expect("over the daily limit, nothing sent", 4);
 
     outln!("\nThe provider's refunds:");
     for r in sandbox.refunds() {
