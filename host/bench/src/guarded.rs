@@ -38,8 +38,13 @@ pub(crate) async fn null_provider() -> anyhow::Result<String> {
 /// The config of a host with the payments plugin granted `provider`, its
 /// data in `data_dir` (relative to the config's directory).
 pub(crate) fn refund_config(provider: &str) -> String {
+    refund_config_with(provider, None)
+}
+
+/// [`refund_config`] with more of the refund's policy (inline-table entries).
+pub(crate) fn refund_config_with(provider: &str, refund_policy: Option<String>) -> String {
     use toolguard_sandbox::config::{KEY_HEADER_ONLY, PaymentsConfig};
-    let payments = PaymentsConfig { methods: vec!["POST"], key: KEY_HEADER_ONLY.into(), ..PaymentsConfig::new(provider, "builtin:payments") };
+    let payments = PaymentsConfig { methods: vec!["POST"], key: KEY_HEADER_ONLY.into(), refund_policy, ..PaymentsConfig::new(provider, "builtin:payments") };
     format!("data_dir = \"data\"\n[engine]\npool_instances = 320\n{}", payments.toml())
 }
 

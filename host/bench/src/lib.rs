@@ -27,6 +27,7 @@ pub mod guarded;
 pub mod host;
 pub mod idle;
 pub mod languages;
+pub mod limits;
 pub mod threads;
 pub mod unguarded;
 
@@ -185,6 +186,9 @@ pub async fn run(dir: PathBuf, scale: Scale, only: Selection, sources: Sources) 
     }
     if only.has('j') {
         report(languages::per_language(&dir, scale, sources.foreign.as_deref()).await?);
+    }
+    if only.has('l') {
+        report(limits::admission(&dir, scale).await?);
     }
     if only.has('k') {
         let (dir, host, anchor) = (dir.clone(), sources.host.clone(), sources.anchor.clone());
