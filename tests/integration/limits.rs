@@ -139,3 +139,36 @@ fn a_day_window_rolls_over_at_midnight_utc_and_the_operator_sees_the_use() {
     assert_eq!(uses[0]["limit"][2], "refund", "names its tool: {uses:?}");
     assert!(uses[0]["window_ends"].as_str().unwrap().ends_with("T00:00:00+00:00"), "at midnight UTC: {uses:?}");
 }
+
+/// 64 refunds at once (100–163 cents, 8,416 in all) against a limit of
+/// 5,000 a day across every caller, which the payment (10,000) would not
+/// bind: the provider's refunds never sum past the limit, and every refund
+/// it made is one the host answered as made. On the ledger `./dev.sh test`
+/// gives the harness (RocksDB). The harness's plugin also has a per-session
+/// budget, whose lock serialises these admissions too: the limit's own
+/// lock is shown needed by the ledger's two-host race on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_refunds_at_once_never_pass_the_limit() {
+    const CALLS: u64 = 64;
+    let limit = r#"limits = [{ sum = "/amount_cents", max = 5000, per = "everyone", window = "day" }]"#;
+    let h = std::sync::Arc::new(crate::payments::harness(Downstream { refund_policy: Some(limit), ..torture_downstream() }).await);
+    let calls: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let h = h.clone();
+            tokio::spawn(async move { (100 + i, h.refund(&format!("r{i}"), 100 + i).await) })
+        })
+        .collect();
+    let mut answered_made = 0u64;
+    let mut refused = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            (amount, Ok(_)) => answered_made += amount,
+            (_, Err(e)) if e.kind == toolguard::ErrorKind::Denied && e.message.contains("over a spending limit") => refused += 1,
+            (_, Err(e)) => panic!("{e}"),
+        }
+    }
+    let made: u64 = h.sandbox.refunds().iter().map(|r| r.amount).sum();
+    assert!(made <= 5_000, "the provider made {made} cents of refunds under a limit of 5,000");
+    assert_eq!(made, answered_made, "every refund made was answered as made, and no other");
+    assert!(made > 5_000 - 163 && refused > 0, "the limit was filled to its edge ({made}), then refused ({refused})");
+}
