@@ -33,6 +33,8 @@ mod hostile;
 mod keyless;
 mod ledger_outage;
 mod limits;
+mod limits_fleet;
+mod limits_settled;
 mod loading;
 mod lock;
 mod mcp;

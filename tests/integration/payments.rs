@@ -23,7 +23,7 @@ pub struct Downstream {
     pub backoff_ms: u64,
     /// The plugins' wall-clock budget per invocation.
     pub wall_ms: u64,
-    /// The payments plugin's `max_irreversible_calls_per_session_hour`.
+    /// The payments plugin's `max_irreversible_calls_per_session_hour` (0: none).
     pub refunds_per_session_hour: u32,
     /// TOML array of key transports.
     pub key: &'static str,
@@ -77,7 +77,7 @@ pub fn config_text(url: &str, data_dir: &std::path::Path, d: &Downstream) -> Str
         reconcile_ms: Some(d.reconcile_ms),
         retention_hours: Some(d.retention_hours),
         key: d.key.into(),
-        refunds_per_session_hour: Some(d.refunds_per_session_hour),
+        refunds_per_session_hour: Some(d.refunds_per_session_hour).filter(|n| *n > 0),
         downstream_extra: d.extra.into(),
         refund_action: d.refund_action.map(Into::into),
         refund_policy: d.refund_policy.map(Into::into),

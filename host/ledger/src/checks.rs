@@ -12,6 +12,13 @@ pub fn sent_nothing(attempts: &[AttemptRecord]) -> bool {
     attempts.iter().all(|a| a.state == AttemptState::Failed && a.response.is_none())
 }
 
+/// Whether `attempts` settled their call as never having taken effect:
+/// there is at least one, each is settled, and none was answered 2xx (a
+/// refusal, or never sent by the transport's or an operator's word).
+pub fn never_took_effect(attempts: &[AttemptRecord]) -> bool {
+    !attempts.is_empty() && attempts.iter().all(|a| a.state == AttemptState::Failed)
+}
+
 /// A superseding write's condition: the call is `free` (recorded, not
 /// completed, and on a shared ledger claimed by nobody) and sent nothing.
 pub(super) fn supersedable(s: &Superseding, free: bool, attempts: &[AttemptRecord]) -> Result<(), BackendError> {
@@ -39,7 +46,7 @@ pub(super) fn within_limit(s: &Spend, used: u64) -> Result<(), BackendError> {
         Some(at) => format!("room returns at {} (the window's end), or when a use is released", at.to_rfc3339()),
         None => "room returns only when a use is released (the window never ends)".into(),
     };
-    Err(BackendError::Refused(format!("{}: {used} of {} is used in this window, and this call would add {}; {room}", s.what, s.max, s.amount)))
+    Err(BackendError::OverLimit(format!("{}: {used} of {} is used in this window, and this call would add {}; {room}", s.what, s.max, s.amount)))
 }
 
 /// The refusal of a write of tool call `call_id` over a record of the same

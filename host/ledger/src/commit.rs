@@ -23,7 +23,35 @@ impl Ledger {
         attempt.last_error = Some(format!("operator: not sent ({note})"));
         attempt.updated_ms = records::now_ms();
         self.commit(LedgerWrite::new().attempt(attempt.clone()), Durability::Synced)?;
+        // Unless a host runs its call now (its run's end decides that).
+        self.give_back_if_never_took_effect(&attempt.session, &attempt.call_id, None)?;
         Ok(attempt)
+    }
+
+    /// Gives back what tool call (`session`, `call_id`) took from spending
+    /// limits if it settled as never having taken effect: not completed,
+    /// each of its sends settled and none answered 2xx
+    /// ([`crate::never_took_effect`]). Only by the host holding its claim
+    /// (`owner`), or with `None` when no host holds one. Synced. Returns
+    /// whether anything was given back; a later run of the call spends again.
+    ///
+    /// # Errors
+    /// A read or the write failed.
+    pub fn give_back_if_never_took_effect(&self, session: &str, call_id: &str, owner: Option<&str>) -> Result<bool, LedgerError> {
+        let Some(call) = self.call(session, call_id)? else { return Ok(false) };
+        let claimed_by_another = match owner {
+            Some(owner) => call.leased_elsewhere(owner, records::now_ms()),
+            None => call.leased_at(records::now_ms()),
+        };
+        if !call.holds_spending() || call.state == records::CallState::Completed || claimed_by_another {
+            return Ok(false);
+        }
+        if !crate::never_took_effect(&self.attempts_of_call(session, call_id)?) {
+            return Ok(false);
+        }
+        let write = LedgerWrite::new().release_spent(&call).call(CallRecord { released: true, ..call });
+        self.commit(write, Durability::Synced)?;
+        Ok(true)
     }
 
     /// Records a person's decision on the approval `request` of tool call

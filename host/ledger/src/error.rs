@@ -13,6 +13,8 @@ pub(crate) enum BackendError {
     Busy(String),
     /// A budget charged by the write was spent.
     Refused(String),
+    /// A spending limit the write spends from would be passed.
+    OverLimit(String),
     /// A read asked to be answered from memory needs the disk
     /// ([`super::Backend::read_from_memory`]); it is retried off the async workers.
     NeedsIo,
@@ -46,6 +48,7 @@ enum Kind {
     Conflict,
     Busy,
     Refused,
+    OverLimit,
     NeedsIo,
     Lost,
     Unreachable,
@@ -72,6 +75,7 @@ impl LedgerError {
             BackendError::Conflict(m) => (Kind::Conflict, m),
             BackendError::Busy(m) => (Kind::Busy, m),
             BackendError::Refused(m) => (Kind::Refused, m),
+            BackendError::OverLimit(m) => (Kind::OverLimit, m),
             BackendError::NeedsIo => (Kind::NeedsIo, "the read needs the disk".to_string()),
             BackendError::Lost(m) => (Kind::Lost, m),
             BackendError::Unreachable(m) => (Kind::Unreachable, m),
@@ -94,6 +98,12 @@ impl LedgerError {
     /// Whether a budget of the write was spent; the message says which.
     pub fn is_refused(&self) -> bool {
         self.kind == Kind::Refused
+    }
+
+    /// Whether a spending limit of the write would have been passed; the
+    /// message names the limit, its use, the amount and when room returns.
+    pub fn is_over_limit(&self) -> bool {
+        self.kind == Kind::OverLimit
     }
 
     /// Whether the connection to the database was lost mid-operation: a

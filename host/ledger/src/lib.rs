@@ -30,7 +30,7 @@ pub mod rocks;
 mod suite;
 mod write;
 
-pub use checks::sent_nothing;
+pub use checks::{never_took_effect, sent_nothing};
 pub use claim::Claim;
 pub use commit::{Decision, QueuedWrite};
 pub use error::LedgerError;

@@ -242,6 +242,18 @@ impl LedgerWrite {
         self
     }
 
+    /// Gives back with this write every use `call` holds of spending limits
+    /// ([`CallRecord::spent`]; nothing if released already). The caller
+    /// writes `call` as `released` in the same write.
+    pub fn release_spent(mut self, call: &CallRecord) -> Self {
+        if call.holds_spending() {
+            for scope in &call.spent {
+                self.releases.push(Release { scope: scope.clone(), at_ms: call.created_ms, call_id: call.call_id.clone() });
+            }
+        }
+        self
+    }
+
     /// Gives a limit's use back with this write (see [`Release`]).
     pub fn release(mut self, release: Release) -> Self {
         self.releases.push(release);

@@ -387,13 +387,13 @@ impl CallGuard {
 
     /// Gives back the spending limits' uses of `completed` if none of its
     /// sends took effect (a 4xx, nothing sent, denied): only effects count.
-    pub(super) fn unspent(&self, completed: &CallRecord) -> LedgerWrite {
-        let mut write = LedgerWrite::new();
-        if self.progress.effects.none() {
-            for s in &self.rules.spending {
-                write = write.release(s.release(completed));
-            }
+    /// `completed` is marked released, to be written with it.
+    pub(super) fn unspent(&self, completed: &mut CallRecord) -> LedgerWrite {
+        if !self.progress.effects.none() || !completed.holds_spending() {
+            return LedgerWrite::new();
         }
+        let write = LedgerWrite::new().release_spent(completed);
+        completed.released = true;
         write
     }
 

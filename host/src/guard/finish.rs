@@ -57,9 +57,9 @@ impl Guard {
         // irreversible call's completion, on a ledger that lands writes in
         // order, is not even queued yet: it rides with the report of what
         // the caller was told, one write instead of two (`super::landing`).
+        let unspent = call.unspent(&mut record);
         self.remember(&record);
         let leaving = record.episode.is_some().then(|| ((record.session.clone(), record.tool.clone(), record.args_digest.clone()), record.call_id.clone()));
-        let unspent = call.unspent(&record);
         if leaving.is_some() && self.ledger.lands_in_order() {
             let (held, outcomes) = call.take_held();
             let held = held.and(unspent);

@@ -269,6 +269,9 @@ impl Guard {
             possibly_sent: true,
         };
         let driven = self.drive(drive, None).await;
+        if matches!(driven, Driven::Answered(_)) && call.holds_spending() {
+            self.give_back_if_never_took_effect(&call).await;
+        }
         self.release(&call).await;
         Ok(match driven {
             Driven::Answered(_) => Resolved::Settled,

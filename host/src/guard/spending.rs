@@ -50,11 +50,14 @@ impl Spending {
             what: self.what.clone(),
         })
     }
+}
 
-    /// The use of it `call` made, given back: the call never took effect.
-    pub(crate) fn release(&self, call: &crate::ledger::CallRecord) -> crate::ledger::Release {
-        crate::ledger::Release { scope: self.scope.clone(), at_ms: call.created_ms, call_id: call.call_id.clone() }
-    }
+/// `call`, recording the scopes it takes its amount from under `spending`
+/// (those whose window records uses), so that what it spent can be given
+/// back from its record alone ([`crate::ledger::LedgerWrite::release_spent`]).
+pub(super) fn spent(spending: &[Spending], call: crate::ledger::CallRecord) -> crate::ledger::CallRecord {
+    let spent = spending.iter().filter(|s| s.amount > 0 && s.window.bounds(call.created_ms).is_some()).map(|s| s.scope.clone()).collect();
+    crate::ledger::CallRecord { spent, ..call }
 }
 
 /// The window of every budget.
@@ -119,5 +122,17 @@ impl Guard {
             }
         }
         (write, held)
+    }
+
+    /// Gives back what `call` took from spending limits if its sends, all
+    /// settled now, never took effect (its claim and lock held). A failure
+    /// is logged: the use keeps counting, which is the safe side.
+    pub(super) async fn give_back_if_never_took_effect(&self, call: &crate::ledger::CallRecord) {
+        let (ledger, session, call_id, host) = (self.ledger.clone(), call.session.clone(), call.call_id.clone(), self.host.clone());
+        match super::claim::blocking(move || ledger.give_back_if_never_took_effect(&session, &call_id, Some(&host))).await {
+            Ok(true) => tracing::info!(call_id = %call.call_id, "its sends never took effect: what it spent from spending limits was given back"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, call_id = %call.call_id, "could not give back a spending limit's use; it keeps counting"),
+        }
     }
 }

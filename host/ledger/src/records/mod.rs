@@ -76,6 +76,14 @@ pub struct CallRecord {
     /// decision ([`Approval`]).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub approval: Option<Approval>,
+    /// The spending limits' scopes its amount was taken from when it was
+    /// admitted: one use of each at `created_ms` ([`crate::Spend`]).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub spent: Vec<String>,
+    /// Its uses of `spent` were given back: it settled as never having taken
+    /// effect. A later run of it spends again before it may send.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub released: bool,
 }
 
 impl CallRecord {
@@ -98,6 +106,8 @@ impl CallRecord {
             superseded_by: None,
             reported: Reported::Nothing,
             approval: None,
+            spent: Vec::new(),
+            released: false,
         }
     }
 
@@ -118,6 +128,16 @@ impl CallRecord {
         let a = self.approval.as_ref().filter(|_| self.awaiting_approval(now_ms))?;
         Some(serde_json::json!({ "session": self.session, "call_id": self.call_id, "tool": self.tool, "args": self.args,
             "request": a.request, "reason": a.reason, "principal": a.principal, "requested_ms": a.requested_ms, "expires_ms": a.expires_ms }))
+    }
+
+    /// Whether it still holds uses of spending limits it could give back.
+    pub fn holds_spending(&self) -> bool {
+        !self.spent.is_empty() && !self.released
+    }
+
+    /// Whether any host holds a live claim on this call at `now_ms`.
+    pub fn leased_at(&self, now_ms: u64) -> bool {
+        self.owner.is_some() && self.lease_until_ms.is_some_and(|t| t > now_ms)
     }
 
     /// Whether a host other than `host` holds a live claim on this call at `now_ms`.

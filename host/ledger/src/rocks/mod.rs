@@ -251,7 +251,12 @@ impl Rocks {
         for s in &write.spends {
             let prefix = length_prefixed(&s.scope);
             let from = [prefix.as_slice(), &s.since_ms.to_be_bytes()].concat();
-            checks::within_limit(s, self.sum_from(&prefix, &from, s.max.saturating_sub(s.amount))?)?;
+            let mut used = self.sum_from(&prefix, &from, s.max.saturating_sub(s.amount))?;
+            if used.saturating_add(s.amount) > s.max {
+                // Refused: the whole use, for the message (the sum stopped at enough).
+                used = self.sum_from(&prefix, &from, u64::MAX)?;
+            }
+            checks::within_limit(s, used)?;
             let key = [prefix.as_slice(), &s.at_ms.to_be_bytes(), s.call_id.as_bytes()].concat();
             batch.put_cf(self.cf(CF_SPEND), key, [s.amount.to_be_bytes(), s.until_ms.to_be_bytes()].concat());
         }

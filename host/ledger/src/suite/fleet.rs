@@ -301,11 +301,11 @@ fn two_hosts_racing_to_a_limits_edge_never_pass_it() {
                 scope.spawn(move || {
                     // 700 + i: 64 of them sum to 46,816, far past 10,000.
                     let amount = 700 + i;
-                    let s = super::spend_of("refunds/t1", 10_000, 1_000, &format!("c{i}"), amount);
+                    let s = super::limits::spend_of("refunds/t1", 10_000, 1_000, &format!("c{i}"), amount);
                     barrier.wait();
                     match ledger.commit(LedgerWrite::new().call(call("s", &format!("c{i}"))).spend(s), Durability::Synced) {
                         Ok(()) => amount,
-                        Err(e) if e.is_refused() => 0,
+                        Err(e) if e.is_over_limit() => 0,
                         Err(e) => panic!("{e}"),
                     }
                 })

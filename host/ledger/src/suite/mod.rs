@@ -3,10 +3,15 @@
 //! `TOOLGUARD_TEST_POSTGRES` (`./dev.sh test` starts a throwaway one).
 
 mod fleet;
+mod limits;
 mod retention;
 
 use super::records::{PlannedSend, StoredBody, StoredRequest};
 use super::*;
+use limits::{
+    a_call_whose_sends_never_took_effect_gives_back_what_it_spent, budgets_count_uses_in_their_window_and_refuse_the_one_too_many,
+    limits_sum_uses_in_their_window_refuse_the_one_that_passes_and_take_back_a_release,
+};
 use retention::{
     a_pruning_pass_removes_old_final_units_and_leaves_tombstones, limit_uses_are_forgotten_once_their_window_has_ended, old_budget_uses_are_forgotten,
 };
@@ -207,69 +212,6 @@ fn what_the_caller_was_told_is_set_on_the_stored_call(store: &dyn Store) {
     assert_eq!(ledger.call("s", "none").unwrap(), None, "no record is created");
 }
 
-fn budgets_count_uses_in_their_window_and_refuse_the_one_too_many(store: &dyn Store) {
-    let ledger = store.open();
-    let charge = |scope: &str, at_ms: u64, call_id: &str| Charge {
-        scope: scope.into(),
-        max: 2,
-        since_ms: at_ms.saturating_sub(100),
-        at_ms,
-        call_id: call_id.into(),
-        what: format!("budget {scope}"),
-    };
-    let spend = |c: Charge| ledger.commit(LedgerWrite::new().call(call("s", &c.call_id)).charge(c), Durability::Buffered);
-    spend(charge("a", 1_000, "c1")).unwrap();
-    spend(charge("a", 1_050, "c2")).unwrap();
-    let refused = spend(charge("a", 1_060, "c3")).unwrap_err();
-    assert!(refused.is_refused() && refused.message().contains("budget a is spent"), "{refused}");
-    assert_eq!(ledger.call("s", "c3").unwrap(), None, "nothing of a refused write applies");
-    spend(charge("b", 1_060, "c4")).expect("another budget");
-    // "a" = [1_000, 1_050]; at 1_120 the window starts at 1_020: one use left.
-    spend(charge("a", 1_120, "c5")).expect("the oldest use left the window");
-    assert!(spend(charge("a", 1_130, "c6")).unwrap_err().is_refused());
-    // A scope that is a prefix of another is another budget.
-    spend(charge("a-longer", 1_130, "c7")).unwrap();
-}
-
-/// A spend of `amount` from limit `scope` (at most `max` from `since_ms`, when it is spent), by call `call_id`.
-pub(super) fn spend_of(scope: &str, max: u64, since_ms: u64, call_id: &str, amount: u64) -> Spend {
-    Spend { scope: scope.into(), max, since_ms, until_ms: since_ms + 1_000, at_ms: since_ms, call_id: call_id.into(), amount, what: format!("limit {scope}") }
-}
-
-fn limits_sum_uses_in_their_window_refuse_the_one_that_passes_and_take_back_a_release(store: &dyn Store) {
-    let ledger = store.open();
-    let spend = |s: Spend| ledger.commit(LedgerWrite::new().call(call("s", &s.call_id)).spend(s), Durability::Buffered);
-    // 5,000 a window from 1_000: 3,000 + 1,500 fit; 600 more would pass it.
-    spend(spend_of("refunds/t1", 5_000, 1_000, "c1", 3_000)).unwrap();
-    spend(spend_of("refunds/t1", 5_000, 1_000, "c2", 1_500)).unwrap();
-    let refused = spend(spend_of("refunds/t1", 5_000, 1_000, "c3", 600)).unwrap_err();
-    assert!(refused.is_refused(), "{refused}");
-    let message = refused.message();
-    assert!(
-        message.contains("limit refunds/t1") && message.contains("4500 of 5000") && message.contains("would add 600"),
-        "names the limit, the use, the addition: {message}"
-    );
-    assert_eq!(ledger.call("s", "c3").unwrap(), None, "nothing of a refused write applies");
-    // Exactly to the edge is allowed; one more is not.
-    spend(spend_of("refunds/t1", 5_000, 1_000, "c4", 500)).expect("to the edge exactly");
-    assert!(spend(spend_of("refunds/t1", 5_000, 1_000, "c5", 1)).unwrap_err().is_refused());
-    // Another tenant's scope, and a scope that is a prefix of another, are other limits.
-    spend(spend_of("refunds/t2", 5_000, 1_000, "c6", 5_000)).expect("another tenant");
-    spend(spend_of("refunds/t", 5_000, 1_000, "c7", 5_000)).expect("a prefix is another scope");
-    // The next window starts empty: uses before its start do not count.
-    spend(spend_of("refunds/t1", 5_000, 2_000, "c8", 5_000)).expect("a new window");
-    // A release gives its amount back (its call never took effect).
-    let back = Release { scope: "refunds/t1".into(), at_ms: 2_000, call_id: "c8".into() };
-    assert!(spend(spend_of("refunds/t1", 5_000, 2_000, "c9", 1)).unwrap_err().is_refused());
-    ledger.commit(LedgerWrite::new().release(back), Durability::Buffered).unwrap();
-    spend(spend_of("refunds/t1", 5_000, 2_000, "c9", 5_000)).expect("the released use no longer counts");
-    // Spending nothing spends nothing.
-    spend(spend_of("refunds/t1", 5_000, 2_000, "c10", 0)).expect("an amount of 0 is no use");
-    // What the operator sees at 2_500: the current window's one use of t1 (the first window has ended).
-    let t1: Vec<(String, u64)> = ledger.spent(2_500).unwrap().into_iter().filter(|u| u.scope == "refunds/t1").map(|u| (u.call_id, u.amount)).collect();
-    assert_eq!(t1, [("c9".to_string(), 5_000)]);
-}
-
 fn only_a_call_that_sent_nothing_can_be_superseded(store: &dyn Store) {
     let ledger = store.open();
     let supersede = |executor: &str| {
@@ -325,7 +267,7 @@ fn grant_history_keeps_changes_only(store: &dyn Store) {
     assert_eq!(history, [("d1".to_string(), 10), ("t1".into(), 15), ("d2".into(), 30)]);
 }
 
-fn claimed(call_id: &str, owner: &str, until: u64) -> CallRecord {
+pub(super) fn claimed(call_id: &str, owner: &str, until: u64) -> CallRecord {
     CallRecord { owner: Some(owner.into()), lease_until_ms: Some(until), ..call("s", call_id) }
 }
 
@@ -388,6 +330,7 @@ on_both_backends!(
     only_a_call_that_sent_nothing_can_be_superseded,
     budgets_count_uses_in_their_window_and_refuse_the_one_too_many,
     limits_sum_uses_in_their_window_refuse_the_one_that_passes_and_take_back_a_release,
+    a_call_whose_sends_never_took_effect_gives_back_what_it_spent,
     the_secret_and_records_survive_a_reopen,
     grant_history_keeps_changes_only,
     claims_tell_new_completed_and_conflicting_calls_apart,

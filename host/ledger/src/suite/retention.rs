@@ -90,14 +90,14 @@ pub(super) fn limit_uses_are_forgotten_once_their_window_has_ended(store: &dyn s
     let now = 100 * 3_600_000;
     let day = 86_400_000;
     // A use of yesterday's window (ended more than two hours ago), and one of today's.
-    let old = Spend { until_ms: now - 3 * 3_600_000, ..super::spend_of("a", 10, now - day - 3 * 3_600_000, "c1", 4) };
-    let today = Spend { until_ms: now + day, ..super::spend_of("a", 10, now - 3_600_000, "c2", 4) };
+    let old = Spend { until_ms: now - 3 * 3_600_000, ..super::limits::spend_of("a", 10, now - day - 3 * 3_600_000, "c1", 4) };
+    let today = Spend { until_ms: now + day, ..super::limits::spend_of("a", 10, now - 3_600_000, "c2", 4) };
     for s in [old, today] {
         let id = s.call_id.clone();
         commit(&ledger, LedgerWrite::new().call(call("s", &id)).spend(s));
     }
     assert_eq!(ledger.prune(0, now).unwrap().budget_uses, 1, "only the use whose window ended goes");
     // Today's use still counts: 4 + 7 passes 10.
-    let more = super::spend_of("a", 10, now - 3_600_000, "c3", 7);
-    assert!(ledger.commit(LedgerWrite::new().spend(more), Durability::Buffered).unwrap_err().is_refused());
+    let more = super::limits::spend_of("a", 10, now - 3_600_000, "c3", 7);
+    assert!(ledger.commit(LedgerWrite::new().spend(more), Durability::Buffered).unwrap_err().is_over_limit());
 }

@@ -6,8 +6,9 @@ use super::told::{earlier_outcome, sends_outcome};
 use super::{Decision, Executor, Next, new_call};
 use crate::error::{CallError, ErrorKind};
 use crate::guard::claim::CLAIM_POLL;
+use crate::guard::spending::spent;
 use crate::guard::start::{Origin, conflict, damaged, expired};
-use crate::guard::{CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
+use crate::guard::{Budget, CallIdentity, CallRules, Guard, Spending, ToolRules, failpoint, internal};
 use crate::ledger::records::{CallRecord, EpisodeRecord, now_ms};
 use crate::ledger::{Durability, EpisodeOp, LedgerWrite, Superseding};
 use std::sync::Arc;
@@ -21,11 +22,20 @@ impl Guard {
             Decision::Expired(at) => Err(expired(&id.call_id, at)),
             Decision::Damaged(message) => Err(CallError::new(ErrorKind::Internal, message)),
             Decision::Replay(record) => Ok(Next::Admitted(self.replay(record)?)),
+            // It settled as never having taken effect, and what it spent was
+            // given back: it spends again before it may send.
+            Decision::Run(record, origin) if record.released && !rules.spending.is_empty() => {
+                let call = spent(&rules.spending, CallRecord { released: false, ..record });
+                if self.written_charging(&call, &[], &rules.spending, LedgerWrite::new().call(call.clone())).await? {
+                    return Ok(Next::Run(call, origin));
+                }
+                Ok(Next::Again)
+            }
             Decision::Run(record, origin) => Ok(Next::Run(record, origin)),
             Decision::Open(n) => {
-                let call = new_call(id, n, false);
+                let call = spent(&rules.spending, new_call(id, n, false));
                 let write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Open(EpisodeRecord::open(&call, n)));
-                if self.written_charging(&call, rules, write).await? {
+                if self.written_charging(&call, &rules.budgets, &rules.spending, write).await? {
                     failpoint("after-admission");
                     return Ok(Next::Run(call, Origin::Written));
                 }
@@ -37,7 +47,7 @@ impl Guard {
                     Executor::Idle(old) => {
                         // The executor provably sent nothing and runs nowhere: this call takes its place.
                         let existing = self.stored(id).await?;
-                        let call = CallRecord { follower: false, ..existing.unwrap_or_else(|| new_call(id, n, false)) };
+                        let call = spent(&rules.spending, CallRecord { follower: false, ..existing.unwrap_or_else(|| new_call(id, n, false)) });
                         let mut write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Hand {
                             record: EpisodeRecord { executor: id.call_id.clone(), ..episode.clone() },
                             from: episode.executor.clone(),
@@ -45,12 +55,11 @@ impl Guard {
                         if let Some(old) = old {
                             let condition = Superseding { session: id.session.clone(), call_id: old.call_id.clone(), now_ms: now_ms() };
                             // It sent nothing: what it spent from the limits is given back.
-                            for s in &rules.spending {
-                                write = write.release(s.release(&old));
-                            }
-                            write = write.call(CallRecord { superseded_by: Some(id.call_id.clone()), ..old }).superseding(condition);
+                            let released = old.holds_spending();
+                            write = write.release_spent(&old);
+                            write = write.call(CallRecord { superseded_by: Some(id.call_id.clone()), released, ..old }).superseding(condition);
                         }
-                        if self.written_charging(&call, rules, write).await? {
+                        if self.written_charging(&call, &rules.budgets, &rules.spending, write).await? {
                             tracing::info!(call_id = %id.call_id, superseded = %episode.executor, "supersedes an identical call that sent nothing");
                             return Ok(Next::Run(call, Origin::Written));
                         }
@@ -84,9 +93,9 @@ impl Guard {
     /// `denied` when a budget is spent or a limit would be passed (nothing
     /// was run); `transport` when the ledger is unavailable, `internal` when
     /// it fails otherwise.
-    async fn written_charging(&self, call: &CallRecord, rules: &CallRules, write: LedgerWrite) -> Result<bool, CallError> {
-        let (write, _held) = self.charging(write, &rules.budgets, &call.call_id, now_ms()).await;
-        let (write, _spending) = self.spending(write, &rules.spending, call).await;
+    async fn written_charging(&self, call: &CallRecord, budgets: &[Budget], spending: &[Spending], write: LedgerWrite) -> Result<bool, CallError> {
+        let (write, _held) = self.charging(write, budgets, &call.call_id, now_ms()).await;
+        let (write, _spending) = self.spending(write, spending, call).await;
         let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
         if crate::guard::write_failpoint("conflict", "admission-write") {
             return Ok(false);
@@ -97,9 +106,7 @@ impl Guard {
             // It may have landed or not: the next look finds out (this call's
             // own record and episode, or none), and decides again.
             Err(e) if e.is_lost() => Ok(false),
-            Err(e) if e.is_refused() && rules.spending.iter().any(|s| e.message().starts_with(&s.what)) => {
-                Err(CallError::new(ErrorKind::Denied, format!("over a spending limit: {}; nothing was run", e.message())))
-            }
+            Err(e) if e.is_over_limit() => Err(CallError::new(ErrorKind::Denied, format!("over a spending limit: {}; nothing was run", e.message()))),
             Err(e) if e.is_refused() => Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message()))),
             Err(e) => Err(internal(e)),
         }
