@@ -33,6 +33,7 @@ mod hostile;
 mod keyless;
 mod ledger_outage;
 mod limits;
+mod limits_approval;
 mod limits_fleet;
 mod limits_settled;
 mod loading;

@@ -8,7 +8,7 @@ use super::report::{ComponentReport, Report, ToolReport};
 use super::rules::direction_of;
 pub use super::rules::{Direction, RULES, Rule};
 use crate::imports::ImportClass;
-use crate::policy::limits::Limit;
+use crate::policy::limits::{Limit, OverLimit};
 use crate::policy::lock::unversioned;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -265,14 +265,16 @@ fn tool(f: &mut Findings, (p, name): (&str, &str), b: &ToolReport, a: &ToolRepor
 /// widening (its calls may move more), one added or lowered a narrowing.
 fn spending_limits(f: &mut Findings, (p, name): (&str, &str), before: &[Limit], after: &[Limit]) {
     let same = |x: &Limit, y: &Limit| (&x.sum, x.per, x.window, &x.currency) == (&y.sum, y.per, y.window, &y.currency);
-    let widened = before.iter().any(|b| after.iter().find(|a| same(a, b)).is_none_or(|a| a.max > b.max));
-    let narrowed = after.iter().any(|a| before.iter().find(|b| same(a, b)).is_none_or(|b| a.max < b.max));
+    // Past a limit with a person's approval is looser than refused past it.
+    let looser = |x: &Limit, y: &Limit| x.max > y.max || (x.over_limit == OverLimit::Approve && y.over_limit == OverLimit::Refuse);
+    let widened = before.iter().any(|b| after.iter().find(|a| same(a, b)).is_none_or(|a| looser(a, b)));
+    let narrowed = after.iter().any(|a| before.iter().find(|b| same(a, b)).is_none_or(|b| looser(b, a)));
     let words = |ls: &[Limit]| json!(ls.iter().map(Limit::describe).collect::<Vec<_>>());
     if widened {
         f.add(
             "spending-limit-widened",
             (p, Some(name)),
-            format!("`{name}`'s calls may move more (a spending limit raised or removed)"),
+            format!("`{name}`'s calls may move more (a spending limit raised, removed, or made passable with approval)"),
             (words(before), words(after)),
         );
     } else if narrowed {

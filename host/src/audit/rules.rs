@@ -66,7 +66,11 @@ pub const RULES: &[Rule] = &[
     rule("action-changed", Widening, "Which calls of an irreversible tool are the same action changed (policy `action`)."),
     rule("consent-removed", Widening, "A person's approval or confirmation is no longer asked for (policy `approval`, `confirm_repeat_within_minutes`)."),
     rule("consent-added", Narrowing, "A person's approval or confirmation is now asked for."),
-    rule("spending-limit-widened", Widening, "A tool's calls may move more: a spending limit raised or removed (policy `limits`)."),
+    rule(
+        "spending-limit-widened",
+        Widening,
+        "A tool's calls may move more: a spending limit raised, removed, or made passable with a person's approval (policy `limits`, `over_limit`).",
+    ),
     rule("spending-limit-narrowed", Narrowing, "A tool's calls may move less: a spending limit added or lowered."),
     rule("scopes-changed", Widening, "The OAuth scopes a call needs changed."),
     rule("description-changed", Widening, "What the tool tells the model changed under the same name: read the new description."),

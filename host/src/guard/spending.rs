@@ -33,15 +33,19 @@ pub struct Spending {
     pub window: crate::policy::limits::Window,
     /// The limit in words, naming its tool and setting.
     pub what: String,
+    /// Over it, a person may approve the call instead of a refusal (`over_limit = "approve"`).
+    pub approvable: bool,
 }
 
 impl Spending {
-    /// The use call `call` (admitted at its `created_ms`) makes of it, if its window records uses.
-    pub(crate) fn spend(&self, call: &crate::ledger::CallRecord) -> Option<crate::ledger::Spend> {
+    /// The use call `call` (admitted at its `created_ms`) makes of it, if
+    /// its window records uses; `past` an approvable limit, unchecked (a
+    /// person will decide, and the use counts).
+    pub(crate) fn spend(&self, call: &crate::ledger::CallRecord, past: bool) -> Option<crate::ledger::Spend> {
         let (since_ms, until_ms) = self.window.bounds(call.created_ms)?;
         Some(crate::ledger::Spend {
             scope: self.scope.clone(),
-            max: self.max,
+            max: if past && self.approvable { u64::MAX } else { self.max },
             since_ms,
             until_ms,
             at_ms: call.created_ms,
@@ -55,9 +59,17 @@ impl Spending {
 /// `call`, recording the scopes it takes its amount from under `spending`
 /// (those whose window records uses), so that what it spent can be given
 /// back from its record alone ([`crate::ledger::LedgerWrite::release_spent`]).
+/// A call over an approvable limit of each call alone is marked so here
+/// (`over_limit`); one over a window's, when the ledger finds it.
 pub(super) fn spent(spending: &[Spending], call: crate::ledger::CallRecord) -> crate::ledger::CallRecord {
     let spent = spending.iter().filter(|s| s.amount > 0 && s.window.bounds(call.created_ms).is_some()).map(|s| s.scope.clone()).collect();
-    crate::ledger::CallRecord { spent, ..call }
+    let over: Vec<String> = spending
+        .iter()
+        .filter(|s| s.approvable && s.window == crate::policy::limits::Window::Call && s.amount > s.max)
+        .map(|s| format!("over a spending limit: {}: this call would move {}", s.what, s.amount))
+        .collect();
+    let over_limit = if over.is_empty() { call.over_limit.clone() } else { Some(over.join("; ")) };
+    crate::ledger::CallRecord { spent, over_limit, ..call }
 }
 
 /// The window of every budget.
@@ -105,18 +117,20 @@ impl Guard {
 
     /// `write`, spending `call`'s amount from each of `spending`'s limits,
     /// and the limits' locks, taken in name order (with the budgets' own:
-    /// one lock per scope), held until the write is committed.
+    /// one lock per scope), held until the write is committed. Admitted
+    /// `past` approvable limits, their uses are spent unchecked.
     pub(super) async fn spending(
         &self,
         mut write: crate::ledger::LedgerWrite,
         spending: &[Spending],
         call: &crate::ledger::CallRecord,
+        past: bool,
     ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
         let mut scopes: Vec<&Spending> = spending.iter().collect();
         scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
         let mut held = Vec::new();
         for s in scopes {
-            if let Some(spend) = s.spend(call) {
+            if let Some(spend) = s.spend(call, past) {
                 held.push(self.budgets.get(s.scope.clone()).lock_owned().await);
                 write = write.spend(spend);
             }

@@ -27,6 +27,30 @@ pub struct RawLimit {
     /// The JSON pointer of a string argument naming the currency: sums in
     /// different currencies are kept apart.
     pub currency: Option<String>,
+    /// What a call over it gets (default `refuse`).
+    #[serde(default)]
+    pub over_limit: OverLimit,
+}
+
+/// What a call that would pass a limit gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OverLimit {
+    /// Refused before anything is sent.
+    #[default]
+    Refuse,
+    /// Admitted to wait for a person's approval (the tool's consent path,
+    /// bound to the call's action); its amount counts, past the limit, once
+    /// approved and made.
+    Approve,
+}
+
+impl OverLimit {
+    /// Whether it is the default (left out of the effective policy, so a
+    /// policy's digest does not change for a setting it never wrote).
+    pub fn is_refuse(&self) -> bool {
+        *self == Self::Refuse
+    }
 }
 
 /// Whose calls a limit counts together.
@@ -78,6 +102,9 @@ pub struct Limit {
     pub window: Window,
     /// The argument naming the currency, if sums are kept apart by it.
     pub currency: Option<String>,
+    /// What a call over it gets.
+    #[serde(skip_serializing_if = "OverLimit::is_refuse")]
+    pub over_limit: OverLimit,
 }
 
 impl Limit {
@@ -95,7 +122,7 @@ impl Limit {
         if raw.currency.is_some() && raw.sum.is_none() {
             return Err("`currency` keeps sums apart; a limit counting calls has none".into());
         }
-        Ok(Self { sum: raw.sum, max: raw.max, per: raw.per, window: raw.window, currency: raw.currency })
+        Ok(Self { sum: raw.sum, max: raw.max, per: raw.per, window: raw.window, currency: raw.currency, over_limit: raw.over_limit })
     }
 
     /// Checks it against the tool's input schema, when the plugin loads: a
@@ -135,7 +162,8 @@ impl Limit {
     pub fn describe(&self) -> String {
         let what = self.sum.as_ref().map_or("calls".to_string(), |p| format!("sum of {p}"));
         let currency = self.currency.as_ref().map(|p| format!(" (apart by {p})")).unwrap_or_default();
-        format!("{what} ≤ {} per {} per {}{currency}", self.max, self.per.as_str(), self.window.as_str())
+        let over = if self.over_limit == OverLimit::Approve { ", past it with a person's approval" } else { "" };
+        format!("{what} ≤ {} per {} per {}{currency}{over}", self.max, self.per.as_str(), self.window.as_str())
     }
 }
 

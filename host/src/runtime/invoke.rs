@@ -67,10 +67,7 @@ impl Runtime {
                         if rules_gated {
                             call.persist().await?;
                         }
-                        // Taken out of the call (it is not shared across an await): cloned only where a repeat is looked for.
-                        let asked_before = call.admitted().approval.as_ref().map(|a| a.reason.clone());
-                        let admitted = tool.confirm_repeat_ms.map(|_| call.admitted().clone());
-                        if let Some(ask) = consent_asked(guard, plugin, tool, (&args, req), (asked_before, admitted)).await? {
+                        if let Some(ask) = consent_asked(guard, plugin, tool, (&args, req), call.admitted()).await? {
                             let _consent = crate::phases::time(crate::phases::Phase::Admit);
                             if let Err(e) = call.consent(ask).await {
                                 return guard.finish(call, Err(e)).await.map(|value| CallOutput { value, replayed: false });
@@ -203,9 +200,14 @@ fn spending(tool: &super::ToolInfo, req: &CallRequest, args: &Value) -> Result<V
     for (i, limit) in tool.limits.iter().enumerate() {
         let (amount, currency) = limit.amount(args).map_err(|m| CallError::new(ErrorKind::InvalidArgs, format!("{m}; the tool's limit counts it")))?;
         let what = format!("`{}`'s limit ({})", tool.name, limit.describe());
+        let approvable = limit.over_limit == crate::policy::limits::OverLimit::Approve;
         if limit.window == crate::policy::limits::Window::Call {
-            if amount > limit.max {
+            if amount > limit.max && !approvable {
                 return Err(CallError::new(ErrorKind::Denied, format!("{what}: this call would move {amount}; nothing was run")));
+            }
+            // Over an approvable one, the admission marks the call for a person ([`crate::guard::Spending`]).
+            if amount > limit.max {
+                uses.push(crate::guard::Spending { scope: String::new(), max: limit.max, amount, window: limit.window, what, approvable });
             }
             continue;
         }
@@ -217,7 +219,7 @@ fn spending(tool: &super::ToolInfo, req: &CallRequest, args: &Value) -> Result<V
             (Per::Everyone, _, _) => json!(["everyone"]),
         };
         let scope = json!(["limit", tool.plugin, tool.name, i, whose, currency]).to_string();
-        uses.push(crate::guard::Spending { scope, max: limit.max, amount, window: limit.window, what });
+        uses.push(crate::guard::Spending { scope, max: limit.max, amount, window: limit.window, what, approvable });
     }
     Ok(uses)
 }
@@ -260,27 +262,30 @@ fn check_result(text: &str, max: usize, tool: &ToolInfo) -> Result<Value, CallEr
     Ok(value)
 }
 
-/// What to ask a person about this call, if anything: the reviewer's
-/// approval rule; else a repeat of an action carried out within the tool's
-/// `confirm_repeat_within_minutes`; else, for a call asked about before,
-/// the same question (it stays under consent whatever the rules say now).
-/// `(asked_before, admitted)`: the reason the call was asked about before,
-/// and its admitted record where a repeat is to be looked for.
+/// What to ask a person about the call admitted as `record`, if anything:
+/// the reviewer's approval rule; else a repeat of an action carried out
+/// within the tool's `confirm_repeat_within_minutes`; and its being past a
+/// spending limit a person may approve (`over_limit = "approve"`); else,
+/// for a call asked about before, the same question (it stays under consent
+/// whatever the rules say now).
 async fn consent_asked(
     guard: &crate::guard::Guard,
     plugin: &super::plugin::LoadedPlugin,
     tool: &ToolInfo,
     (args, req): (&Value, &CallRequest),
-    (asked_before, admitted): (Option<String>, Option<crate::ledger::CallRecord>),
+    record: &crate::ledger::CallRecord,
 ) -> Result<Option<crate::guard::Ask>, CallError> {
     let rule = tool.approval.as_ref();
     let mut reason = rule.and_then(|r| r.asks(args));
     if reason.is_none()
-        && let (Some(window), Some(record)) = (tool.confirm_repeat_ms, &admitted)
+        && let Some(window) = tool.confirm_repeat_ms
     {
         reason = guard.repeat_to_confirm(record, window).await?;
     }
+    let reasons: Vec<String> = reason.into_iter().chain(record.over_limit.clone()).collect();
+    let reason = (!reasons.is_empty()).then(|| reasons.join("; "));
     // Once asked, a call stays under consent whatever the rules say now.
+    let asked_before = record.approval.as_ref().map(|a| a.reason.clone());
     let Some(reason) = reason.or(asked_before) else { return Ok(None) };
     let minutes = rule.map_or(crate::policy::DEFAULT_APPROVAL_MINUTES, |r| r.expires_minutes);
     Ok(Some(crate::guard::Ask { reason, policy_digest: plugin.policy_digest.clone(), expires_ms: minutes * 60_000, principal: req.principal.clone() }))

@@ -84,6 +84,10 @@ pub struct CallRecord {
     /// effect. A later run of it spends again before it may send.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub released: bool,
+    /// Admitted past a spending limit a person may approve (`over_limit =
+    /// "approve"`): which, and by how much. It runs only with an approval.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub over_limit: Option<String>,
 }
 
 impl CallRecord {
@@ -108,6 +112,7 @@ impl CallRecord {
             approval: None,
             spent: Vec::new(),
             released: false,
+            over_limit: None,
         }
     }
 

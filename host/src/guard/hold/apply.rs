@@ -10,7 +10,7 @@ use crate::guard::spending::spent;
 use crate::guard::start::{Origin, conflict, damaged, expired};
 use crate::guard::{Budget, CallIdentity, CallRules, Guard, Spending, ToolRules, failpoint, internal};
 use crate::ledger::records::{CallRecord, EpisodeRecord, now_ms};
-use crate::ledger::{Durability, EpisodeOp, LedgerWrite, Superseding};
+use crate::ledger::{Durability, EpisodeOp, LedgerError, LedgerWrite, Superseding};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,17 +25,17 @@ impl Guard {
             // It settled as never having taken effect, and what it spent was
             // given back: it spends again before it may send.
             Decision::Run(record, origin) if record.released && !rules.spending.is_empty() => {
-                let call = spent(&rules.spending, CallRecord { released: false, ..record });
-                if self.written_charging(&call, &[], &rules.spending, LedgerWrite::new().call(call.clone())).await? {
+                let mut call = spent(&rules.spending, CallRecord { released: false, ..record });
+                if self.written_charging(&mut call, &[], &rules.spending, LedgerWrite::new()).await? {
                     return Ok(Next::Run(call, origin));
                 }
                 Ok(Next::Again)
             }
             Decision::Run(record, origin) => Ok(Next::Run(record, origin)),
             Decision::Open(n) => {
-                let call = spent(&rules.spending, new_call(id, n, false));
-                let write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Open(EpisodeRecord::open(&call, n)));
-                if self.written_charging(&call, &rules.budgets, &rules.spending, write).await? {
+                let mut call = spent(&rules.spending, new_call(id, n, false));
+                let opened = LedgerWrite::new().episode(EpisodeOp::Open(EpisodeRecord::open(&call, n)));
+                if self.written_charging(&mut call, &rules.budgets, &rules.spending, opened).await? {
                     failpoint("after-admission");
                     return Ok(Next::Run(call, Origin::Written));
                 }
@@ -47,8 +47,8 @@ impl Guard {
                     Executor::Idle(old) => {
                         // The executor provably sent nothing and runs nowhere: this call takes its place.
                         let existing = self.stored(id).await?;
-                        let call = spent(&rules.spending, CallRecord { follower: false, ..existing.unwrap_or_else(|| new_call(id, n, false)) });
-                        let mut write = LedgerWrite::new().call(call.clone()).episode(EpisodeOp::Hand {
+                        let mut call = spent(&rules.spending, CallRecord { follower: false, ..existing.unwrap_or_else(|| new_call(id, n, false)) });
+                        let mut write = LedgerWrite::new().episode(EpisodeOp::Hand {
                             record: EpisodeRecord { executor: id.call_id.clone(), ..episode.clone() },
                             from: episode.executor.clone(),
                         });
@@ -59,7 +59,7 @@ impl Guard {
                             write = write.release_spent(&old);
                             write = write.call(CallRecord { superseded_by: Some(id.call_id.clone()), released, ..old }).superseding(condition);
                         }
-                        if self.written_charging(&call, &rules.budgets, &rules.spending, write).await? {
+                        if self.written_charging(&mut call, &rules.budgets, &rules.spending, write).await? {
                             tracing::info!(call_id = %id.call_id, superseded = %episode.executor, "supersedes an identical call that sent nothing");
                             return Ok(Next::Run(call, Origin::Written));
                         }
@@ -83,24 +83,31 @@ impl Guard {
         }
     }
 
-    /// Commits `write`, which admits `call` to run, spending one use of
-    /// each of its budgets and its amount from each of its spending limits
+    /// Commits `call` with `rest`, which admits it to run, spending one use
+    /// of each of `budgets` and its amount from each of `spending`'s limits
     /// in the same write; false if a condition of it lost a race. Budgets
     /// and limits are locked in name order while they are counted and
-    /// written, so concurrent calls never both spend a last use.
+    /// written, so concurrent calls never both spend a last use. Past a
+    /// limit a person may approve, `call` is admitted marked `over_limit`
+    /// (its amount spent unchecked), to wait for a person's approval.
     ///
     /// # Errors
     /// `denied` when a budget is spent or a limit would be passed (nothing
     /// was run); `transport` when the ledger is unavailable, `internal` when
     /// it fails otherwise.
-    async fn written_charging(&self, call: &CallRecord, budgets: &[Budget], spending: &[Spending], write: LedgerWrite) -> Result<bool, CallError> {
-        let (write, _held) = self.charging(write, budgets, &call.call_id, now_ms()).await;
-        let (write, _spending) = self.spending(write, spending, call).await;
-        let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
+    async fn written_charging(&self, call: &mut CallRecord, budgets: &[Budget], spending: &[Spending], rest: LedgerWrite) -> Result<bool, CallError> {
         if crate::guard::write_failpoint("conflict", "admission-write") {
             return Ok(false);
         }
-        match self.ledger.commit_async(write, Durability::Buffered).await {
+        let written = match self.admission_write(call, budgets, spending, rest.clone(), false).await {
+            Err(e) if e.is_over_limit() && spending.iter().any(|s| s.approvable) => {
+                let over = format!("over a spending limit: {}", e.message());
+                call.over_limit = Some(call.over_limit.take().map_or_else(|| over.clone(), |earlier| format!("{earlier}; {over}")));
+                self.admission_write(call, budgets, spending, rest, true).await
+            }
+            written => written,
+        };
+        match written {
             Ok(()) => Ok(true),
             Err(e) if e.is_conflict() => Ok(false),
             // It may have landed or not: the next look finds out (this call's
@@ -110,6 +117,14 @@ impl Guard {
             Err(e) if e.is_refused() => Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message()))),
             Err(e) => Err(internal(e)),
         }
+    }
+
+    /// One try of [`Guard::written_charging`]'s write (`past` approvable limits: unchecked).
+    async fn admission_write(&self, call: &CallRecord, budgets: &[Budget], spending: &[Spending], rest: LedgerWrite, past: bool) -> Result<(), LedgerError> {
+        let (write, _held) = self.charging(rest.call(call.clone()), budgets, &call.call_id, now_ms()).await;
+        let (write, _spending) = self.spending(write, spending, call, past).await;
+        let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
+        self.ledger.commit_async(write, Durability::Buffered).await
     }
 
     /// Waits until the executor's run here ends, or a poll on another host's, or the deadline.
