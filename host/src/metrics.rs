@@ -3,7 +3,8 @@
 //!
 //! Counters are counted where things happen (tool calls, attempts,
 //! reconciliations, sandbox instantiations); what the ledger holds (unknown
-//! attempts outstanding, synced writes, WAL fsyncs) is read at scrape time.
+//! attempts outstanding, synced writes, WAL fsyncs, spending limits' use)
+//! is read at scrape time.
 //! One registry per process, like Prometheus's own default registry.
 
 use crate::ledger::{AttemptState, Ledger};
@@ -51,6 +52,30 @@ struct ComponentLabels {
     policy: String,
 }
 
+/// One spending limit of a tool (`crate::policy::limits`): its index in the tool's `limits`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    plugin: String,
+    tool: String,
+    limit: String,
+}
+
+/// One spending limit's uses in one currency (empty when it keeps none apart).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitUseLabels {
+    plugin: String,
+    tool: String,
+    limit: String,
+    currency: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitOverLabels {
+    tool: String,
+    /// `refused`, or `asked` (a person decides: `over_limit = "approve"`).
+    then: String,
+}
+
 /// A loaded plugin, as `toolguard_component_info` names it.
 #[derive(Debug, Clone, Copy)]
 pub struct ComponentInfo<'a> {
@@ -80,6 +105,10 @@ struct Metrics {
     wal_syncs: Gauge<u64, AtomicU64>,
     batch: Gauge<f64, AtomicU64>,
     components: Family<ComponentLabels, Gauge>,
+    limit_max: Family<LimitLabels, Gauge<u64, AtomicU64>>,
+    limit_scopes: Family<LimitUseLabels, Gauge>,
+    limit_used_max: Family<LimitUseLabels, Gauge<u64, AtomicU64>>,
+    limit_over: Family<LimitOverLabels, Counter>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -105,7 +134,35 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "Each loaded plugin's component: its sha256, source, resolved manifest, signer and effective policy digest (value 1)",
         components.clone(),
     );
-    Metrics { registry, tool_calls, attempts, reconciles, instantiate, unknown_outstanding, synced_writes, wal_syncs, batch, components }
+    let (limit_max, limit_scopes, limit_used_max, limit_over) = (Family::default(), Family::default(), Family::default(), Family::default());
+    registry.register("limit_max", "Each spending limit's most a window holds, by plugin, tool and the limit's index in its `limits`", limit_max.clone());
+    registry.register(
+        "limit_scopes",
+        "Scopes (principals, tenants, sessions) holding a use of a spending limit in its current window, in the ledger now (a fleet's, on a shared one)",
+        limit_scopes.clone(),
+    );
+    registry.register(
+        "limit_used_max",
+        "The most any one scope of a spending limit has used in its current window, in the ledger now: divide by toolguard_limit_max to alert before the edge",
+        limit_used_max.clone(),
+    );
+    registry.register("limit_over", "Calls that would have passed a spending limit, by tool and what happened: refused, or asked a person", limit_over.clone());
+    Metrics {
+        registry,
+        tool_calls,
+        attempts,
+        reconciles,
+        instantiate,
+        unknown_outstanding,
+        synced_writes,
+        wal_syncs,
+        batch,
+        components,
+        limit_max,
+        limit_scopes,
+        limit_used_max,
+        limit_over,
+    }
 });
 
 /// Counts a tool call's answer.
@@ -136,9 +193,34 @@ pub fn component(c: ComponentInfo<'_>) {
     METRICS.components.get_or_create(&labels).set(1);
 }
 
-/// Forgets every component published so far (a reload publishes its own).
+/// Forgets every component and limit published so far (a reload publishes its own).
 pub fn components_cleared() {
     METRICS.components.clear();
+    METRICS.limit_max.clear();
+}
+
+/// Records the `index`th spending limit of `plugin`'s tool `tool`: the most its window holds.
+pub fn limit(plugin: &str, tool: &str, index: usize, max: u64) {
+    METRICS.limit_max.get_or_create(&LimitLabels { plugin: plugin.into(), tool: tool.into(), limit: index.to_string() }).set(max);
+}
+
+/// Counts a call of `tool` that would have passed a spending limit: `refused`, or `asked` a person.
+pub fn limit_over(tool: &str, then: &str) {
+    METRICS.limit_over.get_or_create(&LimitOverLabels { tool: tool.into(), then: then.into() }).inc();
+}
+
+/// Sets the limits' use gauges from what they hold now (scopes whose window ended are gone).
+fn limits_in_use(uses: &[crate::policy::limits::ScopeUse]) {
+    METRICS.limit_scopes.clear();
+    METRICS.limit_used_max.clear();
+    for u in uses {
+        let Some(l) = &u.limit else { continue };
+        let labels =
+            LimitUseLabels { plugin: l.plugin.clone(), tool: l.tool.clone(), limit: l.index.to_string(), currency: l.currency.clone().unwrap_or_default() };
+        METRICS.limit_scopes.get_or_create(&labels).inc();
+        let highest = METRICS.limit_used_max.get_or_create(&labels);
+        highest.set(highest.get().max(u.used));
+    }
 }
 
 /// Records how long a sandbox took to instantiate.
@@ -160,6 +242,8 @@ pub fn render(ledger: Option<&Ledger>) -> Result<String, crate::ledger::LedgerEr
         METRICS.wal_syncs.set(fsyncs);
         #[allow(clippy::cast_precision_loss)] // a ratio of counters
         METRICS.batch.set(if fsyncs == 0 { 0.0 } else { synced as f64 / fsyncs as f64 });
+        let spent = ledger.spent(crate::ledger::records::now_ms())?;
+        limits_in_use(&crate::policy::limits::in_use(spent.iter().map(|u| (u.scope.as_str(), u.amount, u.until_ms))));
     }
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &METRICS.registry).expect("writing to a String cannot fail");

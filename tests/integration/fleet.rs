@@ -246,6 +246,13 @@ pub(crate) struct Processes {
     _dir: tempfile::TempDir,
 }
 
+impl Processes {
+    /// Host `i`'s config file.
+    pub fn config(&self, i: usize) -> std::path::PathBuf {
+        self._dir.path().join(format!("host{i}.toml"))
+    }
+}
+
 pub(crate) fn processes(d: Downstream) -> Processes {
     processes_with(d, [&[], &[]])
 }

@@ -59,4 +59,15 @@ fn sixty_four_refunds_from_two_hosts_at_a_limits_edge_never_pass_it() {
     for amount in &refused {
         assert!(total + amount > LIMIT, "a refund of {amount} was refused though it fits beside the {total} finally made");
     }
+    // The fleet view (`ledger stats` on either host's config): the one limit's use, both hosts' together.
+    let out = std::process::Command::new(crate::common::BIN)
+        .args(["ledger", "stats", "--json", "--config", p.config(1).to_str().unwrap()])
+        .env("TOOLGUARD_LOG", "error")
+        .output()
+        .unwrap();
+    let stats = crate::common::stdout_json(&out);
+    let limits = stats["limits"].as_array().unwrap_or_else(|| panic!("{stats}"));
+    assert_eq!(limits.len(), 1, "{stats}");
+    assert_eq!((limits[0]["used"].as_u64(), limits[0]["calls"].as_u64()), (Some(total), Some(made.len() as u64)), "{stats}");
+    assert_eq!(limits[0]["limit"][4], serde_json::json!(["everyone"]), "{stats}");
 }

@@ -215,3 +215,36 @@ fn a_fleets_hosts_show_which_policy_each_serves() {
     let text = rt.block_on(async { reqwest::get(url).await.unwrap().text().await.unwrap() });
     assert!(text.lines().any(|l| l.starts_with("toolguard_component_info{") && l.contains(&format!("policy=\"{dc}\""))), "{text}");
 }
+
+/// What the spending limits hold, read from the ledger at scrape time: each
+/// limit's max, how many scopes hold a use, the highest use, and the calls
+/// that would have passed one.
+#[test]
+fn metrics_show_each_limits_edge_and_the_calls_over_it() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sandbox = rt.block_on(Sandbox::start("127.0.0.1:0", Mode::Stripe, toolguard_sandbox::DEFAULT_RETENTION)).unwrap();
+    sandbox.add_payment_intent(PI, crate::payments::PI_AMOUNT);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    let policy = r#"limits = [{ sum = "/amount_cents", max = 2000, per = "session", window = "day" }, { max = 50, window = "week" }]"#;
+    std::fs::write(&config, config_text(&sandbox.url(), &dir.path().join("data"), &Downstream { refund_policy: Some(policy), ..Downstream::default() }))
+        .unwrap();
+    let server = serve_http(&config, &[]);
+    let text = rt.block_on(async {
+        let mcp = Mcp::connect(&server.url).await;
+        assert_eq!(mcp.refund("c1", 1_500).await.unwrap()["isError"], false);
+        assert_eq!(mcp.refund("c2", 600).await.unwrap()["structuredContent"]["kind"], "denied", "1,500 + 600 passes 2,000");
+        let url = server.url.replace(toolguard::mcp::http::PATH, toolguard::mcp::http::METRICS_PATH);
+        reqwest::get(url).await.unwrap().text().await.unwrap()
+    });
+    let limit = |name: &str, index: usize, currency: bool| {
+        let labels = format!("plugin=\"payments\",tool=\"refund\",limit=\"{index}\"{}", if currency { ",currency=\"\"" } else { "" });
+        sample(&text, name, &labels)
+    };
+    assert_eq!((limit("toolguard_limit_max", 0, false), limit("toolguard_limit_max", 1, false)), (Some(2_000.0), Some(50.0)), "{text}");
+    assert_eq!(limit("toolguard_limit_scopes", 0, true), Some(1.0), "{text}");
+    assert_eq!(limit("toolguard_limit_used_max", 0, true), Some(1_500.0), "the refused 600 holds nothing: {text}");
+    assert_eq!(limit("toolguard_limit_used_max", 1, true), Some(1.0), "one call counted in the week: {text}");
+    assert_eq!(sample(&text, "toolguard_limit_over_total", "tool=\"refund\",then=\"refused\""), Some(1.0), "{text}");
+    assert_eq!(sandbox.refunds().len(), 1);
+}

@@ -204,13 +204,17 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
         LedgerCommand::Resolve { .. } | LedgerCommand::Prune => unreachable!("handled before the ledger is opened read-only"),
         LedgerCommand::Stats { json } => {
             let (stats, serving, now) = (ledger.stats()?, ledger.serving()?, crate::ledger::records::now_ms());
+            // On a shared ledger, the whole fleet's use.
+            let limits = limits_in_use(&ledger.spent(now)?);
             if json {
                 let mut value = serde_json::to_value(&stats).unwrap_or_default();
                 value["serving"] = super::serving::json(&serving, now);
+                value["limits"] = Value::Array(limits);
                 super::print_json(&value);
             } else {
                 print_stats(&stats);
                 super::serving::print(&serving, now);
+                print_limits(&limits);
             }
             Ok(0)
         }
@@ -221,12 +225,7 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
             } else if uses.is_empty() {
                 outln!("no spending limit holds a use in its current window");
             } else {
-                for u in &uses {
-                    outln!(
-                        "{}",
-                        super::json_for_terminal(&format!("{}  used {} in {} call(s); window ends {}", u["limit"], u["used"], u["calls"], u["window_ends"]))
-                    );
-                }
+                print_limits(&uses);
             }
             Ok(0)
         }
@@ -246,19 +245,24 @@ fn command_output(ledger: &Ledger, command: LedgerCommand) -> Result<u8, crate::
 /// guard built it: tool, limit index, whose calls, currency), `used`,
 /// `calls`, `window_ends` (RFC 3339).
 fn limits_in_use(uses: &[crate::ledger::records::SpentUse]) -> Vec<Value> {
-    let mut by_scope: std::collections::BTreeMap<&str, (u64, u64, u64)> = std::collections::BTreeMap::new();
-    for u in uses {
-        let entry = by_scope.entry(&u.scope).or_default();
-        *entry = (entry.0 + u.amount, entry.1 + 1, entry.2.max(u.until_ms));
-    }
-    by_scope
+    crate::policy::limits::in_use(uses.iter().map(|u| (u.scope.as_str(), u.amount, u.until_ms)))
         .into_iter()
-        .map(|(scope, (used, calls, until))| {
-            let limit: Value = serde_json::from_str(scope).unwrap_or_else(|_| Value::String(scope.to_string()));
-            let ends = i64::try_from(until).ok().and_then(chrono::DateTime::from_timestamp_millis).map_or_else(|| "never".to_string(), |t| t.to_rfc3339());
-            json!({ "limit": limit, "used": used, "calls": calls, "window_ends": ends })
+        .map(|u| {
+            let limit: Value = serde_json::from_str(&u.key).unwrap_or(Value::String(u.key));
+            let ends = i64::try_from(u.until_ms).ok().and_then(chrono::DateTime::from_timestamp_millis).map_or_else(|| "never".to_string(), |t| t.to_rfc3339());
+            json!({ "limit": limit, "used": u.used, "calls": u.calls, "window_ends": ends })
         })
         .collect()
+}
+
+/// [`limits_in_use`], for a person: one line per limit and scope.
+fn print_limits(uses: &[Value]) {
+    for u in uses {
+        outln!(
+            "{}",
+            super::json_for_terminal(&format!("limit       {}  used {} in {} call(s); window ends {}", u["limit"], u["used"], u["calls"], u["window_ends"]))
+        );
+    }
 }
 
 fn print_stats(s: &crate::ledger::retention::LedgerStats) {

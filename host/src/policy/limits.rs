@@ -227,6 +227,70 @@ fn declared_type(schema: &serde_json::Value, pointer: &str) -> Option<String> {
     at.get("type")?.as_str().map(str::to_string)
 }
 
+/// Whose uses of one limit count together: the ledger's scope of a
+/// limit's uses, written and read only here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// The plugin.
+    pub plugin: String,
+    /// The tool, as served.
+    pub tool: String,
+    /// The limit's index in the tool's `limits`.
+    pub index: usize,
+    /// Whose calls: `["tenant", t]`, `["principal", p]`, `["session", s]` or `["everyone"]`.
+    pub whose: serde_json::Value,
+    /// The currency its sums are kept apart by, if any.
+    pub currency: Option<String>,
+}
+
+impl Scope {
+    /// The ledger's key of it (a JSON array: opaque to the ledger).
+    pub fn key(&self) -> String {
+        serde_json::json!(["limit", self.plugin, self.tool, self.index, self.whose, self.currency]).to_string()
+    }
+
+    /// The scope a key names; `None` for a key this version did not write.
+    pub fn parse(key: &str) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_str(key).ok()?;
+        match v.as_array()?.as_slice() {
+            [kind, plugin, tool, index, whose, currency] if kind == "limit" => Some(Self {
+                plugin: plugin.as_str()?.to_string(),
+                tool: tool.as_str()?.to_string(),
+                index: usize::try_from(index.as_u64()?).ok()?,
+                whose: whose.clone(),
+                currency: currency.as_str().map(str::to_string),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// What one scope of a limit holds in its current window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeUse {
+    /// The ledger's key of the scope.
+    pub key: String,
+    /// The scope it names, if this version wrote it.
+    pub limit: Option<Scope>,
+    /// The sum of its uses.
+    pub used: u64,
+    /// How many calls made them.
+    pub calls: u64,
+    /// When its window ends (Unix ms; `u64::MAX`: never).
+    pub until_ms: u64,
+}
+
+/// The uses the ledger holds (`Ledger::spent`: each one's scope key,
+/// amount and window end), summed per scope, in key order.
+pub fn in_use<'a>(uses: impl IntoIterator<Item = (&'a str, u64, u64)>) -> Vec<ScopeUse> {
+    let mut by_scope: std::collections::BTreeMap<&str, (u64, u64, u64)> = std::collections::BTreeMap::new();
+    for (scope, amount, until_ms) in uses {
+        let entry = by_scope.entry(scope).or_default();
+        *entry = (entry.0.saturating_add(amount), entry.1 + 1, entry.2.max(until_ms));
+    }
+    by_scope.into_iter().map(|(key, (used, calls, until_ms))| ScopeUse { key: key.to_string(), limit: Scope::parse(key), used, calls, until_ms }).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

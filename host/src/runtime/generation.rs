@@ -105,7 +105,8 @@ impl Runtime {
     }
 
     /// Publishes which component and policy each plugin is served with
-    /// (`toolguard_component_info`), replacing what an earlier generation published.
+    /// (`toolguard_component_info`) and its tools' spending limits
+    /// (`toolguard_limit_max`), replacing what an earlier generation published.
     pub fn publish(&self, config: &Config) {
         crate::metrics::components_cleared();
         for p in &self.plugins {
@@ -119,6 +120,11 @@ impl Runtime {
                 signer: provenance.and_then(|v| v.signer.as_ref()).map(|s| s.fingerprint.as_str()),
                 policy: &p.policy_digest,
             });
+        }
+        for (_, tool) in self.tools.values() {
+            for (i, limit) in tool.limits.iter().enumerate() {
+                crate::metrics::limit(&tool.plugin, &tool.name, i, limit.max);
+            }
         }
     }
 

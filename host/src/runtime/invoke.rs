@@ -203,6 +203,7 @@ fn spending(tool: &super::ToolInfo, req: &CallRequest, args: &Value) -> Result<V
         let approvable = limit.over_limit == crate::policy::limits::OverLimit::Approve;
         if limit.window == crate::policy::limits::Window::Call {
             if amount > limit.max && !approvable {
+                crate::metrics::limit_over(&tool.name, "refused");
                 return Err(CallError::new(ErrorKind::Denied, format!("{what}: this call would move {amount}; nothing was run")));
             }
             // Over an approvable one, the admission marks the call for a person ([`crate::guard::Spending`]).
@@ -218,7 +219,7 @@ fn spending(tool: &super::ToolInfo, req: &CallRequest, args: &Value) -> Result<V
             (Per::Tenant | Per::Principal | Per::Session, _, _) => json!(["session", req.session]),
             (Per::Everyone, _, _) => json!(["everyone"]),
         };
-        let scope = json!(["limit", tool.plugin, tool.name, i, whose, currency]).to_string();
+        let scope = crate::policy::limits::Scope { plugin: tool.plugin.to_string(), tool: tool.name.clone(), index: i, whose, currency }.key();
         uses.push(crate::guard::Spending { scope, max: limit.max, amount, window: limit.window, what, approvable });
     }
     Ok(uses)

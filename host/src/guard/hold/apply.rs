@@ -107,13 +107,19 @@ impl Guard {
             }
             written => written,
         };
+        if written.is_ok() && call.over_limit.is_some() {
+            crate::metrics::limit_over(&call.tool, "asked");
+        }
         match written {
             Ok(()) => Ok(true),
             Err(e) if e.is_conflict() => Ok(false),
             // It may have landed or not: the next look finds out (this call's
             // own record and episode, or none), and decides again.
             Err(e) if e.is_lost() => Ok(false),
-            Err(e) if e.is_over_limit() => Err(CallError::new(ErrorKind::Denied, format!("over a spending limit: {}; nothing was run", e.message()))),
+            Err(e) if e.is_over_limit() => {
+                crate::metrics::limit_over(&call.tool, "refused");
+                Err(CallError::new(ErrorKind::Denied, format!("over a spending limit: {}; nothing was run", e.message())))
+            }
             Err(e) if e.is_refused() => Err(CallError::new(ErrorKind::Denied, format!("budget spent: {}; nothing was run", e.message()))),
             Err(e) => Err(internal(e)),
         }
