@@ -62,5 +62,6 @@ mod tasks;
 mod tasks_torture;
 mod tls;
 mod torture;
+mod torture_limits;
 mod upgrade;
 mod world;

@@ -121,79 +121,8 @@ fn torture(w: World, trials: u64, over: &str) {
     for trial in 0..trials {
         let amount = trial + 1;
         let call_id = format!("t{trial}");
-        let mut ack = None;
-        let phase = match trial % 4 {
-            0 => {
-                w.sandbox.inject(Fault::PauseAfterCommit);
-                let mut child = w.spawn_refund(&call_id, amount, None);
-                if !wait_for(Duration::from_secs(30), || w.sandbox.paused() == 1) {
-                    child.kill().unwrap();
-                    let out = child.wait_with_output().unwrap();
-                    panic!(
-                        "trial {trial} (seed {seed}): never reached the provider; paused {}; it ended {}; stdout {}; stderr:\n{}",
-                        w.sandbox.paused(),
-                        out.status,
-                        String::from_utf8_lossy(&out.stdout),
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                child.kill().unwrap();
-                child.wait().unwrap();
-                w.sandbox.release();
-                "killed between the provider's commit and our outcome write".to_string()
-            }
-            1 => {
-                let point = FAILPOINTS[rng.below(FAILPOINTS.len() as u64) as usize];
-                let out = w.spawn_refund(&call_id, amount, Some(point)).wait_with_output().unwrap();
-                assert!(!out.status.success(), "trial {trial}: failpoint {point} did not fire");
-                ack = printed(&out);
-                format!("aborted at failpoint {point}")
-            }
-            mode => {
-                // Half of these meet a provider that commits, then fails to say so.
-                let fault = match rng.below(6) {
-                    0 => Some((Fault::DropAfterCommit, ", the provider dropping the connection after committing")),
-                    1 => Some((Fault::HiddenCommit500, ", the provider answering 500 after committing")),
-                    2 => Some((Fault::CommitStuckInFlight, ", the provider committing and then answering 409 to the key for good")),
-                    _ => None,
-                };
-                let faulty = fault.as_ref().map_or("", |(_, what)| *what);
-                if let Some((fault, _)) = fault {
-                    w.sandbox.inject(fault);
-                }
-                let mut child = w.spawn_refund(&call_id, amount, None);
-                if mode == 2 {
-                    std::thread::sleep(Duration::from_millis(rng.below(call_ms + call_ms / 5)));
-                } else {
-                    wait_for(Duration::from_secs(30), || !w.posts_of(amount).is_empty());
-                    std::thread::sleep(Duration::from_micros(rng.below(8_000)));
-                }
-                match child.try_wait().unwrap() {
-                    Some(_) => {
-                        let out = child.wait_with_output().unwrap();
-                        assert!(out.status.success(), "trial {trial}: {}", String::from_utf8_lossy(&out.stderr));
-                        ack = Some(crate::common::stdout_json(&out));
-                        acknowledged += 1;
-                        format!("finished before the kill (acknowledged){faulty}")
-                    }
-                    None => {
-                        let reached = !w.posts_of(amount).is_empty();
-                        child.kill().unwrap();
-                        // The answer may be out already (the process stays a moment for calls handed to it).
-                        ack = printed(&child.wait_with_output().unwrap());
-                        let when = match (ack.is_some(), reached) {
-                            (true, _) => "SIGKILL after the answer was printed (acknowledged)",
-                            (false, true) => "SIGKILL after the request reached the provider",
-                            (false, false) => "SIGKILL before the request reached the provider",
-                        };
-                        format!("{when}{faulty}")
-                    }
-                }
-            }
-        };
-        // A fault aimed at a request the killed call never made is not left for the next trial's.
-        w.sandbox.clear_faults();
-        acknowledged += usize::from(ack.is_some() && !phase.starts_with("finished"));
+        let (phase, ack) = kill_a_refund(&w, &mut rng, (trial, seed), &call_id, call_ms);
+        acknowledged += usize::from(ack.is_some());
         *phases.entry(phase).or_default() += 1;
 
         // Restart: the caller who got an answer replays the same tool call.
@@ -266,4 +195,96 @@ fn torture(w: World, trials: u64, over: &str) {
     if w.confirms_repeats {
         assert_eq!(confirmations, unreceived, "each unlinkable resume waited for a person, and only those");
     }
+}
+
+/// Runs trial `trial`'s refund of `trial + 1` cents under `call_id` and
+/// kills it (in one of the ways the module's doc lists): how, and the
+/// answer its caller got before the kill, if any. `call_ms`: how long a
+/// whole call takes here.
+pub(crate) fn kill_a_refund(w: &World, rng: &mut Rng, (trial, seed): (u64, u64), call_id: &str, call_ms: u64) -> (String, Option<serde_json::Value>) {
+    let amount = trial + 1;
+    let mut ack = None;
+    let phase = match trial % 4 {
+        0 => {
+            w.sandbox.inject(Fault::PauseAfterCommit);
+            let mut child = w.spawn_refund(call_id, amount, None);
+            // A call a spending limit refuses ends without reaching the provider.
+            if !wait_for(Duration::from_secs(30), || w.sandbox.paused() == 1 || child.try_wait().is_ok_and(|s| s.is_some())) {
+                child.kill().unwrap();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "trial {trial} (seed {seed}): never reached the provider; paused {}; it ended {}; stdout {}; stderr:\n{}",
+                    w.sandbox.paused(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            if w.sandbox.paused() == 0 {
+                w.sandbox.clear_faults();
+                return finished(trial, child.wait_with_output().unwrap(), "");
+            }
+            child.kill().unwrap();
+            child.wait().unwrap();
+            w.sandbox.release();
+            "killed between the provider's commit and our outcome write".to_string()
+        }
+        1 => {
+            let point = FAILPOINTS[rng.below(FAILPOINTS.len() as u64) as usize];
+            let out = w.spawn_refund(call_id, amount, Some(point)).wait_with_output().unwrap();
+            assert!(!out.status.success(), "trial {trial}: failpoint {point} did not fire");
+            ack = printed(&out);
+            format!("aborted at failpoint {point}")
+        }
+        mode => {
+            // Half of these meet a provider that commits, then fails to say so.
+            let fault = match rng.below(6) {
+                0 => Some((Fault::DropAfterCommit, ", the provider dropping the connection after committing")),
+                1 => Some((Fault::HiddenCommit500, ", the provider answering 500 after committing")),
+                2 => Some((Fault::CommitStuckInFlight, ", the provider committing and then answering 409 to the key for good")),
+                _ => None,
+            };
+            let faulty = fault.as_ref().map_or("", |(_, what)| *what);
+            if let Some((fault, _)) = fault {
+                w.sandbox.inject(fault);
+            }
+            let mut child = w.spawn_refund(call_id, amount, None);
+            if mode == 2 {
+                std::thread::sleep(Duration::from_millis(rng.below(call_ms + call_ms / 5)));
+            } else {
+                wait_for(Duration::from_secs(30), || !w.posts_of(amount).is_empty());
+                std::thread::sleep(Duration::from_micros(rng.below(8_000)));
+            }
+            match child.try_wait().unwrap() {
+                Some(_) => {
+                    w.sandbox.clear_faults();
+                    return finished(trial, child.wait_with_output().unwrap(), faulty);
+                }
+                None => {
+                    let reached = !w.posts_of(amount).is_empty();
+                    child.kill().unwrap();
+                    // The answer may be out already (the process stays a moment for calls handed to it).
+                    ack = printed(&child.wait_with_output().unwrap());
+                    let when = match (ack.is_some(), reached) {
+                        (true, _) => "SIGKILL after the answer was printed (acknowledged)",
+                        (false, true) => "SIGKILL after the request reached the provider",
+                        (false, false) => "SIGKILL before the request reached the provider",
+                    };
+                    format!("{when}{faulty}")
+                }
+            }
+        }
+    };
+    // A fault aimed at a request the killed call never made is not left for the next trial's.
+    w.sandbox.clear_faults();
+    (phase, ack)
+}
+
+/// A call that finished before its kill: its answer was told. A success,
+/// or a refusal by a spending limit (the only failure a trial may meet).
+fn finished(trial: u64, out: std::process::Output, faulty: &str) -> (String, Option<serde_json::Value>) {
+    let answer = crate::common::stdout_json(&out);
+    let refused = answer["kind"] == "denied" && answer["message"].as_str().is_some_and(|m| m.contains("over a spending limit"));
+    assert!(out.status.success() || refused, "trial {trial}: {answer} {}", String::from_utf8_lossy(&out.stderr));
+    (format!("finished before the kill (acknowledged){faulty}"), Some(answer))
 }
