@@ -172,3 +172,31 @@ async fn sixty_four_refunds_at_once_never_pass_the_limit() {
     assert_eq!(made, answered_made, "every refund made was answered as made, and no other");
     assert!(made > 5_000 - 163 && refused > 0, "the limit was filled to its edge ({made}), then refused ({refused})");
 }
+
+/// A reload that changes a limit applies it to the calls that come after
+/// it, against the uses already counted: lowered below the use, the next
+/// call is refused; raised, it runs. Through `toolguard reload` of a
+/// serving host, counted at the sandbox.
+#[test]
+fn a_reload_that_changes_a_limit_applies_to_new_calls_against_the_use_counted() {
+    use crate::reload::{Host, refund};
+    let limit = |max: u32| -> &'static str { Box::leak(format!("limits = [{{ max = {max}, per = \"everyone\", window = \"day\" }}]").into_boxed_str()) };
+    let d = |max| Downstream { refund_policy: Some(limit(max)), ..Downstream::default() };
+    let host = Host::start(&d(3), "", &[]);
+    let client = std::sync::Arc::new(host.rt.block_on(toolguard::mcp::client::McpClient::connect(&host.url)).unwrap());
+    let call = |session: &str, call_id: &str| host.rt.block_on(refund(&client, session, call_id));
+    assert_eq!(call("a", "r1")["isError"], false);
+    assert_eq!(call("b", "r2")["isError"], false);
+    let before = host.payments_policy();
+    host.rewrite(&d(2), "");
+    let (report, ok) = host.reload();
+    assert!(ok, "{report:#}");
+    assert_ne!(host.payments_policy(), before, "a limit is part of the effective policy");
+    let refused = call("c", "r3");
+    let message = refused["structuredContent"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("over a spending limit") && message.contains("calls ≤ 2") && message.contains("2 of 2"), "{refused}");
+    host.rewrite(&d(5), "");
+    assert!(host.reload().1);
+    assert_eq!(call("c", "r4")["isError"], false, "raised: room again");
+    assert_eq!(host.sandbox.refunds().len(), 3, "the provider made the three admitted refunds");
+}
