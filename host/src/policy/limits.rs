@@ -316,7 +316,14 @@ mod tests {
     #[test]
     fn a_summed_argument_must_be_an_integer_the_schema_declares() {
         let schema = serde_json::json!({ "type": "object", "properties": { "amount_cents": { "type": "integer" }, "note": { "type": "string" } } });
-        let raw = |sum: &str| RawLimit { sum: Some(sum.into()), max: 5_000, per: Per::Principal, window: Window::Day, currency: None };
+        let raw = |sum: &str| RawLimit {
+            sum: Some(sum.into()),
+            max: 5_000,
+            per: Per::Principal,
+            window: Window::Day,
+            currency: None,
+            over_limit: Default::default(),
+        };
         let fits = |sum: &str| Limit::new(raw(sum)).unwrap().fits(&schema);
         assert!(fits("/amount_cents").is_ok());
         assert!(fits("/note").unwrap_err().contains("as integer (it says string)"));

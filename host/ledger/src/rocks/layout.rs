@@ -20,7 +20,8 @@ pub(super) const CF_RETIRE: &str = "retire";
 pub(super) const CF_EXPIRED: &str = "expired";
 pub(super) const CF_LATEST: &str = "latest_episode";
 pub(super) const CF_SPEND: &str = "spend";
-pub(super) const ALL_CFS: [&str; 14] = [
+pub(super) const CF_SPEND_TOTAL: &str = "spend_total";
+pub(super) const ALL_CFS: [&str; 15] = [
     CF_META,
     CF_CALLS,
     CF_ATTEMPTS,
@@ -35,6 +36,7 @@ pub(super) const ALL_CFS: [&str; 14] = [
     CF_EXPIRED,
     CF_LATEST,
     CF_SPEND,
+    CF_SPEND_TOTAL,
 ];
 
 pub(super) fn session_prefix(session: &str) -> Vec<u8> {
@@ -53,6 +55,17 @@ pub(super) fn call_key(session: &str, call_id: &str) -> Vec<u8> {
     k.extend_from_slice(&(call_id.len() as u32).to_be_bytes());
     k.extend_from_slice(call_id.as_bytes());
     k
+}
+
+/// The key of a limit's running total in `spend_total`: its scope (length-
+/// prefixed, as its uses' keys begin) and the end of the window it sums.
+pub(super) fn spend_total_key(scope_prefix: &[u8], until_ms: u64) -> Vec<u8> {
+    [scope_prefix, &until_ms.to_be_bytes()].concat()
+}
+
+/// A running total as stored: an `i64`, big-endian (a release's operand is negative).
+pub(super) fn total_of(bytes: &[u8]) -> i64 {
+    bytes.try_into().map(i64::from_be_bytes).unwrap_or(0)
 }
 
 /// The smallest key greater than every key starting with `prefix`, if any.

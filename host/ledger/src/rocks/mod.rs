@@ -24,6 +24,14 @@
 //!   tombstones of pruned calls.
 //! - `latest_episode`: 16-byte digest of (session, tool, args digest) → the
 //!   number of the action's latest episode ([`latest`]).
+//! - `spend`: length-prefixed scope ‖ time ‖ call id → amount ‖ window end:
+//!   each use of a spending limit.
+//! - `spend_total`: length-prefixed scope ‖ window end → the window's
+//!   running total (an `i64`): added to by each use, taken from by each
+//!   release, with a merge operator (commutative: a release needs no
+//!   lock), so an admission reads one key instead of summing the window.
+//!   Every open sets the merge, a read-only one too (without it, replaying
+//!   the log drops the batches that hold a merge).
 //!
 //! Their keys are built in [`keys`]; the indexes are kept in [`index`].
 //!
@@ -128,6 +136,8 @@ impl Rocks {
         // Tickers only (no histograms or timers): WAL fsyncs for /metrics.
         opts.enable_statistics();
         opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
+        // A ledger whose limits' uses predate their running totals gets them summed once, here.
+        let untotalled = dir.join("CURRENT").exists() && DB::list_cf(&Options::default(), dir).is_ok_and(|f| !f.iter().any(|n| n == CF_SPEND_TOTAL));
         let caches = Caches { shared: Cache::new_lru_cache(bytes), pinned: Cache::new_lru_cache(bytes) };
         let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options(n, &caches)));
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| describe_open_error(&e))?);
@@ -136,6 +146,9 @@ impl Rocks {
             rocks.index_latest_episodes()?;
         }
         rocks.latest_indexed = true;
+        if untotalled {
+            rocks.total_the_uses()?;
+        }
         Ok(rocks)
     }
 
@@ -146,7 +159,14 @@ impl Rocks {
         }
         // A ledger of an older schema lacks the newer families; reads of them find nothing.
         let families = DB::list_cf(&Options::default(), dir).map_err(failed)?;
-        let db = DB::open_cf_for_read_only(&Options::default(), dir, families, false).map_err(failed)?;
+        let described = families.into_iter().map(|name| {
+            let mut o = Options::default();
+            if name == CF_SPEND_TOTAL {
+                options::with_totals_merge(&mut o);
+            }
+            ColumnFamilyDescriptor::new(name, o)
+        });
+        let db = DB::open_cf_descriptors_read_only(&Options::default(), dir, described, false).map_err(failed)?;
         let mut rocks = Self { writer: None, db: Arc::new(db), opts: None, dir: dir.to_path_buf(), latest_indexed: false };
         rocks.latest_indexed = rocks.latest_is_indexed()?;
         Ok(rocks)
@@ -202,23 +222,12 @@ impl Rocks {
         Ok(n)
     }
 
-    /// The sum of the limit uses under `prefix` from key `from` on, read
-    /// only until it passes `enough` (then the caller refuses anyway).
-    fn sum_from(&self, prefix: &[u8], from: &[u8], enough: u64) -> Result<u64, BackendError> {
-        let Some(family) = self.db.cf_handle(CF_SPEND) else { return Ok(0) };
-        let mut opts = read_options();
-        if let Some(upper) = prefix_successor(prefix) {
-            opts.set_iterate_upper_bound(upper);
-        }
-        let mut sum = 0u64;
-        for item in self.db.iterator_cf_opt(family, opts, IteratorMode::From(from, rocksdb::Direction::Forward)) {
-            let (_, value) = item.map_err(|e| db_error(&e))?;
-            sum = sum.saturating_add(value.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes));
-            if sum > enough {
-                break;
-            }
-        }
-        Ok(sum)
+    /// What a limit's window holds now: its running total (`spend_total`,
+    /// kept in the write of each use and release).
+    fn spend_total(&self, key: &[u8]) -> Result<u64, BackendError> {
+        let Some(family) = self.db.cf_handle(CF_SPEND_TOTAL) else { return Ok(0) };
+        let total = self.db.get_cf_opt(family, key, &read_options()).map_err(|e| db_error(&e))?;
+        Ok(total.map_or(0, |t| u64::try_from(total_of(&t)).unwrap_or(0)))
     }
 
     fn attempts_by_key(&self, keys: &[String]) -> Result<Vec<AttemptRecord>, BackendError> {
@@ -249,20 +258,27 @@ impl Rocks {
             batch.put_cf(self.cf(CF_BUDGET), key, []);
         }
         for s in &write.spends {
+            // The window's running total: one read, whatever the window holds.
             let prefix = length_prefixed(&s.scope);
-            let from = [prefix.as_slice(), &s.since_ms.to_be_bytes()].concat();
-            let mut used = self.sum_from(&prefix, &from, s.max.saturating_sub(s.amount))?;
-            if used.saturating_add(s.amount) > s.max {
-                // Refused: the whole use, for the message (the sum stopped at enough).
-                used = self.sum_from(&prefix, &from, u64::MAX)?;
-            }
-            checks::within_limit(s, used)?;
+            let total = spend_total_key(&prefix, s.until_ms);
+            checks::within_limit(s, self.spend_total(&total)?)?;
             let key = [prefix.as_slice(), &s.at_ms.to_be_bytes(), s.call_id.as_bytes()].concat();
             batch.put_cf(self.cf(CF_SPEND), key, [s.amount.to_be_bytes(), s.until_ms.to_be_bytes()].concat());
+            batch.merge_cf(self.cf(CF_SPEND_TOTAL), total, i64::try_from(s.amount).unwrap_or(i64::MAX).to_be_bytes());
         }
         for r in &write.releases {
-            let key = [length_prefixed(&r.scope).as_slice(), &r.at_ms.to_be_bytes(), r.call_id.as_bytes()].concat();
+            let prefix = length_prefixed(&r.scope);
+            let key = [prefix.as_slice(), &r.at_ms.to_be_bytes(), r.call_id.as_bytes()].concat();
+            // Only a use still recorded is taken off its window's total (a release never counts twice).
+            let Some(used) = self.db.get_cf_opt(self.cf(CF_SPEND), &key, &read_options()).map_err(|e| db_error(&e))? else { continue };
+            let (amount, until) = (used.get(..8), used.get(8..16));
+            let (Some(amount), Some(until)) =
+                (amount.and_then(|b| b.try_into().ok()).map(u64::from_be_bytes), until.and_then(|b| b.try_into().ok()).map(u64::from_be_bytes))
+            else {
+                return Err(damaged_record(&used, "a spending limit's use is not an amount and a window's end"));
+            };
             batch.delete_cf(self.cf(CF_SPEND), key);
+            batch.merge_cf(self.cf(CF_SPEND_TOTAL), spend_total_key(&prefix, until), (-i64::try_from(amount).unwrap_or(i64::MAX)).to_be_bytes());
         }
         for call in &write.calls {
             let value = serde_json::to_vec(call).map_err(failed)?;

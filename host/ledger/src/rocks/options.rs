@@ -42,6 +42,15 @@ pub(super) struct Caches {
 pub(super) const L0_COMPACTION_TRIGGER: i32 = 8;
 
 /// The options of family `name`.
+/// The merge of a limit's running total (`spend_total`): the stored value
+/// and every operand are amounts ([`total_of`]), and the result their sum.
+/// Commutative, so a release never needs the scope's lock: whatever order
+/// spends and releases land in, the total is the same.
+fn add_amounts(_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands) -> Option<Vec<u8>> {
+    let sum = operands.iter().fold(existing.map_or(0, total_of), |sum, op| sum.saturating_add(total_of(op)));
+    Some(sum.to_be_bytes().to_vec())
+}
+
 pub(super) fn cf_options(name: &str, caches: &Caches) -> Options {
     let pinned = PINNED_CFS.contains(&name);
     let mut table = BlockBasedOptions::default();
@@ -112,7 +121,17 @@ pub(super) fn cf_options(name: &str, caches: &Caches) -> Options {
         o.set_prefix_extractor(rocksdb::SliceTransform::create("toolguard.episode-action", episode_action, Some(is_episode_key)));
         o.set_memtable_prefix_bloom_ratio(0.1);
     }
+    if name == CF_SPEND_TOTAL {
+        with_totals_merge(&mut o);
+    }
     o
+}
+
+/// Sets the running totals' merge on `o`. Every open of `spend_total`
+/// needs it, a read-only one too: replaying the log's merges, RocksDB
+/// without it drops the batch that holds one.
+pub(super) fn with_totals_merge(o: &mut Options) {
+    o.set_merge_operator_associative("toolguard.add-amounts", add_amounts);
 }
 
 /// The action part of an episode key: all but its 8-byte episode number.

@@ -1,7 +1,10 @@
 //! Retention on RocksDB: pruning through the retire index, tombstones,
 //! and the figures of `ledger stats` (see [`crate::retention`]).
 
-use super::layout::{CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE, CF_SPEND};
+use super::layout::{
+    CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE, CF_SPEND, CF_SPEND_TOTAL,
+    spend_total_key,
+};
 use super::layout::{call_key, episode_call_key, episode_key, retire_key};
 use super::{Rocks, db_error, read_options, write_options};
 use crate::error::{damaged_record, failed};
@@ -96,6 +99,11 @@ impl Rocks {
             let until = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
             (until < before_ms).then(|| k.to_vec())
         })?;
+        // And its window's running total (the key ends with the window's end).
+        let totals = self.scan(CF_SPEND_TOTAL, &[], |k, _| {
+            let until = u64::from_be_bytes(k.get(k.len().checked_sub(8)?..)?.try_into().ok()?);
+            (until < before_ms).then(|| k.to_vec())
+        })?;
         let mut batch = WriteBatch::default();
         for k in &old {
             batch.delete_cf(self.cf(CF_BUDGET), k);
@@ -103,8 +111,31 @@ impl Rocks {
         for k in &ended {
             batch.delete_cf(self.cf(CF_SPEND), k);
         }
+        for k in &totals {
+            batch.delete_cf(self.cf(CF_SPEND_TOTAL), k);
+        }
         self.db.write_opt(batch, &write_options(Durability::Buffered)).map_err(failed)?;
         Ok((old.len() + ended.len()) as u64)
+    }
+
+    /// Sums the limits' uses into their windows' running totals: once, for
+    /// a ledger written before the totals were kept (they are derived, like
+    /// an index: nothing else changes).
+    pub(super) fn total_the_uses(&self) -> Result<(), BackendError> {
+        let mut totals: std::collections::BTreeMap<Vec<u8>, i64> = std::collections::BTreeMap::new();
+        for (key, amount) in self.scan(CF_SPEND, &[], |k, v| {
+            let len = u32::from_be_bytes(k.get(..4)?.try_into().ok()?) as usize;
+            let amount = i64::try_from(u64::from_be_bytes(v.get(..8)?.try_into().ok()?)).ok()?;
+            let until = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+            Some((spend_total_key(k.get(..4 + len)?, until), amount))
+        })? {
+            *totals.entry(key).or_default() += amount;
+        }
+        let mut batch = WriteBatch::default();
+        for (key, total) in totals {
+            batch.put_cf(self.cf(CF_SPEND_TOTAL), key, total.to_be_bytes());
+        }
+        self.db.write_opt(batch, &write_options(Durability::Synced)).map_err(failed)
     }
 
     /// Writes the episode-calls index of every call (schema 2 → 3).

@@ -261,3 +261,57 @@ fn a_record_that_is_not_json_is_refused_by_what_it_holds_and_left_as_it_is() {
     let kept = ledger.db.get_cf(ledger.cf(CF_CALLS), call_key("s", "c1")).unwrap();
     assert_eq!(kept.as_deref(), Some(&b"written by another program"[..]), "left as it is");
 }
+
+/// A ledger whose limits' uses were written before their running totals
+/// were kept gets them summed when it opens: the next spend is checked
+/// against everything the window holds, and a release takes its use off.
+#[test]
+fn limits_uses_written_before_running_totals_are_summed_when_the_ledger_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let spend = |call_id: &str, amount: u64| {
+        let s = crate::Spend { at_ms: 10, ..crate::suite::limits::spend_of("t1", 5_000, 0, call_id, amount) };
+        LedgerWrite::new().call(crate::suite::call("s", call_id)).spend(s)
+    };
+    {
+        let ledger = Rocks::open(dir.path()).unwrap();
+        Backend::commit(&ledger, &spend("c1", 3_000), Durability::Synced).unwrap();
+        Backend::commit(&ledger, &spend("c2", 1_500), Durability::Synced).unwrap();
+    }
+    // As written before the totals: the family gone.
+    {
+        let mut opts = Options::default();
+        opts.create_missing_column_families(true);
+        let described = ALL_CFS.map(|name| {
+            let mut o = Options::default();
+            if name == CF_SPEND_TOTAL {
+                options::with_totals_merge(&mut o);
+            }
+            rocksdb::ColumnFamilyDescriptor::new(name, o)
+        });
+        let mut db = DB::open_cf_descriptors(&opts, dir.path(), described).unwrap();
+        // Flushed first: the log's batches name the family about to go, and
+        // RocksDB would drop them whole on the next open.
+        for cf in ALL_CFS {
+            db.flush_cf(db.cf_handle(cf).unwrap()).unwrap();
+        }
+        db.drop_cf(CF_SPEND_TOTAL).unwrap();
+    }
+    assert!(!DB::list_cf(&Options::default(), dir.path()).unwrap().iter().any(|n| n == CF_SPEND_TOTAL));
+    let ledger = Rocks::open(dir.path()).unwrap();
+    let refused = Backend::commit(&ledger, &spend("c3", 600), Durability::Synced).unwrap_err();
+    assert!(matches!(&refused, BackendError::OverLimit(m) if m.contains("4500 of 5000")), "{refused:?}");
+    Backend::commit(&ledger, &spend("c4", 500), Durability::Synced).expect("to the edge exactly");
+    let release = crate::Release { scope: "t1".into(), at_ms: 10, call_id: "c1".into() };
+    Backend::commit(&ledger, &LedgerWrite::new().release(release.clone()), Durability::Synced).unwrap();
+    Backend::commit(&ledger, &LedgerWrite::new().release(release), Durability::Synced).unwrap();
+    Backend::commit(&ledger, &spend("c5", 3_000), Durability::Synced).expect("c1's 3,000 given back, once");
+    assert!(
+        matches!(Backend::commit(&ledger, &spend("c6", 1), Durability::Synced), Err(BackendError::OverLimit(_))),
+        "a second release of c1 gave nothing more"
+    );
+    // A read-only open beside the writer replays the log, running totals' merges and all: it sees every use.
+    let beside = Rocks::open_read_only(dir.path()).unwrap();
+    let mut seen: Vec<String> = beside.spent(0).unwrap().into_iter().map(|u| u.call_id).collect();
+    seen.sort();
+    assert_eq!(seen, ["c2", "c4", "c5"]);
+}

@@ -30,7 +30,7 @@ pub(super) fn budgets_count_uses_in_their_window_and_refuse_the_one_too_many(sto
 }
 
 /// A spend of `amount` from limit `scope` (at most `max` from `since_ms`, when it is spent), by call `call_id`.
-pub(super) fn spend_of(scope: &str, max: u64, since_ms: u64, call_id: &str, amount: u64) -> Spend {
+pub(crate) fn spend_of(scope: &str, max: u64, since_ms: u64, call_id: &str, amount: u64) -> Spend {
     Spend { scope: scope.into(), max, since_ms, until_ms: since_ms + 1_000, at_ms: since_ms, call_id: call_id.into(), amount, what: format!("limit {scope}") }
 }
 

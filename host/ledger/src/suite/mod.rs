@@ -3,7 +3,7 @@
 //! `TOOLGUARD_TEST_POSTGRES` (`./dev.sh test` starts a throwaway one).
 
 mod fleet;
-mod limits;
+pub(crate) mod limits;
 mod retention;
 
 use super::records::{PlannedSend, StoredBody, StoredRequest};

@@ -98,6 +98,6 @@ pub(super) fn limit_uses_are_forgotten_once_their_window_has_ended(store: &dyn s
     }
     assert_eq!(ledger.prune(0, now).unwrap().budget_uses, 1, "only the use whose window ended goes");
     // Today's use still counts: 4 + 7 passes 10.
-    let more = super::limits::spend_of("a", 10, now - 3_600_000, "c3", 7);
+    let more = Spend { until_ms: now + day, ..super::limits::spend_of("a", 10, now - 3_600_000, "c3", 7) };
     assert!(ledger.commit(LedgerWrite::new().spend(more), Durability::Buffered).unwrap_err().is_over_limit());
 }
