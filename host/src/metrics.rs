@@ -209,14 +209,28 @@ pub fn limit_over(tool: &str, then: &str) {
     METRICS.limit_over.get_or_create(&LimitOverLabels { tool: tool.into(), then: then.into() }).inc();
 }
 
+/// What one scope (a principal, tenant or session) holds of one spending
+/// limit in its current window.
+#[derive(Debug, Clone)]
+pub struct LimitUse {
+    /// The limit's plugin.
+    pub plugin: String,
+    /// Its tool.
+    pub tool: String,
+    /// Its index in the tool's `limits`.
+    pub limit: usize,
+    /// The currency its sums are kept apart by (empty: none).
+    pub currency: String,
+    /// What the scope used.
+    pub used: u64,
+}
+
 /// Sets the limits' use gauges from what they hold now (scopes whose window ended are gone).
-fn limits_in_use(uses: &[crate::policy::limits::ScopeUse]) {
+fn limits_in_use(uses: &[LimitUse]) {
     METRICS.limit_scopes.clear();
     METRICS.limit_used_max.clear();
     for u in uses {
-        let Some(l) = &u.limit else { continue };
-        let labels =
-            LimitUseLabels { plugin: l.plugin.clone(), tool: l.tool.clone(), limit: l.index.to_string(), currency: l.currency.clone().unwrap_or_default() };
+        let labels = LimitUseLabels { plugin: u.plugin.clone(), tool: u.tool.clone(), limit: u.limit.to_string(), currency: u.currency.clone() };
         METRICS.limit_scopes.get_or_create(&labels).inc();
         let highest = METRICS.limit_used_max.get_or_create(&labels);
         highest.set(highest.get().max(u.used));
@@ -228,12 +242,13 @@ pub fn instantiated(elapsed: std::time::Duration) {
     METRICS.instantiate.observe(elapsed.as_secs_f64());
 }
 
-/// The metrics as OpenMetrics text, with the ledger's figures read now.
-/// Blocks (it reads the ledger).
+/// The metrics as OpenMetrics text, with the ledger's figures read now and
+/// what each spending limit holds (`limits`, read by the caller). Blocks
+/// (it reads the ledger).
 ///
 /// # Errors
 /// The ledger cannot be read.
-pub fn render(ledger: Option<&Ledger>) -> Result<String, crate::ledger::LedgerError> {
+pub fn render(ledger: Option<&Ledger>, limits: &[LimitUse]) -> Result<String, crate::ledger::LedgerError> {
     if let Some(ledger) = ledger {
         let unknown = ledger.attempts_in_state(AttemptState::Unknown)?.len();
         METRICS.unknown_outstanding.set(i64::try_from(unknown).unwrap_or(i64::MAX));
@@ -242,8 +257,7 @@ pub fn render(ledger: Option<&Ledger>) -> Result<String, crate::ledger::LedgerEr
         METRICS.wal_syncs.set(fsyncs);
         #[allow(clippy::cast_precision_loss)] // a ratio of counters
         METRICS.batch.set(if fsyncs == 0 { 0.0 } else { synced as f64 / fsyncs as f64 });
-        let spent = ledger.spent(crate::ledger::records::now_ms())?;
-        limits_in_use(&crate::policy::limits::in_use(spent.iter().map(|u| (u.scope.as_str(), u.amount, u.until_ms))));
+        limits_in_use(limits);
     }
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &METRICS.registry).expect("writing to a String cannot fail");

@@ -107,7 +107,7 @@ impl Guard {
         // (a repeat of this call spends nothing more): counted in this write.
         let quota: Vec<super::Budget> = ask.principal.as_deref().and_then(|p| self.approval_budget(p)).into_iter().collect();
         let asked = LedgerWrite::new().call(record.clone());
-        let (write, _spending) = self.charging(asked, &quota, &record.call_id, now).await;
+        let (write, _spending) = self.charged(asked, super::spending::Costs { budgets: &quota, spending: &[] }, record, false).await;
         match self.ledger.commit_async(write, Durability::Synced).await {
             Ok(()) => Consent::Answer { error: awaiting(&record.call_id, &approval), recorded: true },
             Err(e) if e.is_refused() => {

@@ -75,6 +75,29 @@ pub(super) fn spent(spending: &[Spending], call: crate::ledger::CallRecord) -> c
 /// The window of every budget.
 pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
 
+/// What admitting one call costs: one use of each budget, and its amount
+/// from each spending limit.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Costs<'a> {
+    /// The budgets it spends a use of.
+    pub budgets: &'a [Budget],
+    /// The limits it spends its amount from.
+    pub spending: &'a [Spending],
+}
+
+impl super::CallRules {
+    /// What admitting a call under these rules costs.
+    pub(super) fn costs(&self) -> Costs<'_> {
+        Costs { budgets: &self.budgets, spending: &self.spending }
+    }
+}
+
+/// One cost, under its scope's lock.
+enum Cost<'a> {
+    Budget(&'a Budget),
+    Spend(crate::ledger::Spend),
+}
+
 impl Guard {
     /// The budget of approval requests of `principal`'s calls, if capped.
     pub(super) fn approval_budget(&self, principal: &str) -> Option<Budget> {
@@ -86,54 +109,37 @@ impl Guard {
         })
     }
 
-    /// `write`, spending one use of each of `budgets` for call `call_id` at
-    /// `at_ms` (refused whole if one is spent), and the budgets' locks,
-    /// taken in name order: held until the write is committed, they make
-    /// counting and recording a use one step, so concurrent calls never
-    /// both spend a last use.
-    pub(super) async fn charging(
+    /// `write`, charging `call` (admitted at `now_ms()`) with `costs` — one
+    /// use of each budget, its amount from each limit (`past` approvable
+    /// limits: unchecked) — and the locks of their scopes, taken together
+    /// in name order. Held until the write is committed, they make counting
+    /// and recording a use one step, so concurrent calls never both spend a
+    /// last use (the write is refused whole if one is spent or passed).
+    pub(super) async fn charged(
         &self,
         mut write: crate::ledger::LedgerWrite,
-        budgets: &[Budget],
-        call_id: &str,
-        at_ms: u64,
-    ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
-        let mut scopes: Vec<&Budget> = budgets.iter().collect();
-        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
-        let mut held = Vec::new();
-        for budget in scopes {
-            held.push(self.budgets.get(budget.scope.clone()).lock_owned().await);
-            write = write.charge(crate::ledger::Charge {
-                scope: budget.scope.clone(),
-                max: budget.max,
-                since_ms: at_ms.saturating_sub(BUDGET_WINDOW_MS),
-                at_ms,
-                call_id: call_id.to_string(),
-                what: budget.what.clone(),
-            });
-        }
-        (write, held)
-    }
-
-    /// `write`, spending `call`'s amount from each of `spending`'s limits,
-    /// and the limits' locks, taken in name order (with the budgets' own:
-    /// one lock per scope), held until the write is committed. Admitted
-    /// `past` approvable limits, their uses are spent unchecked.
-    pub(super) async fn spending(
-        &self,
-        mut write: crate::ledger::LedgerWrite,
-        spending: &[Spending],
+        costs: Costs<'_>,
         call: &crate::ledger::CallRecord,
         past: bool,
     ) -> (crate::ledger::LedgerWrite, Vec<tokio::sync::OwnedMutexGuard<()>>) {
-        let mut scopes: Vec<&Spending> = spending.iter().collect();
-        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        let at_ms = crate::ledger::records::now_ms();
+        let mut charges: Vec<(&str, Cost)> = costs.budgets.iter().map(|b| (b.scope.as_str(), Cost::Budget(b))).collect();
+        charges.extend(costs.spending.iter().filter_map(|s| Some((s.scope.as_str(), Cost::Spend(s.spend(call, past)?)))));
+        charges.sort_by(|a, b| a.0.cmp(b.0));
         let mut held = Vec::new();
-        for s in scopes {
-            if let Some(spend) = s.spend(call, past) {
-                held.push(self.budgets.get(s.scope.clone()).lock_owned().await);
-                write = write.spend(spend);
-            }
+        for (scope, cost) in charges {
+            held.push(self.budgets.get(scope.to_string()).lock_owned().await);
+            write = match cost {
+                Cost::Budget(budget) => write.charge(crate::ledger::Charge {
+                    scope: budget.scope.clone(),
+                    max: budget.max,
+                    since_ms: at_ms.saturating_sub(BUDGET_WINDOW_MS),
+                    at_ms,
+                    call_id: call.call_id.clone(),
+                    what: budget.what.clone(),
+                }),
+                Cost::Spend(spend) => write.spend(spend),
+            };
         }
         (write, held)
     }

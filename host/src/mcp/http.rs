@@ -27,11 +27,25 @@ pub const INFO_PATH: &str = "/info";
 /// `GET /metrics`: OpenMetrics text (the ledger is read on a blocking thread).
 async fn metrics(ledger: Option<crate::ledger::Ledger>) -> axum::response::Response {
     use axum::response::IntoResponse as _;
-    match tokio::task::spawn_blocking(move || crate::metrics::render(ledger.as_ref())).await {
+    match tokio::task::spawn_blocking(move || crate::metrics::render(ledger.as_ref(), &limits_in_use(ledger.as_ref())?)).await {
         Ok(Ok(text)) => ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response(),
         Ok(Err(e)) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
         Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
+}
+
+/// What each spending limit holds now, per scope (read from the ledger), for the gauges.
+fn limits_in_use(ledger: Option<&crate::ledger::Ledger>) -> Result<Vec<crate::metrics::LimitUse>, crate::ledger::LedgerError> {
+    let Some(ledger) = ledger else { return Ok(Vec::new()) };
+    let spent = ledger.spent(crate::ledger::records::now_ms())?;
+    let in_use = crate::policy::limits::in_use(spent.iter().map(|u| (u.scope.as_str(), u.amount, u.until_ms)));
+    Ok(in_use
+        .into_iter()
+        .filter_map(|u| {
+            let l = u.limit?;
+            Some(crate::metrics::LimitUse { plugin: l.plugin, tool: l.tool, limit: l.index, currency: l.currency.unwrap_or_default(), used: u.used })
+        })
+        .collect())
 }
 
 /// Serves `host` on `addr` until the process ends. Prints the URL on stderr

@@ -6,9 +6,9 @@ use super::told::{earlier_outcome, sends_outcome};
 use super::{Decision, Executor, Next, new_call};
 use crate::error::{CallError, ErrorKind};
 use crate::guard::claim::CLAIM_POLL;
-use crate::guard::spending::spent;
+use crate::guard::spending::{Costs, spent};
 use crate::guard::start::{Origin, conflict, damaged, expired};
-use crate::guard::{Budget, CallIdentity, CallRules, Guard, Spending, ToolRules, failpoint, internal};
+use crate::guard::{CallIdentity, CallRules, Guard, ToolRules, failpoint, internal};
 use crate::ledger::records::{CallRecord, EpisodeRecord, now_ms};
 use crate::ledger::{Durability, EpisodeOp, LedgerError, LedgerWrite, Superseding};
 use std::sync::Arc;
@@ -26,7 +26,7 @@ impl Guard {
             // given back: it spends again before it may send.
             Decision::Run(record, origin) if record.released && !rules.spending.is_empty() => {
                 let mut call = spent(&rules.spending, CallRecord { released: false, ..record });
-                if self.written_charging(&mut call, &[], &rules.spending, LedgerWrite::new()).await? {
+                if self.written_charging(&mut call, Costs { budgets: &[], spending: &rules.spending }, LedgerWrite::new()).await? {
                     return Ok(Next::Run(call, origin));
                 }
                 Ok(Next::Again)
@@ -35,7 +35,7 @@ impl Guard {
             Decision::Open(n) => {
                 let mut call = spent(&rules.spending, new_call(id, n, false));
                 let opened = LedgerWrite::new().episode(EpisodeOp::Open(EpisodeRecord::open(&call, n)));
-                if self.written_charging(&mut call, &rules.budgets, &rules.spending, opened).await? {
+                if self.written_charging(&mut call, rules.costs(), opened).await? {
                     failpoint("after-admission");
                     return Ok(Next::Run(call, Origin::Written));
                 }
@@ -59,7 +59,7 @@ impl Guard {
                             write = write.release_spent(&old);
                             write = write.call(CallRecord { superseded_by: Some(id.call_id.clone()), released, ..old }).superseding(condition);
                         }
-                        if self.written_charging(&mut call, &rules.budgets, &rules.spending, write).await? {
+                        if self.written_charging(&mut call, rules.costs(), write).await? {
                             tracing::info!(call_id = %id.call_id, superseded = %episode.executor, "supersedes an identical call that sent nothing");
                             return Ok(Next::Run(call, Origin::Written));
                         }
@@ -95,15 +95,15 @@ impl Guard {
     /// `denied` when a budget is spent or a limit would be passed (nothing
     /// was run); `transport` when the ledger is unavailable, `internal` when
     /// it fails otherwise.
-    async fn written_charging(&self, call: &mut CallRecord, budgets: &[Budget], spending: &[Spending], rest: LedgerWrite) -> Result<bool, CallError> {
+    async fn written_charging(&self, call: &mut CallRecord, costs: Costs<'_>, rest: LedgerWrite) -> Result<bool, CallError> {
         if crate::guard::write_failpoint("conflict", "admission-write") {
             return Ok(false);
         }
-        let written = match self.admission_write(call, budgets, spending, rest.clone(), false).await {
-            Err(e) if e.is_over_limit() && spending.iter().any(|s| s.approvable) => {
+        let written = match self.admission_write(call, costs, rest.clone(), false).await {
+            Err(e) if e.is_over_limit() && costs.spending.iter().any(|s| s.approvable) => {
                 let over = format!("over a spending limit: {}", e.message());
                 call.over_limit = Some(call.over_limit.take().map_or_else(|| over.clone(), |earlier| format!("{earlier}; {over}")));
-                self.admission_write(call, budgets, spending, rest, true).await
+                self.admission_write(call, costs, rest, true).await
             }
             written => written,
         };
@@ -126,9 +126,8 @@ impl Guard {
     }
 
     /// One try of [`Guard::written_charging`]'s write (`past` approvable limits: unchecked).
-    async fn admission_write(&self, call: &CallRecord, budgets: &[Budget], spending: &[Spending], rest: LedgerWrite, past: bool) -> Result<(), LedgerError> {
-        let (write, _held) = self.charging(rest.call(call.clone()), budgets, &call.call_id, now_ms()).await;
-        let (write, _spending) = self.spending(write, spending, call, past).await;
+    async fn admission_write(&self, call: &CallRecord, costs: Costs<'_>, rest: LedgerWrite, past: bool) -> Result<(), LedgerError> {
+        let (write, _held) = self.charged(rest.call(call.clone()), costs, call, past).await;
         let _written = crate::phases::time(crate::phases::Phase::AdmitWrite);
         self.ledger.commit_async(write, Durability::Buffered).await
     }
