@@ -13,8 +13,9 @@ pub(super) fn most_statements(write: &LedgerWrite) -> usize {
     let superseding = if write.superseding.is_some() { 2 } else { 0 };
     // A call or a closed episode may add an entry to the retire index.
     superseding
-        + 3 * (write.charges.len() + write.spends.len())
-        + write.releases.len()
+        + 3 * write.charges.len()
+        + 5 * write.spends.len()
+        + 2 * write.releases.len()
         + 2 * write.calls.len()
         + write.retire.len()
         + write.attempts.len()
@@ -53,15 +54,28 @@ pub(super) fn apply(tx: &mut Prepared<'_, impl GenericClient>, write: &LedgerWri
         // both pass its edge.
         let sql = "INSERT INTO toolguard_budget_scopes (scope) VALUES ($1) ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope";
         tx.execute(sql, &[&s.scope]).map_err(db)?;
-        let sql = "SELECT coalesce(sum(amount), 0)::BIGINT FROM toolguard_spend WHERE scope = $1 AND at_ms >= $2";
-        let used: i64 = tx.query_one(sql, &[&s.scope, &big(s.since_ms)?]).map_err(db)?.get(0);
+        // The window's running total: one row, summed from its uses the first time it is needed.
+        let sql = "INSERT INTO toolguard_spend_totals (scope, until_ms, total) \
+                   SELECT $1, $2, coalesce(sum(amount), 0)::BIGINT FROM toolguard_spend WHERE scope = $1 AND until_ms = $2 \
+                   ON CONFLICT DO NOTHING";
+        tx.execute(sql, &[&s.scope, &big(s.until_ms)?]).map_err(db)?;
+        let sql = "SELECT total FROM toolguard_spend_totals WHERE scope = $1 AND until_ms = $2";
+        let used: i64 = tx.query_one(sql, &[&s.scope, &big(s.until_ms)?]).map_err(db)?.get(0);
         checks::within_limit(s, u64::try_from(used).unwrap_or(0))?;
         let sql = "INSERT INTO toolguard_spend (scope, at_ms, call_id, amount, until_ms) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING";
-        tx.execute(sql, &[&s.scope, &big(s.at_ms)?, &s.call_id, &big(s.amount)?, &big(s.until_ms)?]).map_err(db)?;
+        if tx.execute(sql, &[&s.scope, &big(s.at_ms)?, &s.call_id, &big(s.amount)?, &big(s.until_ms)?]).map_err(db)? == 1 {
+            let sql = "UPDATE toolguard_spend_totals SET total = total + $3 WHERE scope = $1 AND until_ms = $2";
+            tx.execute(sql, &[&s.scope, &big(s.until_ms)?, &big(s.amount)?]).map_err(db)?;
+        }
     }
     for r in &write.releases {
-        let sql = "DELETE FROM toolguard_spend WHERE scope = $1 AND at_ms = $2 AND call_id = $3";
-        tx.execute(sql, &[&r.scope, &big(r.at_ms)?, &r.call_id]).map_err(db)?;
+        // Only a use still recorded is taken off its window's total (a release never counts twice).
+        let sql = "DELETE FROM toolguard_spend WHERE scope = $1 AND at_ms = $2 AND call_id = $3 RETURNING amount, until_ms";
+        for row in tx.query(sql, &[&r.scope, &big(r.at_ms)?, &r.call_id]).map_err(db)? {
+            let (amount, until_ms): (i64, i64) = (row.get(0), row.get(1));
+            let sql = "UPDATE toolguard_spend_totals SET total = total - $3 WHERE scope = $1 AND until_ms = $2";
+            tx.execute(sql, &[&r.scope, &until_ms, &amount]).map_err(db)?;
+        }
     }
     for call in &write.calls {
         // Only over a row of the same action: two hosts that both found a

@@ -203,7 +203,10 @@ impl Backend for Postgres {
             let budget = self.execute(sql, &[&big(before_ms)?])?;
             // A limit's use, once its window has ended.
             let sql = "DELETE FROM toolguard_spend WHERE until_ms < $1";
-            Ok(budget + self.execute(sql, &[&big(before_ms)?])?)
+            let spent = self.execute(sql, &[&big(before_ms)?])?;
+            // And its window's running total.
+            self.execute("DELETE FROM toolguard_spend_totals WHERE until_ms < $1", &[&big(before_ms)?])?;
+            Ok(budget + spent)
         })
     }
 

@@ -80,9 +80,11 @@ CREATE TABLE IF NOT EXISTS toolguard_expired (
 );
 ";
 
-/// Version 4: spending limits' uses (`LedgerWrite::spend`), summed per
-/// scope from a window's start; their scopes are locked through
-/// `toolguard_budget_scopes`, as budgets' are.
+/// Version 4: spending limits' uses (`LedgerWrite::spend`), and each
+/// scope's running total per window (`toolguard_spend_totals`, keyed by the
+/// window's end; a missing row is summed from the uses the first time a
+/// spend needs it, so a ledger written before the totals needs no filling);
+/// their scopes are locked through `toolguard_budget_scopes`, as budgets' are.
 pub(super) const MIGRATION_4: &str = "
 CREATE TABLE IF NOT EXISTS toolguard_spend (
     scope TEXT NOT NULL,
@@ -93,4 +95,10 @@ CREATE TABLE IF NOT EXISTS toolguard_spend (
     PRIMARY KEY (scope, at_ms, call_id)
 );
 CREATE INDEX IF NOT EXISTS toolguard_spend_by_end ON toolguard_spend (until_ms);
+CREATE TABLE IF NOT EXISTS toolguard_spend_totals (
+    scope TEXT NOT NULL,
+    until_ms BIGINT NOT NULL,
+    total BIGINT NOT NULL,
+    PRIMARY KEY (scope, until_ms)
+);
 ";

@@ -319,3 +319,28 @@ fn two_hosts_racing_to_a_limits_edge_never_pass_it() {
     assert!(n >= 13, "the limit was filled, not refused wholesale: {n} calls, {sum}");
     assert_eq!(hosts[0].calls(Some("s")).unwrap().len(), n, "each admitted call's record landed with its use, and no refused one");
 }
+
+/// A shared ledger whose limits' uses were written before their running
+/// totals were kept (the totals' rows gone): the first spend of a window
+/// sums the window's uses into its row, and a release takes its use off.
+#[test]
+fn limits_uses_written_before_running_totals_are_summed_by_the_first_spend() {
+    let store = PostgresStore::new();
+    let ledger = store.open();
+    let spend = |call_id: &str, amount: u64| {
+        let s = Spend { at_ms: 10, ..super::limits::spend_of("t1", 5_000, 0, call_id, amount) };
+        LedgerWrite::new().call(call("s", call_id)).spend(s)
+    };
+    ledger.commit(spend("c1", 3_000), Durability::Synced).unwrap();
+    ledger.commit(spend("c2", 1_500), Durability::Synced).unwrap();
+    let mut client = r2d2_postgres::postgres::Client::connect(&store.0, r2d2_postgres::postgres::NoTls).unwrap();
+    client.batch_execute("DELETE FROM toolguard_spend_totals").unwrap();
+    let refused = ledger.commit(spend("c3", 600), Durability::Synced).unwrap_err();
+    assert!(refused.is_over_limit() && refused.message().contains("4500 of 5000"), "{refused}");
+    ledger.commit(spend("c4", 500), Durability::Synced).expect("to the edge exactly");
+    let release = Release { scope: "t1".into(), at_ms: 10, call_id: "c1".into() };
+    ledger.commit(LedgerWrite::new().release(release.clone()), Durability::Synced).unwrap();
+    ledger.commit(LedgerWrite::new().release(release), Durability::Synced).unwrap();
+    ledger.commit(spend("c5", 3_000), Durability::Synced).expect("c1's 3,000 given back, once");
+    assert!(ledger.commit(spend("c6", 1), Durability::Synced).unwrap_err().is_over_limit(), "a second release of c1 gave nothing more");
+}
