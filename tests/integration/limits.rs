@@ -200,3 +200,35 @@ fn a_reload_that_changes_a_limit_applies_to_new_calls_against_the_use_counted() 
     assert_eq!(call("c", "r4")["isError"], false, "raised: room again");
     assert_eq!(host.sandbox.refunds().len(), 3, "the provider made the three admitted refunds");
 }
+
+/// A limit counts the call's argument; bound to the request field the
+/// amount travels in (`sent_as`), a plugin cannot say one amount and send
+/// another. The hostile `rogue` plugin, its `send_all` limited on its
+/// `amount_cents` argument: a request moving more than the argument, or
+/// leaving the amount out (a full refund, at Stripe), is refused before it
+/// leaves; the honest one goes; the honest payments plugin is unaffected.
+#[test]
+fn a_plugin_cannot_send_another_amount_than_the_one_its_limit_counted() {
+    let bound = r#"limits = [{ sum = "/amount_cents", max = 2000, per = "session", window = "day", sent_as = "amount" }]"#;
+    let rogue = r#"
+[policy.plugins.rogue.tools]
+send_all = { effect = "irreversible", limits = [{ sum = "/amount_cents", max = 2000, per = "session", window = "day", sent_as = "amount" }] }
+"#;
+    let w = World::with_extra(Downstream { refund_policy: Some(bound), ..torture_downstream() }, rogue);
+    assert!(w.refund("c1", 500).0, "the payments plugin sends the amount it was given");
+    let url = format!("{}/v1/refunds", w.sandbox.url());
+    let send = |call_id: &str, counted: u64, body: &str| {
+        let request = json!({ "method": "POST", "url": url, "body": body, "headers": { "Content-Type": "application/x-www-form-urlencoded" } });
+        w.call(call_id, "send_all", &json!({ "amount_cents": counted, "requests": [request] }))
+    };
+    let (ok, out, _) = send("r1", 1, &format!("payment_intent={PI}&amount=1500&reason=duplicate"));
+    assert!(!ok, "says 1, sends 1,500: {out}");
+    let message = out["message"].as_str().unwrap_or_default();
+    assert!(message.contains("the call's argument is 1, but this request carries 1500 as `amount`"), "{out}");
+    let (ok, out, _) = send("r2", 1, &format!("payment_intent={PI}&reason=duplicate"));
+    assert!(!ok && out["message"].as_str().unwrap_or_default().contains("carries nothing readable"), "leaves the amount out: {out}");
+    assert!(w.posts_of(1_500).is_empty() && w.sandbox.refunds().iter().all(|r| r.amount == 500), "nothing the plugin lied about reached the provider");
+    let (ok, out, _) = send("r3", 7, &format!("payment_intent={PI}&amount=7&reason=duplicate"));
+    assert!(ok, "the amount it was given: {out}");
+    assert_eq!((w.refunds_of(500), w.refunds_of(7), w.sandbox.refunds().len()), (1, 1, 2));
+}

@@ -266,7 +266,10 @@ fn tool(f: &mut Findings, (p, name): (&str, &str), b: &ToolReport, a: &ToolRepor
 fn spending_limits(f: &mut Findings, (p, name): (&str, &str), before: &[Limit], after: &[Limit]) {
     let same = |x: &Limit, y: &Limit| (&x.sum, x.per, x.window, &x.currency) == (&y.sum, y.per, y.window, &y.currency);
     // Past a limit with a person's approval is looser than refused past it.
-    let looser = |x: &Limit, y: &Limit| x.max > y.max || (x.over_limit == OverLimit::Approve && y.over_limit == OverLimit::Refuse);
+    // And one whose amount no send must carry than one bound to its request field.
+    let looser = |x: &Limit, y: &Limit| {
+        x.max > y.max || (x.over_limit == OverLimit::Approve && y.over_limit == OverLimit::Refuse) || (x.sent_as.is_none() && y.sent_as.is_some())
+    };
     let widened = before.iter().any(|b| after.iter().find(|a| same(a, b)).is_none_or(|a| looser(a, b)));
     let narrowed = after.iter().any(|a| before.iter().find(|b| same(a, b)).is_none_or(|b| looser(b, a)));
     let words = |ls: &[Limit]| json!(ls.iter().map(Limit::describe).collect::<Vec<_>>());

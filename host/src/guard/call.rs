@@ -131,6 +131,7 @@ impl CallGuard {
         }
         let request = prepare::stored(&req.method, url.as_str(), req.headers, &req.body);
         prepare::check(&request, &downstream).map_err(SendError::Invalid)?;
+        super::spending::carries(&self.rules.carried, &request).map_err(SendError::Denied)?;
         let fingerprint = keys::request_fingerprint(&request.method, &request.url, &request.headers, &req.body);
         self.sends += 1;
         // The plugin sends again what an earlier send of this run sent without

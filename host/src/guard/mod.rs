@@ -62,7 +62,7 @@ pub(crate) use failpoints::{failpoint, write_failpoint};
 pub use hold::DEFAULT_HOLD_WAIT;
 pub use message::{Request, Response, SendError, Unsettled};
 pub use recover::{Pace, RecoveryReport, ToolRules, pause_ms};
-pub use spending::{BUDGET_WINDOW_MS, Budget, Spending};
+pub use spending::{BUDGET_WINDOW_MS, Budget, Carried, Spending};
 pub use start::Admission;
 pub use task::Gate;
 pub use wires::Wires;
@@ -136,6 +136,8 @@ pub struct CallRules {
     /// spending limits when it is admitted to run (never a replay, never a
     /// follower), given back if it completes without an effect.
     pub spending: Vec<Spending>,
+    /// Amounts each send of the call must carry (limits' `sent_as`).
+    pub carried: Vec<Carried>,
     /// On a shared ledger, how long this host's claim on the call lasts: the
     /// longest a run can take. Past it, another host may take the call over.
     pub lease_ms: u64,

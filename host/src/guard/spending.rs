@@ -72,6 +72,38 @@ pub(super) fn spent(spending: &[Spending], call: crate::ledger::CallRecord) -> c
     crate::ledger::CallRecord { spent, over_limit, ..call }
 }
 
+/// An amount each send of a call must carry (a limit's `sent_as`): the
+/// limit counts the call's argument, so the request must move exactly it.
+#[derive(Debug, Clone)]
+pub struct Carried {
+    /// A form field's name, or a JSON pointer (`/amount`) into a JSON body.
+    pub field: String,
+    /// The amount the limit counted.
+    pub amount: u64,
+    /// The limit in words.
+    pub what: String,
+}
+
+/// Whether `request` (a send that changes something) carries each of
+/// `carried`'s amounts where its limit says; the refusal's reason if not.
+pub(super) fn carries(carried: &[Carried], request: &crate::ledger::records::StoredRequest) -> Result<(), String> {
+    let body = request.body.to_bytes();
+    for c in carried {
+        let found = match c.field.strip_prefix('/') {
+            Some(_) => serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v.pointer(&c.field).and_then(serde_json::Value::as_u64)),
+            None => form_urlencoded::parse(&body).filter(|(k, _)| *k == c.field).map(|(_, v)| v.parse::<u64>().ok()).last().flatten(),
+        };
+        if found != Some(c.amount) {
+            let sent = found.map_or_else(|| "nothing readable".to_string(), |v| v.to_string());
+            return Err(format!(
+                "{}: the call's argument is {}, but this request carries {sent} as `{}`; a limit counts the argument, so each send must move exactly it. Nothing was sent",
+                c.what, c.amount, c.field
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The window of every budget.
 pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
 

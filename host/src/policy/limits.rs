@@ -30,6 +30,10 @@ pub struct RawLimit {
     /// What a call over it gets (default `refuse`).
     #[serde(default)]
     pub over_limit: OverLimit,
+    /// Where each send of the call must carry the summed amount: a form
+    /// field's name (`amount`) or a JSON pointer into a JSON body
+    /// (`/amount`). A send that does not carry exactly it is refused.
+    pub sent_as: Option<String>,
 }
 
 /// What a call that would pass a limit gets.
@@ -105,6 +109,9 @@ pub struct Limit {
     /// What a call over it gets.
     #[serde(skip_serializing_if = "OverLimit::is_refuse")]
     pub over_limit: OverLimit,
+    /// Where each send must carry the summed amount, if bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent_as: Option<String>,
 }
 
 impl Limit {
@@ -122,7 +129,13 @@ impl Limit {
         if raw.currency.is_some() && raw.sum.is_none() {
             return Err("`currency` keeps sums apart; a limit counting calls has none".into());
         }
-        Ok(Self { sum: raw.sum, max: raw.max, per: raw.per, window: raw.window, currency: raw.currency, over_limit: raw.over_limit })
+        if raw.sent_as.is_some() && raw.sum.is_none() {
+            return Err("`sent_as` names where a send carries the summed amount; a limit counting calls sums none".into());
+        }
+        if raw.sent_as.as_deref().is_some_and(str::is_empty) {
+            return Err("`sent_as` is empty: name the form field (`amount`) or the JSON pointer (`/amount`) the amount travels in".into());
+        }
+        Ok(Self { sum: raw.sum, max: raw.max, per: raw.per, window: raw.window, currency: raw.currency, over_limit: raw.over_limit, sent_as: raw.sent_as })
     }
 
     /// Checks it against the tool's input schema, when the plugin loads: a
@@ -163,7 +176,8 @@ impl Limit {
         let what = self.sum.as_ref().map_or("calls".to_string(), |p| format!("sum of {p}"));
         let currency = self.currency.as_ref().map(|p| format!(" (apart by {p})")).unwrap_or_default();
         let over = if self.over_limit == OverLimit::Approve { ", past it with a person's approval" } else { "" };
-        format!("{what} ≤ {} per {} per {}{currency}{over}", self.max, self.per.as_str(), self.window.as_str())
+        let sent = self.sent_as.as_ref().map(|f| format!(", each send carrying it as {f}")).unwrap_or_default();
+        format!("{what} ≤ {} per {} per {}{currency}{over}{sent}", self.max, self.per.as_str(), self.window.as_str())
     }
 }
 
@@ -323,8 +337,13 @@ mod tests {
             window: Window::Day,
             currency: None,
             over_limit: Default::default(),
+            sent_as: None,
         };
         let fits = |sum: &str| Limit::new(raw(sum)).unwrap().fits(&schema);
+        // Bound to a request field: only a sum, and a field named.
+        assert!(Limit::new(RawLimit { sent_as: Some("amount".into()), ..raw("/amount_cents") }).is_ok());
+        assert!(Limit::new(RawLimit { sent_as: Some(String::new()), ..raw("/amount_cents") }).unwrap_err().contains("`sent_as` is empty"));
+        assert!(Limit::new(RawLimit { sum: None, sent_as: Some("amount".into()), ..raw("/x") }).unwrap_err().contains("counting calls sums none"));
         assert!(fits("/amount_cents").is_ok());
         assert!(fits("/note").unwrap_err().contains("as integer (it says string)"));
         assert!(fits("/missing").unwrap_err().contains("it says nothing"));

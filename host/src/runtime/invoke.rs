@@ -51,6 +51,7 @@ impl Runtime {
                     max_sends: plugin.policy.budgets.max_sends_per_call,
                     budgets: budgets(plugin, req),
                     spending: spending(tool, req, &args)?,
+                    carried: carried(tool, &args),
                     // The wall clock cuts a run off, so nothing is sent after it.
                     lease_ms: plugin.ctx.limits.wall_ms + LEASE_MARGIN_MS,
                     hold_wait: plugin.ctx.wires.hold_wait(&plugin.ctx.grants),
@@ -223,6 +224,18 @@ fn spending(tool: &super::ToolInfo, req: &CallRequest, args: &Value) -> Result<V
         uses.push(crate::guard::Spending { scope, max: limit.max, amount, window: limit.window, what, approvable });
     }
     Ok(uses)
+}
+
+/// The amounts each send of a call with `args` must carry: one per limit
+/// bound to a request field (`sent_as`).
+fn carried(tool: &super::ToolInfo, args: &Value) -> Vec<crate::guard::Carried> {
+    let bound = tool.limits.iter().filter_map(|l| Some((l, l.sent_as.clone()?)));
+    bound
+        .filter_map(|(l, field)| {
+            let amount = l.amount(args).ok()?.0;
+            Some(crate::guard::Carried { field, amount, what: format!("`{}`'s limit ({})", tool.name, l.describe()) })
+        })
+        .collect()
 }
 
 fn unknown_tool(rt: &Runtime, name: &str) -> CallError {
