@@ -58,9 +58,9 @@ pub struct Charge {
 
 /// One use of a spending limit (an amount: cents of a refund, or 1 for a
 /// count), recorded with the write that admits its call; the write is
-/// refused whole ([`LedgerError::is_refused`]) if the uses `scope` already
-/// holds at or after `since_ms` (the window's start), plus `amount`, would
-/// pass `max`. A use counts until it is released ([`LedgerWrite::release`]:
+/// refused whole ([`LedgerError::is_over_limit`]) if what `scope` already
+/// holds in the window ending at `until_ms` (its running total), plus
+/// `amount`, would pass `max`. A use counts until it is released ([`LedgerWrite::release`]:
 /// its call settled as never having happened) — a call whose outcome is
 /// unknown keeps counting — and is forgotten by retention once its window
 /// has ended (`until_ms`). Scopes are opaque strings the guard builds (the
@@ -72,9 +72,7 @@ pub struct Spend {
     pub scope: String,
     /// The most the window may hold.
     pub max: u64,
-    /// The window's start (Unix ms, the ledger's clock).
-    pub since_ms: u64,
-    /// The window's end: past it this use no longer counts for anything.
+    /// The window's end, which names the window: past it this use no longer counts for anything.
     pub until_ms: u64,
     /// This use's time (Unix ms, the ledger's clock).
     pub at_ms: u64,

@@ -42,11 +42,10 @@ impl Spending {
     /// its window records uses; `past` an approvable limit, unchecked (a
     /// person will decide, and the use counts).
     pub(crate) fn spend(&self, call: &crate::ledger::CallRecord, past: bool) -> Option<crate::ledger::Spend> {
-        let (since_ms, until_ms) = self.window.bounds(call.created_ms)?;
+        let (_, until_ms) = self.window.bounds(call.created_ms)?;
         Some(crate::ledger::Spend {
             scope: self.scope.clone(),
             max: if past && self.approvable { u64::MAX } else { self.max },
-            since_ms,
             until_ms,
             at_ms: call.created_ms,
             call_id: call.call_id.clone(),

@@ -201,8 +201,7 @@ impl Backend for Rocks {
             let scope = String::from_utf8_lossy(k.get(4..4 + len)?).into_owned();
             let at_ms = u64::from_be_bytes(k.get(4 + len..12 + len)?.try_into().ok()?);
             let call_id = String::from_utf8_lossy(k.get(12 + len..)?).into_owned();
-            let amount = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
-            let until_ms = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+            let (amount, until_ms) = use_of(v)?;
             (until_ms > now_ms).then_some(crate::records::SpentUse { scope, at_ms, call_id, amount, until_ms })
         })
     }

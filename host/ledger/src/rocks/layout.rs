@@ -63,6 +63,17 @@ pub(super) fn spend_total_key(scope_prefix: &[u8], until_ms: u64) -> Vec<u8> {
     [scope_prefix, &until_ms.to_be_bytes()].concat()
 }
 
+/// A limit's use as stored in `spend`: its amount and its window's end.
+pub(super) fn use_value(amount: u64, until_ms: u64) -> Vec<u8> {
+    [amount.to_be_bytes(), until_ms.to_be_bytes()].concat()
+}
+
+/// [`use_value`] read back: `(amount, window end)`, or `None` if damaged.
+pub(super) fn use_of(value: &[u8]) -> Option<(u64, u64)> {
+    let amount = u64::from_be_bytes(value.get(..8)?.try_into().ok()?);
+    Some((amount, u64::from_be_bytes(value.get(8..16)?.try_into().ok()?)))
+}
+
 /// A running total as stored: an `i64`, big-endian (a release's operand is negative).
 pub(super) fn total_of(bytes: &[u8]) -> i64 {
     bytes.try_into().map(i64::from_be_bytes).unwrap_or(0)

@@ -263,7 +263,7 @@ impl Rocks {
             let total = spend_total_key(&prefix, s.until_ms);
             checks::within_limit(s, self.spend_total(&total)?)?;
             let key = [prefix.as_slice(), &s.at_ms.to_be_bytes(), s.call_id.as_bytes()].concat();
-            batch.put_cf(self.cf(CF_SPEND), key, [s.amount.to_be_bytes(), s.until_ms.to_be_bytes()].concat());
+            batch.put_cf(self.cf(CF_SPEND), key, use_value(s.amount, s.until_ms));
             batch.merge_cf(self.cf(CF_SPEND_TOTAL), total, i64::try_from(s.amount).unwrap_or(i64::MAX).to_be_bytes());
         }
         for r in &write.releases {
@@ -271,10 +271,7 @@ impl Rocks {
             let key = [prefix.as_slice(), &r.at_ms.to_be_bytes(), r.call_id.as_bytes()].concat();
             // Only a use still recorded is taken off its window's total (a release never counts twice).
             let Some(used) = self.db.get_cf_opt(self.cf(CF_SPEND), &key, &read_options()).map_err(|e| db_error(&e))? else { continue };
-            let (amount, until) = (used.get(..8), used.get(8..16));
-            let (Some(amount), Some(until)) =
-                (amount.and_then(|b| b.try_into().ok()).map(u64::from_be_bytes), until.and_then(|b| b.try_into().ok()).map(u64::from_be_bytes))
-            else {
+            let Some((amount, until)) = use_of(&used) else {
                 return Err(damaged_record(&used, "a spending limit's use is not an amount and a window's end"));
             };
             batch.delete_cf(self.cf(CF_SPEND), key);

@@ -3,7 +3,7 @@
 
 use super::layout::{
     CF_ATTEMPTS, CF_BUDGET, CF_BY_STATE, CF_CALL_ATTEMPTS, CF_CALLS, CF_EPISODE_CALLS, CF_EPISODES, CF_EXPIRED, CF_RETIRE, CF_SPEND, CF_SPEND_TOTAL,
-    spend_total_key,
+    spend_total_key, use_of,
 };
 use super::layout::{call_key, episode_call_key, episode_key, retire_key};
 use super::{Rocks, db_error, read_options, write_options};
@@ -96,7 +96,7 @@ impl Rocks {
         })?;
         // A limit's use, once its window has ended.
         let ended = self.scan(CF_SPEND, &[], |k, v| {
-            let until = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+            let (_, until) = use_of(v)?;
             (until < before_ms).then(|| k.to_vec())
         })?;
         // And its window's running total (the key ends with the window's end).
@@ -125,9 +125,8 @@ impl Rocks {
         let mut totals: std::collections::BTreeMap<Vec<u8>, i64> = std::collections::BTreeMap::new();
         for (key, amount) in self.scan(CF_SPEND, &[], |k, v| {
             let len = u32::from_be_bytes(k.get(..4)?.try_into().ok()?) as usize;
-            let amount = i64::try_from(u64::from_be_bytes(v.get(..8)?.try_into().ok()?)).ok()?;
-            let until = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
-            Some((spend_total_key(k.get(..4 + len)?, until), amount))
+            let (amount, until) = use_of(v)?;
+            Some((spend_total_key(k.get(..4 + len)?, until), i64::try_from(amount).ok()?))
         })? {
             *totals.entry(key).or_default() += amount;
         }

@@ -29,9 +29,10 @@ pub(super) fn budgets_count_uses_in_their_window_and_refuse_the_one_too_many(sto
     spend(charge("a-longer", 1_130, "c7")).unwrap();
 }
 
-/// A spend of `amount` from limit `scope` (at most `max` from `since_ms`, when it is spent), by call `call_id`.
+/// A spend of `amount` from limit `scope` (at most `max` in the window that
+/// starts at `since_ms`, when it is spent, and lasts 1 s), by call `call_id`.
 pub(crate) fn spend_of(scope: &str, max: u64, since_ms: u64, call_id: &str, amount: u64) -> Spend {
-    Spend { scope: scope.into(), max, since_ms, until_ms: since_ms + 1_000, at_ms: since_ms, call_id: call_id.into(), amount, what: format!("limit {scope}") }
+    Spend { scope: scope.into(), max, until_ms: since_ms + 1_000, at_ms: since_ms, call_id: call_id.into(), amount, what: format!("limit {scope}") }
 }
 
 pub(super) fn limits_sum_uses_in_their_window_refuse_the_one_that_passes_and_take_back_a_release(store: &dyn Store) {
